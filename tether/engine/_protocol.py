@@ -1,0 +1,128 @@
+"""The engine contract: token ids in, token ids and logprobs out.
+
+The gateway owns tokenization; an engine never sees text except to check
+stop strings. Every engine (embedded transformers, remote vLLM, the null and
+scripted engines for tests) implements :class:`Engine`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from tether.errors import TetherError
+
+__all__ = [
+    "Completion",
+    "Engine",
+    "EngineError",
+    "EngineFailed",
+    "EngineTimeout",
+    "GenerateResult",
+    "SamplingParams",
+]
+
+
+class EngineError(TetherError):
+    """Base of the engine's errors.
+
+    EngineError
+    ├── EngineFailed   the engine raised or died (transport / model fault)
+    └── EngineTimeout  no result within the deadline
+    """
+
+
+class EngineFailed(EngineError):
+    pass
+
+
+class EngineTimeout(EngineError):
+    pass
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What an OpenAI request asks of the sampler.
+
+    ``temperature == 0`` means greedy. ``stop`` are strings: generation ends
+    when the decoded completion contains one; the returned ids then end with
+    the token that completed the stop string (the gateway trims the text).
+    ``stop_token_ids`` end generation on those ids (e.g. ``<|im_end|>``); the
+    stop token is included in ``token_ids`` and has a logprob, because the
+    model produced it and the trainer must learn it.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    top_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature ({self.temperature}) must be a finite number >= 0")
+        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p ({self.top_p}) must be in (0, 1]")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens ({self.max_tokens}) must be >= 1")
+        if self.n < 1:
+            raise ValueError(f"n ({self.n}) must be >= 1")
+
+
+@dataclass
+class Completion:
+    """One sampled continuation.
+
+    ``logprobs[i]`` is ``log_softmax(logits / T)[token_ids[i]]`` (T = 1 when
+    greedy), before top-p truncation — the quantity the trainer recomputes.
+    ``finish_reason`` is ``"stop"`` (stop token or string) or ``"length"``.
+    ``top_logprobs[i]`` maps token id → logprob for the k most likely tokens
+    when ``SamplingParams.top_logprobs > 0``.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    top_logprobs: list[dict[int, float]] | None = None
+
+
+@dataclass
+class GenerateResult:
+    completions: list[Completion]
+    policy_version: int  # the weights that produced every completion here
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """An inference engine. All methods are safe to call concurrently."""
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the weights now served; starts at 0, +1 per update."""
+        ...
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
+        """Sample ``params.n`` completions of ``prompt_ids``.
+
+        Concurrent calls are batched together. Raises :class:`EngineError`.
+        """
+        ...
+
+    async def pause(self) -> None:
+        """Stop starting new generations; returns when none is in flight."""
+        ...
+
+    async def resume(self) -> None:
+        """Start generating again."""
+        ...
+
+    async def update_weights(self, state_dict: dict[str, Any]) -> int:
+        """Load new weights (pausing around the swap) and return the new policy version."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,202 @@
+"""The records tether keeps, and the rollout state machine.
+
+These are plain dataclasses shared by every package; this module imports
+nothing else of tether. See DESIGN.md, "Records".
+
+- :class:`Run`        one training or evaluation run (its config as given)
+- :class:`Task`       one input of a data set (JSON), split ``train``/``val``
+- :class:`Rollout`    one execution of the agent on one task; ``group_id`` ties
+                      the ``n`` rollouts of one task in one step
+- :class:`Call`       one model call of a rollout, ``seq`` gap-free from 0
+- :class:`Reward`     a float64 reward with its source
+- :class:`Metric`, :class:`Checkpoint`  per run and step
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "Call",
+    "CallStatus",
+    "Checkpoint",
+    "IllegalTransition",
+    "Metric",
+    "Reward",
+    "RewardSource",
+    "Rollout",
+    "RolloutStatus",
+    "Run",
+    "RunStatus",
+    "Split",
+    "Task",
+    "check_transition",
+    "usable_reward",
+]
+
+
+class Split(str, enum.Enum):
+    TRAIN = "train"
+    VAL = "val"
+
+
+class RunStatus(str, enum.Enum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class RolloutStatus(str, enum.Enum):
+    """``queued → running → succeeded | failed | timeout | cancelled``."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        return self in _FINAL
+
+
+_FINAL = frozenset(
+    {RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.TIMEOUT, RolloutStatus.CANCELLED}
+)
+
+# Legal transitions. A retry is a new *attempt* of a rollout that goes back to
+# ``running`` from ``failed``/``timeout`` (the old attempt's writes are refused).
+_TRANSITIONS: dict[RolloutStatus, frozenset[RolloutStatus]] = {
+    RolloutStatus.QUEUED: frozenset({RolloutStatus.RUNNING, RolloutStatus.CANCELLED}),
+    RolloutStatus.RUNNING: _FINAL,
+    RolloutStatus.FAILED: frozenset({RolloutStatus.RUNNING}),
+    RolloutStatus.TIMEOUT: frozenset({RolloutStatus.RUNNING}),
+    RolloutStatus.SUCCEEDED: frozenset(),
+    RolloutStatus.CANCELLED: frozenset(),
+}
+
+
+class IllegalTransition(ValueError):
+    """A rollout was asked to move between two states that are not connected."""
+
+
+def check_transition(old: RolloutStatus, new: RolloutStatus) -> None:
+    """Raise :class:`IllegalTransition` unless ``old → new`` is legal."""
+    if new not in _TRANSITIONS[old]:
+        allowed = ", ".join(s.value for s in sorted(_TRANSITIONS[old], key=lambda s: s.value))
+        raise IllegalTransition(
+            f"rollout cannot go from {old.value!r} to {new.value!r} (allowed: {allowed or 'none'})"
+        )
+
+
+class CallStatus(str, enum.Enum):
+    OK = "ok"
+    FAILED = "failed"  # the engine failed; never a training sample
+
+
+class RewardSource(str, enum.Enum):
+    AGENT = "agent"
+    GRADER = "grader"
+    ADMIN = "admin"
+
+
+def usable_reward(value: float | None) -> bool:
+    """A reward is a training signal only if it is a finite float."""
+    return isinstance(value, float | int) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _now() -> float:
+    return time.time()
+
+
+@dataclass
+class Run:
+    id: str
+    config: dict[str, Any] = field(default_factory=dict)
+    status: RunStatus = RunStatus.RUNNING
+    created_at: float = field(default_factory=_now)
+
+
+@dataclass
+class Task:
+    id: str
+    data: dict[str, Any]
+    split: Split = Split.TRAIN
+    run_id: str | None = None
+
+
+@dataclass
+class Rollout:
+    id: str
+    run_id: str | None = None
+    task_id: str | None = None
+    group_id: str | None = None
+    task: dict[str, Any] | None = None  # the task input as given to the agent
+    status: RolloutStatus = RolloutStatus.QUEUED
+    attempt: int = 0  # the current attempt; 0 until it first runs
+    reward: float | None = None  # the final reward (float64); None if none/unusable
+    reward_source: RewardSource | None = None
+    final_answer: str | None = None
+    error: str | None = None
+    created_at: float = field(default_factory=_now)
+    finished_at: float | None = None
+
+    @property
+    def usable(self) -> bool:
+        return self.status is RolloutStatus.SUCCEEDED and usable_reward(self.reward)
+
+
+@dataclass
+class Call:
+    """One model call. ``logprobs[i]`` is the log-probability of ``completion_ids[i]``
+    under the sampling distribution ``log_softmax(logits / T)`` (T = 1 when greedy),
+    before top-p truncation; the trainer recomputes exactly this quantity."""
+
+    rollout_id: str
+    seq: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    policy_version: int
+    attempt: int = 1
+    request: dict[str, Any] = field(default_factory=dict)  # messages, tools, params
+    response: dict[str, Any] = field(default_factory=dict)  # the OpenAI body returned
+    finish_reason: str | None = None
+    temperature: float = 1.0
+    status: CallStatus = CallStatus.OK
+    error: str | None = None
+    latency_s: float = 0.0
+    created_at: float = field(default_factory=_now)
+
+
+@dataclass
+class Reward:
+    rollout_id: str
+    value: float
+    source: RewardSource
+    attempt: int = 1
+    call_seq: int | None = None  # an intermediate reward for one call; None = final
+    created_at: float = field(default_factory=_now)
+
+
+@dataclass
+class Metric:
+    run_id: str
+    step: int
+    name: str
+    value: float
+    created_at: float = field(default_factory=_now)
+
+
+@dataclass
+class Checkpoint:
+    run_id: str
+    step: int
+    path: str
+    created_at: float = field(default_factory=_now)
