@@ -1,0 +1,405 @@
+"""The RL math: advantage estimators, policy losses, KL estimators, aggregation.
+
+Pure tensor → tensor functions; this module imports torch and nothing of
+tether. Each family sits in a small registry chosen by name from the config
+(``ADVANTAGE_ESTIMATORS``, ``POLICY_LOSSES``, ``KL_ESTIMATORS``,
+``AGGREGATION_MODES``), after verl's ``core_algos.py``.
+
+Shapes: ``N`` rollouts in ``G`` groups (a group is the ``n`` rollouts of one
+task); ``B`` rows (samples) of ``T`` token positions. Per-token tensors are
+aligned with ``input_ids`` (see :mod:`tether.trainer.samples`): column ``t``
+holds token ``t``'s log-probability; ``mask`` marks completion tokens.
+
+Which logprobs go where (``old`` = the engine's recorded ones, the behaviour):
+
+- plain: ``policy_loss(logprobs, old, adv, mask)``, the ratio taken against
+  the engine. Where engine and trainer numerics differ (vLLM bf16 kernels vs
+  an fp32 trainer) the ratio is not 1 even before any update, and clipping
+  fires on numerical noise.
+- decoupled (with a separate engine): ``prox`` = the trainer's own logprobs
+  before the update (``no_grad``; with one optimizer step per batch,
+  ``logprobs.detach()``); ``prox_logprobs=prox`` makes the ratio and its clip
+  measure only the policy change, ``is_weights=truncated_is_weights(prox, old)``
+  corrects for the mismatch (TIS). With the embedded engine (same weights and
+  dtype as the trainer) the mismatch is ~0 and the weights are ~1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGGREGATION_MODES",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "AggregateStats",
+    "GroupAdvantages",
+    "aggregate",
+    "compute_advantages",
+    "masked_mean",
+    "mismatch_metrics",
+    "truncated_is_weights",
+]
+
+# --------------------------------------------------------------------------- advantages
+
+
+def _group_stats(rewards: Tensor, group: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``rewards`` ``[N]``, ``group`` ``[N]`` in ``0..G-1`` → per element ``[N]``: group mean,
+    sum, size, and zero-variance (all rewards equal, or one member: no signal).
+    """
+    g = int(group.max()) + 1
+    zeros = torch.zeros(g, dtype=rewards.dtype, device=rewards.device)
+    sums = zeros.index_add(0, group, rewards)
+    counts = zeros.index_add(0, group, torch.ones_like(rewards))
+    hi = zeros.scatter_reduce(0, group, rewards, "amax", include_self=False)
+    lo = zeros.scatter_reduce(0, group, rewards, "amin", include_self=False)
+    flat = (hi == lo) | (counts < 2)
+    return (sums / counts)[group], sums[group], counts[group], flat[group]
+
+
+def grpo(rewards: Tensor, group: Tensor, eps: float = 1e-6) -> Tensor:
+    """``(r − mean_g) / (std_g + eps)`` with the *unbiased* (Bessel, ``n − 1``) group std,
+    as TRL's ``GRPOTrainer`` (``rewards.view(-1, n).std(dim=1)``) and verl do.
+    ``[N]`` → ``[N]``."""
+    mean, _, count, flat = _group_stats(rewards, group)
+    dev = rewards - mean
+    g = int(group.max()) + 1
+    var = torch.zeros(g, dtype=rewards.dtype, device=rewards.device).index_add(0, group, dev * dev)
+    std = (var[group] / (count - 1).clamp(min=1)).sqrt()
+    return torch.where(flat, torch.zeros_like(dev), dev / (std + eps))
+
+
+def dr_grpo(rewards: Tensor, group: Tensor, eps: float = 1e-6) -> Tensor:
+    """Dr. GRPO: ``r − mean_g``, no division by the std. ``[N]`` → ``[N]``."""
+    mean, _, _, flat = _group_stats(rewards, group)
+    return torch.where(flat, torch.zeros_like(rewards), rewards - mean)
+
+
+def rloo(rewards: Tensor, group: Tensor, eps: float = 1e-6) -> Tensor:
+    """RLOO: ``r_i − mean of the other members of the group``. ``[N]`` → ``[N]``."""
+    _, total, count, flat = _group_stats(rewards, group)
+    baseline = (total - rewards) / (count - 1).clamp(min=1)
+    return torch.where(flat, torch.zeros_like(rewards), rewards - baseline)
+
+
+def reinforce_pp(rewards: Tensor, group: Tensor, eps: float = 1e-6) -> Tensor:
+    """REINFORCE++-baseline (OpenRLHF ``reinforce_baseline``): subtract the group mean,
+    then whiten across the whole batch, ``(a − mean_batch) / (std_batch + eps)``
+    with the *population* std. OpenRLHF whitens over action tokens; here every
+    rollout counts once (outcome reward, no KL in the reward, so a rollout's
+    tokens share one value and only the length weighting differs). ``[N]`` → ``[N]``.
+    """
+    mean, _, _, flat = _group_stats(rewards, group)
+    centred = torch.where(flat, torch.zeros_like(rewards), rewards - mean)
+    whitened = (centred - centred.mean()) / (centred.std(correction=0) + eps)
+    return torch.where(flat, torch.zeros_like(rewards), whitened)
+
+
+AdvantageFn = Callable[[Tensor, Tensor, float], Tensor]
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
+    "grpo": grpo,
+    "dr_grpo": dr_grpo,
+    "rloo": rloo,
+    "reinforce_pp": reinforce_pp,
+}
+
+
+class GroupAdvantages(NamedTuple):
+    advantages: Tensor  # same shape as the rewards, float64
+    num_groups: int
+    zero_variance_groups: int  # groups whose advantages are all zero (equal rewards or n = 1)
+
+
+def compute_advantages(
+    rewards: Tensor,
+    estimator: str = "grpo",
+    *,
+    group_index: Tensor | None = None,
+    eps: float = 1e-6,
+) -> GroupAdvantages:
+    """Advantages of ``rewards`` by the named estimator.
+
+    Either ``rewards`` ``[G, n]`` (equal groups, one per row), or ``rewards``
+    ``[N]`` with ``group_index`` ``[N]`` (any integer ids; ragged groups).
+    Returns advantages of the same shape as ``rewards`` (float64). Rewards must
+    be finite: unusable rollouts are dropped before, never turned into 0.
+    """
+    if estimator not in ADVANTAGE_ESTIMATORS:
+        known = sorted(ADVANTAGE_ESTIMATORS)
+        raise ValueError(f"advantage estimator {estimator!r} is unknown; choose one of {known}")
+    r = rewards.to(torch.float64)
+    if r.dim() == 2 and group_index is None:
+        group = torch.arange(r.shape[0], device=r.device).repeat_interleave(r.shape[1])
+        flat_r = r.reshape(-1)
+    elif r.dim() == 1 and group_index is not None and group_index.shape == r.shape:
+        group = torch.unique(group_index, return_inverse=True)[1]
+        flat_r = r
+    else:
+        raise ValueError(
+            f"rewards of shape {tuple(r.shape)} need either shape [G, n] and no group_index, "
+            "or shape [N] and a group_index of the same shape"
+        )
+    if flat_r.numel() == 0:
+        return GroupAdvantages(torch.zeros_like(r), 0, 0)
+    if not torch.isfinite(flat_r).all():
+        raise ValueError("rewards must be finite; drop rollouts with NaN/inf rewards first")
+    adv = ADVANTAGE_ESTIMATORS[estimator](flat_r, group, eps)
+    flat = _group_stats(flat_r, group)[3]
+    num_flat = int(group[flat].unique().numel())
+    return GroupAdvantages(adv.reshape(r.shape), int(group.max()) + 1, num_flat)
+
+
+# --------------------------------------------------------------------------- policy losses
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Mean of ``x`` over positions where ``mask`` is nonzero (0 if none). Any matching shapes."""
+    m = mask.to(x.dtype)
+    return (x * m).sum() / m.sum().clamp(min=1)
+
+
+def _log_ratio(logprobs: Tensor, ref: Tensor, mask: Tensor) -> Tensor:
+    """``logprobs − ref`` where ``mask``, else 0; clamped to ±20 so ``exp`` stays finite."""
+    return torch.where(mask.bool(), logprobs - ref, torch.zeros_like(logprobs)).clamp(-20.0, 20.0)
+
+
+def _per_token(advantages: Tensor, like: Tensor) -> Tensor:
+    a = advantages.to(like.dtype)
+    return a.unsqueeze(-1).expand_as(like) if a.dim() == 1 else a
+
+
+def ppo_clip_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    prox_logprobs: Tensor | None = None,
+    is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO-clip with clip-higher (DAPO): per token
+    ``−min(ρ·A, clip(ρ, 1 − clip_low, 1 + clip_high)·A) · w``.
+
+    ``logprobs`` ``[B, T]`` (current policy, requires grad), ``old_logprobs``
+    ``[B, T]`` (behaviour = engine), ``advantages`` ``[B]`` or ``[B, T]``, ``mask``
+    ``[B, T]``. ``ρ = exp(logprobs − prox_logprobs)`` when ``prox_logprobs`` is
+    given (decoupled PPO), else ``exp(logprobs − old_logprobs)``. ``w`` is
+    ``is_weights`` ``[B, T]`` (detached, e.g. TIS) or 1. Returns the loss
+    ``[B, T]`` (0 where masked; reduce it with :func:`aggregate`) and detached
+    scalar metrics over masked tokens: ``clip_frac`` (the clipped branch is
+    taken), ``clip_frac_low``/``clip_frac_high``, ``ratio_mean``, ``approx_kl``
+    (k3 estimate of KL(behaviour ‖ current) = mean of ``ρ − 1 − log ρ`` against
+    the same reference as ρ).
+    """
+    base = old_logprobs if prox_logprobs is None else prox_logprobs
+    log_ratio = _log_ratio(logprobs, base, mask)
+    ratio = log_ratio.exp()
+    adv = _per_token(advantages, logprobs)
+    unclipped = -ratio * adv
+    clipped = -ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
+    loss = torch.maximum(unclipped, clipped)
+    if is_weights is not None:
+        loss = loss * is_weights.detach().to(loss.dtype)
+    m = mask.bool()
+    loss = torch.where(m, loss, torch.zeros_like(loss))
+    with torch.no_grad():
+        took_clip = clipped > unclipped
+        metrics = {
+            "clip_frac": masked_mean(took_clip.float(), m),
+            "clip_frac_low": masked_mean((took_clip & (ratio < 1)).float(), m),
+            "clip_frac_high": masked_mean((took_clip & (ratio > 1)).float(), m),
+            "ratio_mean": masked_mean(ratio, m),
+            "approx_kl": masked_mean(ratio - 1 - log_ratio, m),
+        }
+    return loss, metrics
+
+
+def reinforce_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    prox_logprobs: Tensor | None = None,
+    is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Unclipped importance-weighted policy gradient, ``−ρ·A·w`` per token (the clip
+    arguments are ignored); on-policy its gradient is ``−A·∇log π``. Shapes and
+    metrics as :func:`ppo_clip_loss` (``clip_frac`` is 0)."""
+    inf = float("inf")
+    return ppo_clip_loss(
+        logprobs, old_logprobs, advantages, mask, clip_low=inf, clip_high=inf,
+        prox_logprobs=prox_logprobs, is_weights=is_weights,
+    )  # fmt: skip
+
+
+POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
+    "ppo_clip": ppo_clip_loss,
+    "reinforce": reinforce_loss,
+}
+
+
+def truncated_is_weights(
+    trainer_logprobs: Tensor, engine_logprobs: Tensor, cap: float = 2.0
+) -> Tensor:
+    """TIS weights ``min(exp(trainer_old − engine), cap)``, detached. ``[B, T]`` → ``[B, T]``.
+
+    Corrects the gradient for tokens sampled by an engine whose numerics differ
+    from the trainer's (vLLM bf16 kernels vs a trainer in fp32, or a stale
+    engine in async mode): the engine's distribution is the behaviour policy,
+    the trainer's pre-update logprobs are the policy being trained. The cap
+    bounds the variance. Multiply them into the loss via ``is_weights``.
+    """
+    log_w = (trainer_logprobs.detach() - engine_logprobs.detach()).clamp(max=20.0)
+    return log_w.exp().clamp(max=cap)
+
+
+def mismatch_metrics(
+    trainer_logprobs: Tensor, engine_logprobs: Tensor, mask: Tensor
+) -> dict[str, Tensor]:
+    """Trainer's recomputed vs the engine's recorded logprobs over masked tokens (the
+    per-step self-check). ``[B, T]`` each → ``mean_abs_diff``, ``max_abs_diff``, ``kl_k3``."""
+    with torch.no_grad():
+        d = _log_ratio(trainer_logprobs.detach(), engine_logprobs, mask)
+        m = mask.bool()
+        return {
+            "mean_abs_diff": masked_mean(d.abs(), m),
+            "max_abs_diff": d.abs().max() if m.any() else d.new_zeros(()),
+            "kl_k3": masked_mean(d.exp() - 1 - d, m),
+        }
+
+
+# --------------------------------------------------------------------------- KL to a reference
+
+
+def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k1 = ``log π − log π_ref`` (unbiased, high variance, can be negative). ``[B, T]``."""
+    return logprobs - ref_logprobs
+
+
+def kl_k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k2 = ``½ (log π − log π_ref)²`` (biased, low variance, ≥ 0). ``[B, T]``."""
+    return 0.5 * (logprobs - ref_logprobs).square()
+
+
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k3 = ``exp(d) − d − 1`` with ``d = log π_ref − log π`` (unbiased, ≥ 0; the GRPO
+    paper's choice). ``[B, T]``."""
+    d = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
+    return d.exp() - d - 1
+
+
+KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "k1": kl_k1,
+    "k2": kl_k2,
+    "k3": kl_k3,
+}
+
+
+# --------------------------------------------------------------------------- aggregation
+
+AGGREGATION_MODES = ("token_mean", "seq_mean", "rollout_mean", "seq_mean_token_sum_norm")
+
+
+@dataclass(frozen=True)
+class AggregateStats:
+    """The whole batch's counts that :func:`aggregate` divides by.
+
+    Build one per micro-batch with :meth:`of` and combine with :meth:`merge` (or
+    ``+``); pass the total to every micro-batch's :func:`aggregate` call.
+    """
+
+    num_tokens: int = 0  # masked tokens
+    num_seqs: int = 0  # rows with at least one masked token
+    rollout_tokens: dict[int, int] = field(default_factory=dict)  # rollout index → masked tokens
+
+    @property
+    def num_rollouts(self) -> int:
+        return sum(1 for n in self.rollout_tokens.values() if n > 0)
+
+    @classmethod
+    def of(cls, mask: Tensor, rollout_index: Tensor | None = None) -> AggregateStats:
+        """Counts of one ``mask`` ``[B, T]`` with its ``rollout_index`` ``[B]``."""
+        per_row = mask.detach().bool().sum(-1)
+        per_rollout: dict[int, int] = {}
+        if rollout_index is not None:
+            for r, n in zip(rollout_index.tolist(), per_row.tolist(), strict=True):
+                per_rollout[int(r)] = per_rollout.get(int(r), 0) + int(n)
+        return cls(int(per_row.sum()), int((per_row > 0).sum()), per_rollout)
+
+    def __add__(self, other: AggregateStats) -> AggregateStats:
+        merged = dict(self.rollout_tokens)
+        for r, n in other.rollout_tokens.items():
+            merged[r] = merged.get(r, 0) + n
+        return AggregateStats(
+            self.num_tokens + other.num_tokens, self.num_seqs + other.num_seqs, merged
+        )
+
+    @classmethod
+    def merge(cls, parts: Iterable[AggregateStats]) -> AggregateStats:
+        return sum(parts, cls())
+
+
+def aggregate(
+    loss: Tensor,
+    mask: Tensor,
+    mode: str = "token_mean",
+    *,
+    rollout_index: Tensor | None = None,
+    stats: AggregateStats | None = None,
+    max_len: int | None = None,
+) -> Tensor:
+    """Reduce a per-token ``loss`` ``[B, T]`` under ``mask`` ``[B, T]`` to a scalar.
+
+    - ``token_mean``: sum over all masked tokens / number of masked tokens.
+    - ``seq_mean``: mean over rows of each row's token mean.
+    - ``rollout_mean``: mean over rollouts of the token mean of that rollout's
+      tokens (all its rows together), so a rollout weighs the same however
+      many samples it was cut into. Needs ``rollout_index`` ``[B]``.
+    - ``seq_mean_token_sum_norm`` (Dr. GRPO): sum / (``max_len`` · number of rows).
+
+    Rows without masked tokens are not counted. Without ``stats`` the counts come
+    from this batch. For gradient accumulation give every micro-batch the whole
+    batch's ``stats`` (``AggregateStats.merge(AggregateStats.of(mask, rollout_index)
+    for each micro-batch)``): each call returns its micro-batch's share, and the
+    shares *sum* to the full-batch value in every mode; ``backward`` each, never
+    divide by the number of micro-batches. (DDP averages over ranks: use counts
+    summed over ranks and multiply by the world size.)
+    """
+    if mode not in AGGREGATION_MODES:
+        raise ValueError(f"aggregation mode {mode!r} is unknown; choose one of {AGGREGATION_MODES}")
+    m = mask.to(loss.dtype)
+    if stats is None:
+        stats = AggregateStats.of(mask, rollout_index)
+    row_sum = (loss * m).sum(-1)  # [B]
+    zero = (loss * 0).sum()  # keeps the graph when there is nothing to average
+    if mode == "token_mean":
+        return row_sum.sum() / stats.num_tokens if stats.num_tokens else zero
+    if mode == "seq_mean":
+        row_mean = row_sum / m.sum(-1).clamp(min=1)
+        return row_mean.sum() / stats.num_seqs if stats.num_seqs else zero
+    if mode == "seq_mean_token_sum_norm":
+        if max_len is None or max_len <= 0:
+            raise ValueError(
+                "seq_mean_token_sum_norm needs max_len > 0 (the max completion length)"
+            )
+        return row_sum.sum() / (max_len * stats.num_seqs) if stats.num_seqs else zero
+    # rollout_mean
+    if rollout_index is None:
+        raise ValueError("rollout_mean needs rollout_index (one rollout id per row)")
+    if stats.num_rollouts == 0:
+        return zero
+    denom = [max(stats.rollout_tokens.get(int(r), 0), 1) for r in rollout_index.tolist()]
+    per_row_den = torch.tensor(denom, dtype=loss.dtype, device=loss.device)
+    return (row_sum / per_row_den).sum() / stats.num_rollouts

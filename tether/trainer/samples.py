@@ -1,0 +1,237 @@
+"""Finished rollouts → token sequences with loss masks → padded micro-batches.
+
+A rollout is a list of model calls (:class:`tether.records.Call`). Multi-turn
+agents resend the whole conversation, so call ``k+1``'s prompt usually starts
+with call ``k``'s prompt + completion, token for token (the gateway renders
+and tokenizes, so there is no re-tokenization drift). Such calls are merged
+into one sequence::
+
+    [prompt₀][completion₀][tool result, next header][completion₁] ...
+     mask 0    mask 1       mask 0                   mask 1
+
+Masked-out tokens (prompts, tool results) have old logprob 0; completion
+tokens carry the engine's recorded logprobs. A call that extends none of the
+rollout's open sequences (the agent rewrote or truncated its history, or a
+sub-agent with another prompt) starts a new sample. A call extends a sequence
+when its prompt starts with that sequence's full tokens and it was sampled at
+the same temperature. We try the rollout's sequences newest first, not only
+the previous one, so an interleaved side call (a summarizer, a sub-agent)
+does not break the main conversation's merging.
+
+**Alignment convention.** Every per-token tensor is ``[B, L]``, aligned with
+``input_ids``: column ``t`` is about token ``t``. ``loss_mask[b, t] = 1`` when
+token ``t`` is a completion token; ``old_logprobs[b, t]`` is the engine's
+logprob of token ``t``; :func:`token_logprobs` puts the trainer's logprob of
+token ``t`` — computed from the logits at position ``t − 1`` — in column ``t``,
+and 0 in column 0 (never a completion token: a prompt is never empty).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tether.records import Call, CallStatus
+
+__all__ = [
+    "Sample",
+    "SampleStats",
+    "build_samples",
+    "collate",
+    "make_micro_batches",
+    "token_logprobs",
+]
+
+
+@dataclass
+class Sample:
+    """One training sequence: one call, or several prefix-merged calls of one rollout."""
+
+    input_ids: list[int]  # [L]
+    loss_mask: list[int]  # [L], 1 on completion tokens
+    old_logprobs: list[float]  # [L], the engine's logprob of each token, 0 where masked
+    advantage: float  # the rollout's advantage
+    rollout_index: int  # position of the rollout in build_samples' input
+    temperature: float  # the sampling temperature; the trainer divides logits by it
+    policy_version_min: int  # the oldest policy version among the merged calls
+    num_calls: int = 1
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass(frozen=True)
+class SampleStats:
+    calls: int  # calls used (failed calls excluded)
+    merged_calls: int  # calls appended to an earlier call's sequence
+    samples: int
+    failed_calls: int  # skipped: the engine failed, never a training sample
+    empty_samples: int  # dropped: no completion token at all
+
+    @property
+    def merge_fraction(self) -> float:
+        """Fraction of calls that were prefix-merged into an earlier sequence."""
+        return self.merged_calls / self.calls if self.calls else 0.0
+
+
+def _effective_temperature(call: Call) -> float:
+    # Call.logprobs are log_softmax(logits / T) with T = 1 when greedy (T = 0).
+    return float(call.temperature) if call.temperature > 0 else 1.0
+
+
+def _check(call: Call) -> None:
+    if len(call.logprobs) != len(call.completion_ids):
+        raise ValueError(
+            f"call {call.rollout_id}#{call.seq} has {len(call.logprobs)} logprobs for "
+            f"{len(call.completion_ids)} completion tokens; they must match one to one"
+        )
+    if not call.prompt_ids:
+        raise ValueError(f"call {call.rollout_id}#{call.seq} has an empty prompt")
+
+
+def _extends(sample: Sample, call: Call, temperature: float) -> bool:
+    n = len(sample.input_ids)
+    return (
+        sample.temperature == temperature
+        and len(call.prompt_ids) >= n
+        and call.prompt_ids[:n] == sample.input_ids
+    )
+
+
+def build_samples(
+    rollouts: Sequence[Sequence[Call]], advantages: Sequence[float]
+) -> tuple[list[Sample], SampleStats]:
+    """Turn usable rollouts into samples.
+
+    ``rollouts[i]`` are the calls of rollout ``i`` (any order; sorted by ``seq``),
+    ``advantages[i]`` its advantage, given to every sample it yields. Samples
+    come out in rollout order, then in the order of their first call.
+    """
+    if len(rollouts) != len(advantages):
+        raise ValueError(f"{len(rollouts)} rollouts but {len(advantages)} advantages")
+    samples: list[Sample] = []
+    calls = merged = failed = empty = 0
+    for index, (rollout_calls, advantage) in enumerate(zip(rollouts, advantages, strict=True)):
+        mine: list[Sample] = []
+        for call in sorted(rollout_calls, key=lambda c: c.seq):
+            if call.status is not CallStatus.OK:
+                failed += 1
+                continue
+            _check(call)
+            calls += 1
+            temperature = _effective_temperature(call)
+            target = next((s for s in reversed(mine) if _extends(s, call, temperature)), None)
+            if target is None:
+                target = Sample(
+                    [], [], [], float(advantage), index, temperature, call.policy_version, 0
+                )
+                mine.append(target)
+            else:
+                merged += 1
+            gap = call.prompt_ids[len(target.input_ids) :]
+            target.input_ids.extend(gap)
+            target.loss_mask.extend([0] * len(gap))
+            target.old_logprobs.extend([0.0] * len(gap))
+            target.input_ids.extend(call.completion_ids)
+            target.loss_mask.extend([1] * len(call.completion_ids))
+            target.old_logprobs.extend(float(x) for x in call.logprobs)
+            target.policy_version_min = min(target.policy_version_min, call.policy_version)
+            target.num_calls += 1
+        for s in mine:
+            if any(s.loss_mask):
+                samples.append(s)
+            else:
+                empty += 1
+    return samples, SampleStats(calls, merged, len(samples), failed, empty)
+
+
+def make_micro_batches(samples: Sequence[Sample], max_tokens_per_batch: int) -> list[list[Sample]]:
+    """Pack samples into micro-batches of at most ``max_tokens_per_batch`` padded tokens
+    (rows × longest row).
+
+    Samples are sorted by length, longest first (ties by input order), and filled
+    greedily, so rows of a batch have similar lengths and little padding; the
+    result is deterministic. A sample longer than the budget gets a batch of its
+    own (truncating it would change what the loss means; the caller decides).
+    """
+    if max_tokens_per_batch <= 0:
+        raise ValueError(f"max_tokens_per_batch ({max_tokens_per_batch}) must be positive")
+    order = sorted(range(len(samples)), key=lambda i: (-len(samples[i]), i))
+    batches: list[list[Sample]] = []
+    current: list[Sample] = []
+    width = 0
+    for i in order:
+        s = samples[i]
+        new_width = max(width, len(s))
+        if current and new_width * (len(current) + 1) > max_tokens_per_batch:
+            batches.append(current)
+            current, new_width = [], len(s)
+        current.append(s)
+        width = new_width
+    if current:
+        batches.append(current)
+    return batches
+
+
+def collate(samples: Sequence[Sample], pad_id: int = 0) -> dict[str, Tensor]:
+    """Right-pad samples into tensors, all aligned with ``input_ids`` (module docstring).
+
+    Returns ``input_ids`` ``[B, L]`` long, ``attention_mask`` ``[B, L]`` long,
+    ``loss_mask`` ``[B, L]`` float32, ``old_logprobs`` ``[B, L]`` float32,
+    ``advantages`` ``[B]`` float32, ``rollout_index`` ``[B]`` long, ``temperature``
+    ``[B]`` float32, ``policy_version_min`` ``[B]`` long.
+    """
+    if not samples:
+        raise ValueError("collate needs at least one sample")
+    b, length = len(samples), max(len(s) for s in samples)
+    input_ids = torch.full((b, length), pad_id, dtype=torch.long)
+    attention = torch.zeros((b, length), dtype=torch.long)
+    loss_mask = torch.zeros((b, length), dtype=torch.float32)
+    old = torch.zeros((b, length), dtype=torch.float32)
+    for row, s in enumerate(samples):
+        n = len(s)
+        input_ids[row, :n] = torch.tensor(s.input_ids, dtype=torch.long)
+        attention[row, :n] = 1
+        loss_mask[row, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+        old[row, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "loss_mask": loss_mask,
+        "old_logprobs": old,
+        "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+        "rollout_index": torch.tensor([s.rollout_index for s in samples], dtype=torch.long),
+        "temperature": torch.tensor([s.temperature for s in samples], dtype=torch.float32),
+        "policy_version_min": torch.tensor(
+            [s.policy_version_min for s in samples], dtype=torch.long
+        ),
+    }
+
+
+def token_logprobs(
+    logits: Tensor, input_ids: Tensor, temperature: Tensor | float = 1.0, chunk_rows: int = 1
+) -> Tensor:
+    """Log-probability of each token under ``log_softmax(logits / T)``, in fp32.
+
+    ``logits`` ``[B, L, V]`` (any float dtype, as the model returns them),
+    ``input_ids`` ``[B, L]``, ``temperature`` a float or ``[B]``. Returns ``[B, L]``
+    float32 (float64 if the logits are): column ``t`` is token ``t``'s logprob from
+    the logits at ``t − 1``; column 0 is 0. Computed ``chunk_rows`` rows at a time
+    as ``logit[token] − logsumexp(logits)``, so the full fp32 ``[B, L, V]``
+    log-softmax never exists at once. Differentiable.
+    """
+    b, length, _ = logits.shape
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    temps = torch.as_tensor(temperature, dtype=dtype, device=logits.device).expand(b)
+    targets = input_ids[:, 1:].unsqueeze(-1)
+    rows = []
+    for start in range(0, b, chunk_rows):
+        stop = min(start + chunk_rows, b)
+        chunk = logits[start:stop, :-1].to(dtype) / temps[start:stop, None, None]
+        picked = chunk.gather(-1, targets[start:stop]).squeeze(-1)
+        rows.append(picked - torch.logsumexp(chunk, dim=-1))
+    shifted = torch.cat(rows, dim=0) if rows else logits.new_zeros((0, length - 1), dtype=dtype)
+    return torch.cat([shifted.new_zeros((b, 1)), shifted], dim=1)
