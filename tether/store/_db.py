@@ -1,0 +1,146 @@
+"""Connections to one SQLite file: one writer, a pool of readers.
+
+Every write goes through the single writer connection, held under a lock for
+one ``BEGIN IMMEDIATE … COMMIT`` transaction, so writes from many threads are
+serialized in the process and never meet "database is locked" from each
+other; ``BEGIN IMMEDIATE`` takes the file's write lock up front, so writers in
+other processes wait (``busy_timeout``) instead of failing on a lock upgrade.
+
+Reads use their own connections (``query_only``) from a small pool. In WAL
+mode a reader sees the last committed state and never a half-done write, and
+it does not wait for the writer.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+from tether.errors import UserError
+from tether.store._errors import StoreError
+from tether.store._migrations import migrate
+
+__all__ = ["SYNCHRONOUS", "Database"]
+
+SYNCHRONOUS = ("NORMAL", "FULL")
+
+
+class Database:
+    """The connections of one :class:`~tether.store.Store`."""
+
+    def __init__(self, path: str | Path, synchronous: str, busy_timeout_s: float) -> None:
+        mode = str(synchronous).upper()
+        if mode not in SYNCHRONOUS:
+            raise UserError(
+                f"synchronous ({synchronous!r}) must be one of {', '.join(SYNCHRONOUS)}; "
+                "use NORMAL (default, durable against process crashes) or FULL "
+                "(also against power loss)"
+            )
+        if not busy_timeout_s > 0:
+            raise UserError(f"busy_timeout_s ({busy_timeout_s}) must be > 0")
+        self.path = str(path)
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self.synchronous = mode
+        self._busy_ms = int(busy_timeout_s * 1000)
+        self._lock = threading.Lock()
+        self._pool_lock = threading.Lock()
+        self._idle: list[sqlite3.Connection] = []
+        self._readers: list[sqlite3.Connection] = []
+        self._closed = False
+        self.migrations_run = 0
+        try:
+            self._writer = self._connect()
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open the store at {self.path}: {e}") from e
+        try:
+            journal = self._writer.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if journal.lower() != "wal":
+                raise StoreError(f"{self.path}: could not switch to WAL (journal_mode={journal})")
+            self.migrations_run = migrate(self._writer)
+        except BaseException as e:
+            self._writer.close()
+            if isinstance(e, sqlite3.Error):
+                raise StoreError(f"cannot open the store at {self.path}: {e}") from e
+            raise
+
+    def _connect(self, *, query_only: bool = False) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path,
+            isolation_level=None,  # autocommit; transactions are explicit
+            check_same_thread=False,  # guarded by the lock (writer) or the pool (readers)
+            timeout=self._busy_ms / 1000,
+            cached_statements=256,
+        )
+        conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+        if query_only:
+            conn.execute("PRAGMA query_only = ON")
+        return conn
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"the store at {self.path} is closed")
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction on the writer: committed on exit, rolled back on error."""
+        with self._lock:
+            self._check_open()
+            conn = self._writer
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException as e:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(e, sqlite3.Error):
+                    raise StoreError(f"store write failed ({self.path}): {e}") from e
+                raise
+
+    @contextmanager
+    def read(self, *, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
+        """A pooled reader; with ``snapshot`` all its queries see one committed state."""
+        self._check_open()
+        with self._pool_lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is None:
+            try:
+                conn = self._connect(query_only=True)
+            except sqlite3.Error as e:
+                raise StoreError(f"cannot open a reader on {self.path}: {e}") from e
+            with self._pool_lock:
+                self._readers.append(conn)
+        try:
+            if snapshot:
+                conn.execute("BEGIN")
+            yield conn
+        except sqlite3.Error as e:
+            raise StoreError(f"store read failed ({self.path}): {e}") from e
+        finally:
+            try:
+                if conn.in_transaction:
+                    conn.execute("COMMIT")
+            except sqlite3.ProgrammingError:  # closed under us by close()
+                pass
+            with self._pool_lock:
+                if not self._closed:
+                    self._idle.append(conn)
+
+    def close(self) -> None:
+        """Close every connection; later use raises :class:`StoreError`. Idempotent."""
+        with self._lock, self._pool_lock:
+            if self._closed:
+                return
+            self._closed = True
+            for conn in self._readers:
+                conn.close()
+            self._readers.clear()
+            self._idle.clear()
+            with suppress(sqlite3.Error):
+                self._writer.execute("PRAGMA optimize")
+            self._writer.close()

@@ -1,0 +1,149 @@
+"""Numbered schema migrations.
+
+``MIGRATIONS[i]`` takes the schema from version ``i`` to ``i + 1``; the file's
+version is ``PRAGMA user_version``. :func:`migrate` runs the missing ones, each
+in its own ``BEGIN IMMEDIATE`` transaction together with the version bump, so a
+crash leaves the file at a whole version and two processes opening a fresh file
+at once do not both migrate it. A new migration is a new function appended to
+the list; an old one never changes.
+
+Column conventions (see ``_codec``): ``*_ids`` are little-endian int32 blobs,
+``logprobs`` little-endian float32 blobs, rewards REAL (float64, NULL when the
+given value was not a finite number), ``config``/``data``/``task``/
+``request``/``response`` JSON text, times Unix seconds as REAL.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+from tether.store._errors import StoreError
+
+__all__ = ["MIGRATIONS", "migrate"]
+
+
+def _m001_initial(conn: sqlite3.Connection) -> None:
+    """Runs, tasks, rollouts, calls, rewards, metrics, checkpoints."""
+    for statement in (
+        """CREATE TABLE runs (
+            id TEXT PRIMARY KEY,
+            config TEXT NOT NULL,
+            status TEXT NOT NULL,
+            created_at REAL NOT NULL
+        )""",
+        """CREATE TABLE tasks (
+            id TEXT PRIMARY KEY,
+            run_id TEXT REFERENCES runs(id),
+            split TEXT NOT NULL,
+            data TEXT NOT NULL
+        )""",
+        "CREATE INDEX tasks_run_split ON tasks(run_id, split)",
+        # task_id is deliberately not a foreign key: a rollout carries its task
+        # inline (``task``), so one created through the admin API needs no row.
+        """CREATE TABLE rollouts (
+            id TEXT PRIMARY KEY,
+            run_id TEXT REFERENCES runs(id),
+            task_id TEXT,
+            group_id TEXT,
+            task TEXT,
+            status TEXT NOT NULL,
+            attempt INTEGER NOT NULL DEFAULT 0,
+            token_hash TEXT,
+            reward REAL,
+            reward_source TEXT,
+            final_answer TEXT,
+            error TEXT,
+            created_at REAL NOT NULL,
+            finished_at REAL
+        )""",
+        "CREATE INDEX rollouts_run_status ON rollouts(run_id, status)",
+        "CREATE INDEX rollouts_group ON rollouts(group_id)",
+        "CREATE INDEX rollouts_status ON rollouts(status)",
+        """CREATE TABLE calls (
+            rollout_id TEXT NOT NULL REFERENCES rollouts(id),
+            attempt INTEGER NOT NULL,
+            seq INTEGER NOT NULL,
+            prompt_ids BLOB NOT NULL,
+            completion_ids BLOB NOT NULL,
+            logprobs BLOB NOT NULL,
+            n_prompt INTEGER NOT NULL,
+            n_completion INTEGER NOT NULL,
+            policy_version INTEGER NOT NULL,
+            request TEXT NOT NULL,
+            response TEXT NOT NULL,
+            finish_reason TEXT,
+            temperature REAL NOT NULL,
+            status TEXT NOT NULL,
+            error TEXT,
+            latency_s REAL NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (rollout_id, attempt, seq)
+        )""",
+        """CREATE TABLE rewards (
+            id INTEGER PRIMARY KEY,
+            rollout_id TEXT NOT NULL REFERENCES rollouts(id),
+            attempt INTEGER NOT NULL,
+            call_seq INTEGER,
+            value REAL,
+            given TEXT,
+            source TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            FOREIGN KEY (rollout_id, attempt, call_seq) REFERENCES calls(rollout_id, attempt, seq)
+        )""",
+        "CREATE INDEX rewards_rollout ON rewards(rollout_id, attempt)",
+        # At most one final reward (call_seq NULL) per attempt, enforced by the file itself.
+        """CREATE UNIQUE INDEX rewards_final ON rewards(rollout_id, attempt)
+            WHERE call_seq IS NULL""",
+        """CREATE TABLE metrics (
+            id INTEGER PRIMARY KEY,
+            run_id TEXT NOT NULL REFERENCES runs(id),
+            step INTEGER NOT NULL,
+            name TEXT NOT NULL,
+            value REAL,
+            created_at REAL NOT NULL
+        )""",
+        "CREATE INDEX metrics_run_name_step ON metrics(run_id, name, step)",
+        """CREATE TABLE checkpoints (
+            id INTEGER PRIMARY KEY,
+            run_id TEXT NOT NULL REFERENCES runs(id),
+            step INTEGER NOT NULL,
+            path TEXT NOT NULL,
+            created_at REAL NOT NULL
+        )""",
+        "CREATE INDEX checkpoints_run_step ON checkpoints(run_id, step)",
+    ):
+        conn.execute(statement)
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_m001_initial]
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Bring the file up to the newest schema; return the number of migrations run.
+
+    ``conn`` must be in autocommit mode (``isolation_level=None``). A file made
+    by a newer tether (version above ``len(MIGRATIONS)``) is refused.
+    """
+    steps = MIGRATIONS
+    ran = 0
+    while True:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > len(steps):
+                raise StoreError(
+                    f"the store's schema version ({version}) is newer than this tether "
+                    f"knows ({len(steps)}); upgrade tether to open it"
+                )
+            if version == len(steps):
+                conn.execute("COMMIT")
+                return ran
+            steps[version](conn)
+            conn.execute(f"PRAGMA user_version = {version + 1}")
+            conn.execute("COMMIT")
+            ran += 1
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise

@@ -1,0 +1,125 @@
+"""Rows ↔ records: the column lists the store selects, and the decoders.
+
+Each ``*_COLUMNS`` string is the SELECT list whose row the matching
+``*_from_row`` function turns back into a record of :mod:`tether.records`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tether.records import (
+    Call,
+    CallStatus,
+    Checkpoint,
+    Metric,
+    Reward,
+    RewardSource,
+    Rollout,
+    RolloutStatus,
+    Run,
+    RunStatus,
+    Split,
+    Task,
+)
+from tether.store._codec import load_json, reward_value, unpack_floats, unpack_ids
+
+__all__ = [
+    "CALL_COLUMNS",
+    "CHECKPOINT_COLUMNS",
+    "METRIC_COLUMNS",
+    "REWARD_COLUMNS",
+    "ROLLOUT_COLUMNS",
+    "RUN_COLUMNS",
+    "TASK_COLUMNS",
+    "call_from_row",
+    "checkpoint_from_row",
+    "metric_from_row",
+    "reward_from_row",
+    "rollout_from_row",
+    "run_from_row",
+    "task_from_row",
+]
+
+Row = Sequence
+
+RUN_COLUMNS = "id, config, status, created_at"
+TASK_COLUMNS = "id, data, split, run_id"
+ROLLOUT_COLUMNS = (
+    "id, run_id, task_id, group_id, task, status, attempt, reward, reward_source, "
+    "final_answer, error, created_at, finished_at"
+)
+CALL_COLUMNS = (
+    "rollout_id, seq, prompt_ids, completion_ids, logprobs, policy_version, attempt, "
+    "request, response, finish_reason, temperature, status, error, latency_s, created_at"
+)
+REWARD_COLUMNS = "rollout_id, value, given, source, attempt, call_seq, created_at"
+METRIC_COLUMNS = "run_id, step, name, value, created_at"
+CHECKPOINT_COLUMNS = "run_id, step, path, created_at"
+
+
+def run_from_row(row: Row) -> Run:
+    return Run(id=row[0], config=load_json(row[1]), status=RunStatus(row[2]), created_at=row[3])
+
+
+def task_from_row(row: Row) -> Task:
+    return Task(id=row[0], data=load_json(row[1]), split=Split(row[2]), run_id=row[3])
+
+
+def rollout_from_row(row: Row) -> Rollout:
+    return Rollout(
+        id=row[0],
+        run_id=row[1],
+        task_id=row[2],
+        group_id=row[3],
+        task=load_json(row[4]),
+        status=RolloutStatus(row[5]),
+        attempt=row[6],
+        reward=row[7],
+        reward_source=None if row[8] is None else RewardSource(row[8]),
+        final_answer=row[9],
+        error=row[10],
+        created_at=row[11],
+        finished_at=row[12],
+    )
+
+
+def call_from_row(row: Row) -> Call:
+    return Call(
+        rollout_id=row[0],
+        seq=row[1],
+        prompt_ids=unpack_ids(row[2]),
+        completion_ids=unpack_ids(row[3]),
+        logprobs=unpack_floats(row[4]),
+        policy_version=row[5],
+        attempt=row[6],
+        request=load_json(row[7]),
+        response=load_json(row[8]),
+        finish_reason=row[9],
+        temperature=row[10],
+        status=CallStatus(row[11]),
+        error=row[12],
+        latency_s=row[13],
+        created_at=row[14],
+    )
+
+
+def reward_from_row(row: Row) -> Reward:
+    return Reward(
+        rollout_id=row[0],
+        value=reward_value(row[1], row[2]),
+        source=RewardSource(row[3]),
+        attempt=row[4],
+        call_seq=row[5],
+        created_at=row[6],
+    )
+
+
+def metric_from_row(row: Row) -> Metric:
+    # SQLite stores NaN as NULL; a NaN metric (a diverged loss) reads back as NaN.
+    value = float("nan") if row[3] is None else row[3]
+    return Metric(run_id=row[0], step=row[1], name=row[2], value=value, created_at=row[4])
+
+
+def checkpoint_from_row(row: Row) -> Checkpoint:
+    return Checkpoint(run_id=row[0], step=row[1], path=row[2], created_at=row[3])

@@ -1,0 +1,186 @@
+"""The run-level half of :class:`~tether.store.Store`: runs, tasks, metrics, checkpoints.
+
+:class:`RunLog` holds the connections (``self._db``) and the methods that do
+not touch rollouts; :class:`~tether.store._store.Store` adds rollouts, calls
+and rewards on top. Users only ever see ``Store``.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import time
+import uuid
+from typing import Any
+
+from tether.records import Checkpoint, Metric, Run, RunStatus, Split, Task
+from tether.store import _rows as rows
+from tether.store._codec import dump_json
+from tether.store._db import Database
+from tether.store._errors import AlreadyExists, InvalidRecord, NotFound
+
+__all__ = ["RunLog"]
+
+
+class RunLog:
+    """Runs, tasks, metrics and checkpoints over one :class:`Database`."""
+
+    _db: Database
+
+    @property
+    def path(self) -> str:
+        return self._db.path
+
+    def __repr__(self) -> str:
+        return f"Store({self._db.path!r}, synchronous={self._db.synchronous!r})"
+
+    def close(self) -> None:
+        """Close the file; later calls raise :class:`StoreError`. Safe to call twice."""
+        self._db.close()
+
+    def schema_version(self) -> int:
+        """The file's schema version (``PRAGMA user_version``)."""
+        with self._db.read() as conn:
+            return conn.execute("PRAGMA user_version").fetchone()[0]
+
+    # -- runs and tasks -------------------------------------------------------
+
+    def create_run(self, config: dict[str, Any], run_id: str | None = None) -> Run:
+        """Store a new run (status running) with its config as given."""
+        run = Run(id=run_id or f"run-{uuid.uuid4().hex[:12]}", config=dict(config))
+        text = dump_json(run.config, "run config")
+        with self._db.write() as conn:
+            cur = conn.execute(
+                "INSERT INTO runs (id, config, status, created_at) VALUES (?,?,?,?) "
+                "ON CONFLICT(id) DO NOTHING",
+                (run.id, text, run.status.value, run.created_at),
+            )
+            if cur.rowcount == 0:
+                raise AlreadyExists(f"run {run.id!r} already exists")
+        return run
+
+    def get_run(self, run_id: str) -> Run:
+        """The run with this id, or :class:`NotFound`."""
+        with self._db.read() as conn:
+            row = conn.execute(f"SELECT {rows.RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
+            row = row.fetchone()
+        if row is None:
+            raise NotFound(f"run {run_id!r} not found")
+        return rows.run_from_row(row)
+
+    def list_runs(self) -> list[Run]:
+        """Every run, oldest first."""
+        with self._db.read() as conn:
+            found = conn.execute(f"SELECT {rows.RUN_COLUMNS} FROM runs ORDER BY rowid").fetchall()
+        return [rows.run_from_row(r) for r in found]
+
+    def set_run_status(self, run_id: str, status: RunStatus) -> None:
+        """Set a run's status (any status may follow any other)."""
+        value = RunStatus(status).value
+        with self._db.write() as conn:
+            cur = conn.execute("UPDATE runs SET status = ? WHERE id = ?", (value, run_id))
+            if cur.rowcount == 0:
+                raise NotFound(f"run {run_id!r} not found")
+
+    def add_tasks(self, tasks: list[Task]) -> None:
+        """Store tasks in one transaction. Re-adding an identical task is a no-op;
+        the same id with other content raises :class:`AlreadyExists`."""
+        values = [
+            (t.id, t.run_id, Split(t.split).value, dump_json(t.data, f"task {t.id!r} data"))
+            for t in tasks
+        ]
+        with self._db.write() as conn:
+            for task_id, run_id, split, data in values:
+                try:
+                    cur = conn.execute(
+                        "INSERT INTO tasks (id, run_id, split, data) VALUES (?,?,?,?) "
+                        "ON CONFLICT(id) DO NOTHING",
+                        (task_id, run_id, split, data),
+                    )
+                except sqlite3.IntegrityError:
+                    raise NotFound(f"task {task_id!r}: run {run_id!r} not found") from None
+                if cur.rowcount == 0:
+                    old = conn.execute(
+                        "SELECT run_id, split, data FROM tasks WHERE id = ?", (task_id,)
+                    ).fetchone()
+                    if tuple(old) != (run_id, split, data):
+                        raise AlreadyExists(f"task {task_id!r} already exists with other content")
+
+    def get_task(self, task_id: str) -> Task:
+        """The task with this id, or :class:`NotFound`."""
+        with self._db.read() as conn:
+            row = conn.execute(f"SELECT {rows.TASK_COLUMNS} FROM tasks WHERE id = ?", (task_id,))
+            row = row.fetchone()
+        if row is None:
+            raise NotFound(f"task {task_id!r} not found")
+        return rows.task_from_row(row)
+
+    def list_tasks(self, run_id: str | None = None, split: Split | str | None = None) -> list[Task]:
+        """Tasks in the order they were added, optionally of one run and/or split."""
+        where, params = [], []
+        if run_id is not None:
+            where.append("run_id = ?")
+            params.append(run_id)
+        if split is not None:
+            where.append("split = ?")
+            params.append(Split(split).value)
+        sql = f"SELECT {rows.TASK_COLUMNS} FROM tasks"
+        sql += (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY rowid"
+        with self._db.read() as conn:
+            found = conn.execute(sql, params).fetchall()
+        return [rows.task_from_row(r) for r in found]
+
+    # -- metrics and checkpoints ---------------------------------------------
+
+    def log_metrics(self, run_id: str, step: int, values: dict[str, float]) -> None:
+        """Store one value per name for ``step`` of the run, in one transaction.
+
+        NaN is stored (as NULL, SQLite's only NaN) and reads back as NaN.
+        """
+        now = time.time()
+        try:
+            params = [(run_id, int(step), str(k), float(v), now) for k, v in values.items()]
+        except (TypeError, ValueError) as e:
+            raise InvalidRecord(f"metric values of run {run_id!r} must be numbers ({e})") from None
+        with self._db.write() as conn:
+            try:
+                conn.executemany(
+                    "INSERT INTO metrics (run_id, step, name, value, created_at) "
+                    "VALUES (?,?,?,?,?)",
+                    [(r, s, k, None if math.isnan(v) else v, t) for r, s, k, v, t in params],
+                )
+            except sqlite3.IntegrityError:
+                raise NotFound(f"run {run_id!r} not found") from None
+
+    def metrics(self, run_id: str, name: str | None = None) -> list[Metric]:
+        """The run's metrics (or one metric's series), by step then in logging order."""
+        sql = f"SELECT {rows.METRIC_COLUMNS} FROM metrics WHERE run_id = ?"
+        params: list[Any] = [run_id]
+        if name is not None:
+            sql += " AND name = ?"
+            params.append(name)
+        with self._db.read() as conn:
+            found = conn.execute(sql + " ORDER BY step, id", params).fetchall()
+        return [rows.metric_from_row(r) for r in found]
+
+    def add_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Record that the run saved a checkpoint at ``step`` under ``path``."""
+        with self._db.write() as conn:
+            try:
+                conn.execute(
+                    "INSERT INTO checkpoints (run_id, step, path, created_at) VALUES (?,?,?,?)",
+                    (checkpoint.run_id, int(checkpoint.step), str(checkpoint.path),
+                     checkpoint.created_at),
+                )  # fmt: skip
+            except sqlite3.IntegrityError:
+                raise NotFound(f"run {checkpoint.run_id!r} not found") from None
+
+    def latest_checkpoint(self, run_id: str) -> Checkpoint | None:
+        """The run's checkpoint with the highest step (the last added among equals)."""
+        with self._db.read() as conn:
+            row = conn.execute(
+                f"SELECT {rows.CHECKPOINT_COLUMNS} FROM checkpoints WHERE run_id = ? "
+                "ORDER BY step DESC, id DESC LIMIT 1",
+                (run_id,),
+            ).fetchone()
+        return None if row is None else rows.checkpoint_from_row(row)

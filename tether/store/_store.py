@@ -1,0 +1,372 @@
+"""The :class:`Store`: tether's durable record of runs, rollouts, calls and rewards.
+
+A method that writes returns only after its transaction has committed, so
+what it stored survives a crash of the process from then on (and, with
+``synchronous="FULL"``, a power loss). Every method may be called from any
+thread.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from tether.records import (
+    Call,
+    CallStatus,
+    IllegalTransition,
+    Reward,
+    RewardSource,
+    Rollout,
+    RolloutStatus,
+    check_transition,
+)
+from tether.store import _rows as rows
+from tether.store._codec import dump_json, pack_floats, pack_ids, reward_column
+from tether.store._db import Database
+from tether.store._errors import (
+    AlreadyExists,
+    DuplicateReward,
+    IllegalRolloutTransition,
+    InvalidRecord,
+    NotFound,
+    RolloutClosed,
+    StaleAttempt,
+)
+from tether.store._runs import RunLog
+
+__all__ = ["Store"]
+
+_INSERT_CALL = (
+    "INSERT INTO calls (rollout_id, attempt, seq, prompt_ids, completion_ids, logprobs, "
+    "n_prompt, n_completion, policy_version, request, response, finish_reason, temperature, "
+    "status, error, latency_s, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+)
+_NEXT_SEQ = "SELECT COALESCE(MAX(seq) + 1, 0) FROM calls WHERE rollout_id = ? AND attempt = ?"
+_STATE = "SELECT status, attempt FROM rollouts WHERE id = ?"
+# Appends the bound reason to ``error`` ("a; b"); binds the reason twice.
+_ADD_ERROR = "error = CASE WHEN ? IS NULL THEN error ELSE COALESCE(error || '; ', '') || ? END"
+_RUNNING = RolloutStatus.RUNNING.value
+_QUEUED = RolloutStatus.QUEUED.value
+
+
+def _state(conn: sqlite3.Connection, rollout_id: str) -> tuple[str, int]:
+    row = conn.execute(_STATE, (rollout_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"rollout {rollout_id!r} not found")
+    return row
+
+
+def _check_attempt(rollout_id: str, given: int, current: int) -> None:
+    if given != current:
+        raise StaleAttempt(
+            f"rollout {rollout_id!r} is at attempt {current}; a write from attempt {given} "
+            "is refused"
+        )
+
+
+def _insert_final_reward(conn: sqlite3.Connection, reward: Reward) -> None:
+    """Insert the attempt's final reward and copy it onto the rollout (inside a write)."""
+    stored, given, why = reward_column(reward.value)
+    source = RewardSource(reward.source).value
+    try:
+        conn.execute(
+            "INSERT INTO rewards (rollout_id, attempt, call_seq, value, given, source, "
+            "created_at) VALUES (?,?,NULL,?,?,?,?)",
+            (reward.rollout_id, reward.attempt, stored, given, source, reward.created_at),
+        )
+    except sqlite3.IntegrityError:
+        raise DuplicateReward(
+            f"rollout {reward.rollout_id!r} attempt {reward.attempt} already has a final reward"
+        ) from None
+    conn.execute(
+        f"UPDATE rollouts SET reward = ?, reward_source = ?, {_ADD_ERROR} WHERE id = ?",
+        (stored, source, why, why, reward.rollout_id),
+    )
+
+
+class Store(RunLog):
+    """A SQLite (WAL) trace store at ``path``; created and migrated on open.
+
+    ``synchronous`` is ``"NORMAL"`` (a commit survives a process crash) or
+    ``"FULL"`` (also a power loss, at the cost of an fsync per commit).
+    ``busy_timeout_s`` bounds the wait for another process's write lock.
+    Missing parent directories are created. One ``Store`` serves every thread
+    of a process; a forked child must open its own.
+    """
+
+    def __init__(
+        self, path: str | Path, *, synchronous: str = "NORMAL", busy_timeout_s: float = 10.0
+    ) -> None:
+        self._db = Database(path, synchronous, busy_timeout_s)
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- rollouts -------------------------------------------------------------
+
+    def create_rollout(self, rollout: Rollout) -> Rollout:
+        """Store a new rollout as ``queued`` at attempt 0 and return what was stored."""
+        stored = replace(
+            rollout,
+            status=RolloutStatus.QUEUED,
+            attempt=0,
+            reward=None,
+            reward_source=None,
+            final_answer=None,
+            error=None,
+            finished_at=None,
+        )
+        task = None if stored.task is None else dump_json(stored.task, "rollout task")
+        with self._db.write() as conn:
+            try:
+                cur = conn.execute(
+                    "INSERT INTO rollouts (id, run_id, task_id, group_id, task, status, attempt, "
+                    "created_at) VALUES (?,?,?,?,?,?,0,?) ON CONFLICT(id) DO NOTHING",
+                    (stored.id, stored.run_id, stored.task_id, stored.group_id, task, _QUEUED,
+                     stored.created_at),
+                )  # fmt: skip
+            except sqlite3.IntegrityError:
+                raise NotFound(f"rollout {stored.id!r}: run {stored.run_id!r} not found") from None
+            if cur.rowcount == 0:
+                raise AlreadyExists(f"rollout {stored.id!r} already exists")
+        return stored
+
+    def start_attempt(self, rollout_id: str, token_hash: str | None = None) -> int:
+        """Move the rollout to ``running`` as a new attempt (from ``queued``, or from
+        ``failed``/``timeout`` for a retry); return the new attempt number.
+
+        The attempt's reward, answer and error start empty; the old attempt's
+        calls and rewards stay, and its late writes are refused from now on.
+        """
+        with self._db.write() as conn:
+            status, attempt = _state(conn, rollout_id)
+            try:
+                check_transition(RolloutStatus(status), RolloutStatus.RUNNING)
+            except IllegalTransition as e:
+                raise IllegalRolloutTransition(f"rollout {rollout_id!r}: {e}") from e
+            conn.execute(
+                "UPDATE rollouts SET status = ?, attempt = ?, token_hash = ?, reward = NULL, "
+                "reward_source = NULL, final_answer = NULL, error = NULL, finished_at = NULL "
+                "WHERE id = ?",
+                (_RUNNING, attempt + 1, token_hash, rollout_id),
+            )
+        return attempt + 1
+
+    def rollout_auth(self, rollout_id: str) -> tuple[RolloutStatus, int, str | None] | None:
+        """``(status, current attempt, token hash)`` for the gateway's auth; None if unknown."""
+        with self._db.read() as conn:
+            row = conn.execute(
+                "SELECT status, attempt, token_hash FROM rollouts WHERE id = ?", (rollout_id,)
+            ).fetchone()
+        return None if row is None else (RolloutStatus(row[0]), row[1], row[2])
+
+    def get_rollout(self, rollout_id: str) -> Rollout | None:
+        """The rollout with this id, or None."""
+        with self._db.read() as conn:
+            row = conn.execute(
+                f"SELECT {rows.ROLLOUT_COLUMNS} FROM rollouts WHERE id = ?", (rollout_id,)
+            ).fetchone()
+        return None if row is None else rows.rollout_from_row(row)
+
+    def list_rollouts(
+        self,
+        run_id: str | None = None,
+        group_id: str | None = None,
+        status: RolloutStatus | str | None = None,
+        limit: int | None = None,
+    ) -> list[Rollout]:
+        """Rollouts in creation order, filtered by run, group and/or status."""
+        where, params = [], []
+        for column, value in (("run_id", run_id), ("group_id", group_id)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if status is not None:
+            where.append("status = ?")
+            params.append(RolloutStatus(status).value)
+        sql = f"SELECT {rows.ROLLOUT_COLUMNS} FROM rollouts"
+        sql += (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY rowid"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(int(limit))
+        with self._db.read() as conn:
+            found = conn.execute(sql, params).fetchall()
+        return [rows.rollout_from_row(r) for r in found]
+
+    def finish_rollout(
+        self,
+        rollout_id: str,
+        status: RolloutStatus | str,
+        *,
+        attempt: int,
+        reward: float | None = None,
+        reward_source: RewardSource | str | None = None,
+        final_answer: str | None = None,
+        error: str | None = None,
+    ) -> Rollout:
+        """End the current attempt with a final status; return the stored rollout.
+
+        A ``reward`` is stored as the attempt's final reward (source defaults to
+        ``admin``); one that is not a finite number is stored as NULL, the reason
+        goes to ``error``, and the rollout stays unusable. Refuses a stale
+        ``attempt`` (:class:`StaleAttempt`), an illegal change
+        (:class:`IllegalRolloutTransition`) and a second final reward
+        (:class:`DuplicateReward`); nothing is stored then.
+        """
+        new = RolloutStatus(status)
+        if not new.is_final:
+            raise IllegalRolloutTransition(
+                f"rollout {rollout_id!r}: finish_rollout needs a final status, not "
+                f"{new.value!r}; use start_attempt to run it again"
+            )
+        source = RewardSource(reward_source or RewardSource.ADMIN)
+        with self._db.write() as conn:
+            old, current = _state(conn, rollout_id)
+            _check_attempt(rollout_id, attempt, current)
+            try:
+                check_transition(RolloutStatus(old), new)
+            except IllegalTransition as e:
+                raise IllegalRolloutTransition(f"rollout {rollout_id!r}: {e}") from e
+            if reward is not None:
+                _insert_final_reward(conn, Reward(rollout_id, reward, source, attempt))
+            conn.execute(
+                f"UPDATE rollouts SET status = ?, finished_at = ?, "
+                f"final_answer = COALESCE(?, final_answer), {_ADD_ERROR} WHERE id = ?",
+                (new.value, time.time(), final_answer, error, error, rollout_id),
+            )
+            row = conn.execute(
+                f"SELECT {rows.ROLLOUT_COLUMNS} FROM rollouts WHERE id = ?", (rollout_id,)
+            ).fetchone()
+        return rows.rollout_from_row(row)
+
+    # -- calls and rewards ----------------------------------------------------
+
+    def record_call(self, call: Call) -> int:
+        """Store one call under the next gap-free ``seq`` of its attempt; return that seq.
+
+        ``call.seq`` is ignored: the seq is assigned in the same transaction as
+        the insert. Refuses an unknown rollout (:class:`NotFound`), an attempt
+        that is not current (:class:`StaleAttempt`) and a rollout that is not
+        running (:class:`RolloutClosed`); nothing is stored then. The call is
+        durable when this returns.
+        """
+        if len(call.logprobs) != len(call.completion_ids):
+            raise InvalidRecord(
+                f"call of rollout {call.rollout_id!r}: logprobs ({len(call.logprobs)}) must "
+                f"have one value per completion token ({len(call.completion_ids)})"
+            )
+        values = [
+            call.rollout_id,
+            call.attempt,
+            0,  # seq, filled in under the lock
+            pack_ids(call.prompt_ids, "prompt_ids"),
+            pack_ids(call.completion_ids, "completion_ids"),
+            pack_floats(call.logprobs),
+            len(call.prompt_ids),
+            len(call.completion_ids),
+            call.policy_version,
+            dump_json(call.request, "call request"),
+            dump_json(call.response, "call response"),
+            call.finish_reason,
+            call.temperature,
+            CallStatus(call.status).value,
+            call.error,
+            call.latency_s,
+            call.created_at,
+        ]
+        with self._db.write() as conn:
+            status, current = _state(conn, call.rollout_id)
+            _check_attempt(call.rollout_id, call.attempt, current)
+            if status != _RUNNING:
+                raise RolloutClosed(f"rollout {call.rollout_id!r} is {status}, not running")
+            seq = conn.execute(_NEXT_SEQ, (call.rollout_id, current)).fetchone()[0]
+            values[2] = seq
+            conn.execute(_INSERT_CALL, values)
+        return seq
+
+    def calls(self, rollout_id: str, attempt: int | None = None) -> list[Call]:
+        """The calls of one attempt (default: the current one) in ``seq`` order."""
+        with self._db.read() as conn:
+            found = conn.execute(
+                f"SELECT {rows.CALL_COLUMNS} FROM calls WHERE rollout_id = ? AND attempt = "
+                "COALESCE(?, (SELECT attempt FROM rollouts WHERE id = ?)) ORDER BY seq",
+                (rollout_id, attempt, rollout_id),
+            ).fetchall()
+        return [rows.call_from_row(r) for r in found]
+
+    def record_reward(self, reward: Reward) -> None:
+        """Store a reward of the current attempt.
+
+        A final reward (``call_seq`` None) becomes the rollout's reward; a second
+        one for the same attempt raises :class:`DuplicateReward`. Intermediate
+        rewards (``call_seq`` set, naming a stored call) may be many. A value that
+        is not a finite number is stored as NULL and never used for training.
+        """
+        with self._db.write() as conn:
+            status, current = _state(conn, reward.rollout_id)
+            _check_attempt(reward.rollout_id, reward.attempt, current)
+            if status == _QUEUED:
+                raise RolloutClosed(f"rollout {reward.rollout_id!r} has not started")
+            if reward.call_seq is None:
+                _insert_final_reward(conn, reward)
+                return
+            found = conn.execute(
+                "SELECT 1 FROM calls WHERE rollout_id = ? AND attempt = ? AND seq = ?",
+                (reward.rollout_id, current, reward.call_seq),
+            ).fetchone()
+            if found is None:
+                raise NotFound(
+                    f"rollout {reward.rollout_id!r} attempt {current} has no call {reward.call_seq}"
+                )
+            stored, given, _ = reward_column(reward.value)
+            conn.execute(
+                "INSERT INTO rewards (rollout_id, attempt, call_seq, value, given, source, "
+                "created_at) VALUES (?,?,?,?,?,?,?)",
+                (reward.rollout_id, current, reward.call_seq, stored, given,
+                 RewardSource(reward.source).value, reward.created_at),
+            )  # fmt: skip
+
+    def rewards(self, rollout_id: str) -> list[Reward]:
+        """Every reward of the rollout (all attempts), in the order they were stored."""
+        with self._db.read() as conn:
+            found = conn.execute(
+                f"SELECT {rows.REWARD_COLUMNS} FROM rewards WHERE rollout_id = ? ORDER BY id",
+                (rollout_id,),
+            ).fetchall()
+        return [rows.reward_from_row(r) for r in found]
+
+    def counts(self, run_id: str | None = None) -> dict[str, Any]:
+        """What the store holds, for ``tether rollouts list``; one consistent snapshot.
+
+        ``{"rollouts": {status: n, ...every status}, "usable": n, "unusable_reward": n,
+        "calls": n}``: ``usable`` counts succeeded rollouts with a finite reward;
+        ``unusable_reward`` succeeded ones without (missing, NaN, ±inf: never 0).
+        """
+        scope, params = ("WHERE run_id = ?", (run_id,)) if run_id is not None else ("", ())
+        by_status = {s.value: 0 for s in RolloutStatus}
+        with self._db.read(snapshot=True) as conn:
+            found = conn.execute(
+                f"SELECT status, COUNT(*), COUNT(reward) FROM rollouts {scope} GROUP BY status",
+                params,
+            ).fetchall()
+            in_run = " WHERE rollout_id IN (SELECT id FROM rollouts WHERE run_id = ?)"
+            n_calls = conn.execute(
+                "SELECT COUNT(*) FROM calls" + (in_run if scope else ""), params
+            ).fetchone()[0]
+        with_reward = {status: rewarded for status, _, rewarded in found}
+        by_status.update({status: n for status, n, _ in found})
+        succeeded = RolloutStatus.SUCCEEDED.value
+        usable = with_reward.get(succeeded, 0)
+        return {
+            "rollouts": by_status,
+            "usable": usable,
+            "unusable_reward": by_status[succeeded] - usable,
+            "calls": n_calls,
+        }
