@@ -48,9 +48,12 @@ class SamplingParams:
     ``temperature == 0`` means greedy. ``stop`` are strings: generation ends
     when the decoded completion contains one; the returned ids then end with
     the token that completed the stop string (the gateway trims the text).
-    ``stop_token_ids`` end generation on those ids (e.g. ``<|im_end|>``); the
-    stop token is included in ``token_ids`` and has a logprob, because the
-    model produced it and the trainer must learn it.
+    ``stop_token_ids`` end generation on those ids, in addition to the
+    engine's end-of-turn ids (the tokenizer's eos and ``<|im_end|>``) unless
+    ``ignore_eos`` is set (then only ``stop_token_ids`` stop it; benchmarks
+    use this for fixed-length generations). The stop token is included in
+    ``token_ids`` and has a logprob, because the model produced it and the
+    trainer must learn it.
     """
 
     temperature: float = 1.0
@@ -61,6 +64,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     top_logprobs: int = 0
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -71,6 +75,12 @@ class SamplingParams:
             raise ValueError(f"max_tokens ({self.max_tokens}) must be >= 1")
         if self.n < 1:
             raise ValueError(f"n ({self.n}) must be >= 1")
+        if self.top_logprobs < 0:
+            raise ValueError(f"top_logprobs ({self.top_logprobs}) must be >= 0")
+        if isinstance(self.stop, str) or isinstance(self.stop_token_ids, int):
+            raise ValueError("stop and stop_token_ids must be sequences (of strings / of ints)")
+        object.__setattr__(self, "stop", tuple(self.stop))  # lists are accepted
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
 
 @dataclass

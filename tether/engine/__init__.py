@@ -1,0 +1,51 @@
+"""Inference engines: token ids in, token ids and logprobs out.
+
+- :class:`Engine`, :class:`SamplingParams`, :class:`Completion`,
+  :class:`GenerateResult` and the errors — the contract (``_protocol``)
+- :class:`TransformersEngine` — embedded, continuous batching, prefix
+  caching, CPU or CUDA; :class:`EngineStats` its counters (both imported
+  lazily, so importing :mod:`tether.engine` does not import torch)
+- :mod:`tether.engine.testing` — fake engines for tests
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tether.engine._protocol import (
+    Completion,
+    Engine,
+    EngineError,
+    EngineFailed,
+    EngineTimeout,
+    GenerateResult,
+    SamplingParams,
+)
+
+if TYPE_CHECKING:
+    from tether.engine._transformers import TransformersEngine
+    from tether.engine._worker import EngineStats
+
+__all__ = [
+    "Completion",
+    "Engine",
+    "EngineError",
+    "EngineFailed",
+    "EngineStats",
+    "EngineTimeout",
+    "GenerateResult",
+    "SamplingParams",
+    "TransformersEngine",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TransformersEngine":
+        from tether.engine._transformers import TransformersEngine
+
+        return TransformersEngine
+    if name == "EngineStats":
+        from tether.engine._worker import EngineStats
+
+        return EngineStats
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,160 @@
+"""A left-padded batch of sequences sharing one KV cache.
+
+:class:`KVBatch` is the tensor side of the transformers engine's scheduler:
+prefill a group of prompts, decode one token per row, merge a newly
+prefilled batch into the running one (continuous batching), drop finished
+rows. Rows are left-padded: row ``b`` owns the last ``mask[b].sum()`` cache
+positions, and its position ids count only its own tokens, so a padded row
+computes the same logits as the row alone (up to float rounding).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from tether.engine._prefix import Prefix
+
+__all__ = ["KVBatch", "cache_kwarg"]
+
+
+def _takes(model: Any, name: str) -> bool:
+    return name in inspect.signature(model.forward).parameters
+
+
+def cache_kwarg(model: Any) -> str:
+    """The name under which ``model.forward`` takes the KV cache (it changed in transformers 5)."""
+    return "cache" if _takes(model, "cache") else "past_key_values"
+
+
+def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache, strict=True))  # transformers < 4.56
+
+
+def _left_pad(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    missing = length - t.shape[dim]
+    if missing == 0:
+        return t
+    pad = [0, 0] * (t.dim() - 1 - dim % t.dim()) + [missing, 0]
+    return F.pad(t, pad)
+
+
+class KVBatch:
+    """``mask``: [B, L] (1 = real token); ``positions``: [B], the next position id per row."""
+
+    def __init__(self, cache: DynamicCache, mask: torch.Tensor, positions: torch.Tensor):
+        self.cache = cache
+        self.mask = mask
+        self.positions = positions
+
+    @property
+    def size(self) -> int:
+        return self.mask.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.mask.shape[1]
+
+    @classmethod
+    def prefill(
+        cls,
+        model: Any,
+        kwarg: str,
+        prompts: list[list[int]],
+        pad_id: int = 0,
+        prefix: Prefix | None = None,
+    ) -> tuple[KVBatch, torch.Tensor]:
+        """Run the prompts as one batch; return it and the next-token logits [B, V].
+
+        With a ``prefix`` (a proper prefix of every prompt) only the suffixes
+        are computed; the rows are laid out ``[prefix | padding | suffix]``.
+        """
+        device = model.device
+        start = len(prefix.tokens) if prefix else 0
+        suffixes = [p[start:] for p in prompts]
+        length = max(len(p) for p in suffixes)
+        ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), length), dtype=torch.long)
+        for b, suffix in enumerate(suffixes):
+            ids[b, length - len(suffix) :] = torch.tensor(suffix, dtype=torch.long)
+            mask[b, length - len(suffix) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = start + (mask.cumsum(-1) - 1).clamp(min=0)
+        if prefix is None:
+            cache = DynamicCache()
+        else:
+            rows = len(prompts)
+            cache = DynamicCache(
+                [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in prefix.layers]
+            )
+            mask = torch.cat([torch.ones((rows, start), dtype=mask.dtype, device=device), mask], 1)
+        keep = {"logits_to_keep": 1} if _takes(model, "logits_to_keep") else {}
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **keep,
+            **{kwarg: cache},
+        )
+        return cls(cache, mask, mask.sum(-1)), out.logits[:, -1, :]
+
+    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The cache's per-layer ``(keys, values)``, each [B, H, L, D]."""
+        return _layers(self.cache)
+
+    def decode(self, model: Any, kwarg: str, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row ([B]); return the next-token logits [B, V]."""
+        ones = torch.ones((self.size, 1), dtype=self.mask.dtype, device=self.mask.device)
+        self.mask = torch.cat([self.mask, ones], dim=1)
+        out = model(
+            input_ids=tokens.view(-1, 1),
+            attention_mask=self.mask,
+            position_ids=self.positions.view(-1, 1),
+            use_cache=True,
+            **{kwarg: self.cache},
+        )
+        self.positions = self.positions + 1
+        return out.logits[:, -1, :]
+
+    def repeat(self, counts: list[int]) -> None:
+        """Row ``b`` becomes ``counts[b]`` identical rows (``n`` samples share one prefill)."""
+        if all(c == 1 for c in counts):
+            return
+        index = torch.repeat_interleave(
+            torch.arange(len(counts), device=self.mask.device),
+            torch.tensor(counts, device=self.mask.device),
+        )
+        self.select(index)
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep rows ``index`` (in that order), then drop columns that are padding in every row."""
+        mask = self.mask.index_select(0, index)
+        first = int((mask.cumsum(-1) == 0).sum(-1).min()) if mask.shape[0] else 0
+        layers = [
+            (k.index_select(0, index)[:, :, first:], v.index_select(0, index)[:, :, first:])
+            for k, v in _layers(self.cache)
+        ]
+        self.cache = DynamicCache(layers)
+        self.mask = mask[:, first:]
+        self.positions = self.positions.index_select(0, index)
+
+    def merge(self, other: KVBatch) -> None:
+        """Append ``other``'s rows, left-padding whichever cache is shorter."""
+        length = max(self.length, other.length)
+        layers = [
+            (
+                torch.cat([_left_pad(k1, length, 2), _left_pad(k2, length, 2)]),
+                torch.cat([_left_pad(v1, length, 2), _left_pad(v2, length, 2)]),
+            )
+            for (k1, v1), (k2, v2) in zip(_layers(self.cache), _layers(other.cache), strict=True)
+        ]
+        self.cache = DynamicCache(layers)
+        self.mask = torch.cat([_left_pad(self.mask, length, 1), _left_pad(other.mask, length, 1)])
+        self.positions = torch.cat([self.positions, other.positions])

@@ -1,0 +1,187 @@
+"""The embedded engine: a transformers model served with continuous batching.
+
+:class:`TransformersEngine` is the asyncio face; the model runs on one
+worker thread (:mod:`tether.engine._worker`), so the event loop never
+blocks. Concurrent requests share batches: newly arrived requests join the
+running batch at the next decode step.
+
+Why not transformers' own continuous batching (``generate_batch``)? In 5.24
+its logprobs are taken after top-p truncation (off by the log of the kept
+mass), greedy vs sampling is one setting for the whole manager, and there
+is no per-request seed, stop string or top-logprobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import torch
+
+from tether.engine._gate import Gate
+from tether.engine._protocol import EngineFailed, GenerateResult, SamplingParams
+from tether.engine._worker import STOP, EngineStats, Request, Scheduler
+from tether.errors import UserError
+
+__all__ = ["TransformersEngine"]
+
+
+class TransformersEngine:
+    """Serve a ``transformers`` causal LM; see the module docstring.
+
+    ``max_batch_size`` bounds the rows decoded together (a request with
+    ``n`` samples takes ``n``); ``max_prefill_tokens`` the prompt tokens
+    admitted in one step (a longer prompt waits, then runs alone). ``seed``
+    seeds the draws of requests that carry none. ``prefix_cache_tokens``
+    bounds the KV kept for shared prompt prefixes (0 turns it off). ``stats`` (:class:`EngineStats`)
+    records batch sizes and prefix-cache hits, for tests and benchmarks.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        max_batch_size: int = 64,
+        seed: int | None = None,
+        prefix_cache_tokens: int = 32_768,
+        max_prefill_tokens: int = 16_384,
+    ):
+        if max_batch_size < 1:
+            raise UserError(f"max_batch_size ({max_batch_size}) must be >= 1")
+        self.model = model.to(device=device, dtype=dtype) if dtype else model.to(device)
+        self.model.eval()
+        self.tokenizer = tokenizer
+        self._vocab = self.model.get_input_embeddings().num_embeddings
+        self._max_len = getattr(self.model.config, "max_position_embeddings", None) or 1 << 30
+        self._eos = _end_ids(self.model, tokenizer)
+        rng = torch.Generator()
+        rng.manual_seed(seed) if seed is not None else rng.seed()
+        self._gate = Gate()
+        self._worker = Scheduler(
+            self.model,
+            tokenizer,
+            max_batch_size=max_batch_size,
+            max_len=self._max_len,
+            pad_id=min(self._eos, default=0),
+            rng=rng,
+            prefix_cache_tokens=prefix_cache_tokens,
+            max_prefill_tokens=max_prefill_tokens,
+        )
+        self._worker.start()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_id: str,
+        *,
+        tokenizer: Any = True,
+        dtype: torch.dtype | None = None,
+        **kwargs: Any,
+    ) -> TransformersEngine:
+        """Load with ``AutoModelForCausalLM.from_pretrained`` (and its tokenizer unless given)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(
+            path_or_id, **({"dtype": dtype} if dtype else {})
+        )
+        if tokenizer is True:
+            tokenizer = AutoTokenizer.from_pretrained(path_or_id)
+        return cls(model, tokenizer or None, dtype=dtype, **kwargs)
+
+    @property
+    def policy_version(self) -> int:
+        return self._worker.version
+
+    @property
+    def stats(self) -> EngineStats:
+        """Batch sizes and counters recorded by the worker."""
+        return self._worker.stats
+
+    # -- asyncio side -----------------------------------------------------------------------
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
+        self._check(prompt_ids, params)
+        async with self._gate.admit():
+            if not self._worker.is_alive():
+                raise EngineFailed("the engine's worker thread is not running")
+            loop = asyncio.get_running_loop()
+            stop_ids = frozenset(params.stop_token_ids) | (
+                frozenset() if params.ignore_eos else self._eos
+            )
+            req = Request(list(prompt_ids), params, stop_ids, loop.create_future(), loop)
+            req.future.add_done_callback(lambda f: setattr(req, "cancelled", f.cancelled()))
+            self._worker.inbox.put(req)
+            return await req.future
+
+    def _check(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_ids:
+            raise UserError("prompt_ids is empty; the engine needs at least one prompt token")
+        bad = [t for t in prompt_ids if not 0 <= t < self._vocab]
+        if bad:
+            raise UserError(
+                f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self._vocab})"
+            )
+        if len(prompt_ids) >= self._max_len:
+            raise UserError(
+                f"prompt ({len(prompt_ids)} tokens) must be shorter than {self._max_len}"
+            )
+        if params.stop and self.tokenizer is None:
+            raise UserError("stop strings need a tokenizer: pass tokenizer= to TransformersEngine")
+
+    async def pause(self) -> None:
+        await self._gate.pause()
+
+    async def resume(self) -> None:
+        self._gate.resume()
+
+    async def update_weights(self, state_dict: dict[str, Any]) -> int:
+        """Pause, load ``state_dict`` (keys may be a subset of the model's), bump the version."""
+        was_paused = self._gate.paused
+        await self._gate.pause()
+        try:
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[int] = loop.create_future()
+            self._worker.inbox.put((self._load, state_dict, fut, loop))
+            return await fut
+        finally:
+            if not was_paused:
+                self._gate.resume()
+
+    def _load(self, state_dict: dict[str, Any]) -> int:
+        unexpected = sorted(set(state_dict) - set(self.model.state_dict()))
+        if unexpected:
+            raise UserError(f"state_dict has keys the model lacks: {unexpected[:5]}")
+        with torch.no_grad():
+            self.model.load_state_dict(state_dict, strict=False)
+        if self._worker.prefix is not None:
+            self._worker.prefix.clear()  # cached KVs belong to the old weights
+        self._worker.version += 1
+        return self._worker.version
+
+    async def close(self) -> None:
+        """Stop the worker; requests still queued or running fail with EngineFailed."""
+        self._gate.close()
+        if self._worker.is_alive():
+            self._worker.inbox.put(STOP)
+            await asyncio.to_thread(self._worker.join, 30)
+
+
+def _end_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """The default stop ids: the tokenizer's eos and ``<|im_end|>``, the generation config's eos."""
+    ids: set[int] = set()
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update([eos] if isinstance(eos, int) else (eos or []))
+    if tokenizer is not None:
+        if getattr(tokenizer, "eos_token_id", None) is not None:
+            ids.add(tokenizer.eos_token_id)
+        end = (
+            tokenizer.convert_tokens_to_ids("<|im_end|>")
+            if "<|im_end|>" in tokenizer.get_vocab()
+            else None
+        )
+        if end is not None:
+            ids.add(end)
+    return frozenset(ids)
