@@ -1,0 +1,50 @@
+"""Shared fixtures: the starter model (built once per session), gateways, servers."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def starter_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The untrained starter model + tokenizer, built into a session cache."""
+    from tether.starter import build_starter
+
+    cache = Path(os.environ.get("TETHER_TEST_CACHE") or tmp_path_factory.mktemp("starter-cache"))
+    return Path(build_starter(cache_dir=cache, warm=False))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(starter_dir: Path) -> Any:
+    from tether.starter import load_tokenizer
+
+    return load_tokenizer(starter_dir)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Any]:
+    from tether.store import Store
+
+    s = Store(tmp_path / "traces.sqlite")
+    yield s
+    s.close()
+
+
+ADMIN_KEY = "test-admin-key-0123456789"
+
+
+@pytest.fixture
+def make_gateway(store: Any, tokenizer: Any):
+    """Build a Gateway over an engine with test defaults (admin key set, loopback)."""
+    from tether.gateway import Gateway, GatewayConfig
+
+    def make(engine: Any, **overrides: Any) -> Any:
+        cfg = GatewayConfig(admin_key=ADMIN_KEY, **overrides)
+        return Gateway(engine, overrides.pop("tokenizer", tokenizer), store, cfg)
+
+    return make

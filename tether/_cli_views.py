@@ -1,0 +1,95 @@
+"""What ``tether rollouts list|show`` prints (rich tables to stdout)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from tether.errors import UserError
+from tether.records import RolloutStatus
+
+__all__ = ["print_rollout", "print_rollouts"]
+
+out = Console()
+
+
+def _when(ts: float | None) -> str:
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+
+
+def print_rollouts(store: Any, *, run: str | None, status: str | None, limit: int) -> None:
+    try:
+        st = RolloutStatus(status) if status else None
+    except ValueError:
+        names = ", ".join(s.value for s in RolloutStatus)
+        raise UserError(f"unknown status {status!r}: use one of {names}") from None
+    rows = store.list_rollouts(run_id=run, status=st)
+    rows = rows[-limit:] if limit > 0 else rows
+    table = Table(title=f"{len(rows)} rollouts")
+    for col in ("id", "run", "group", "status", "attempt", "calls", "reward", "answer", "created"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        n_calls = len(store.calls(r.id))
+        reward = "-" if r.reward is None else f"{r.reward:g}"
+        answer = (r.final_answer or "")[:40]
+        table.add_row(
+            r.id,
+            r.run_id or "-",
+            r.group_id or "-",
+            r.status.value,
+            str(r.attempt),
+            str(n_calls),
+            reward,
+            answer,
+            _when(r.created_at),
+        )
+    out.print(table)
+
+
+def print_rollout(store: Any, rollout_id: str, *, tokens: bool) -> None:
+    r = store.get_rollout(rollout_id)
+    if r is None:
+        raise UserError(
+            f"no rollout {rollout_id!r} in this store: `tether rollouts list` shows the ids"
+        )
+    out.print(
+        f"[bold]rollout {r.id}[/]  status {r.status.value}  attempt {r.attempt}  "
+        f"reward {r.reward if r.reward is not None else '-'}"
+        f"{'  (' + r.reward_source.value + ')' if r.reward_source else ''}"
+    )
+    if r.task:
+        out.print(f"task: {json.dumps(r.task)[:300]}")
+    if r.final_answer:
+        out.print(f"final answer: {r.final_answer!r}")
+    if r.error:
+        out.print(f"[red]error:[/] {r.error}")
+    for c in store.calls(rollout_id):
+        out.rule(
+            f"call {c.seq}  policy v{c.policy_version}  {c.status.value}  finish={c.finish_reason}  "
+            f"T={c.temperature:g}  {c.latency_s * 1000:.1f} ms"
+        )
+        last = (c.request.get("messages") or [{}])[-1]
+        out.print(
+            f"prompt: {len(c.prompt_ids)} tokens; last message ({last.get('role', '?')}): "
+            f"{str(last.get('content'))[:200]!r}"
+        )
+        msg = c.response or {}
+        if msg.get("tool_calls"):
+            for tc in msg["tool_calls"]:
+                out.print(f"tool call: {tc['function']['name']}({tc['function']['arguments']})")
+        elif msg:
+            out.print(f"reply: {str(msg.get('content'))[:300]!r}")
+        if c.error:
+            out.print(f"[red]error:[/] {c.error}")
+        if tokens and c.completion_ids:
+            table = Table(show_header=True, box=None)
+            for col in ("#", "id", "logprob", "prob"):
+                table.add_column(col, justify="right")
+            for i, (tid, lp) in enumerate(zip(c.completion_ids, c.logprobs, strict=True)):
+                table.add_row(str(i), str(tid), f"{lp:.4f}", f"{math.exp(lp):.3f}")
+            out.print(table)

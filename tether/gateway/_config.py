@@ -1,0 +1,84 @@
+"""Gateway configuration: one validated dataclass, fed by the CLI and the YAML config."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from tether.errors import UserError
+
+__all__ = ["GatewayConfig", "is_loopback"]
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass
+class GatewayConfig:
+    """Everything the gateway enforces.
+
+    The caps bound what one request may ask of the engine; a request beyond a
+    cap gets a 400 that names the cap, and the engine is never called.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8321
+    admin_key: str | None = None
+    # Keys that may use record mode (``POST /v1/chat/completions`` without a rollout).
+    record_keys: tuple[str, ...] = ()
+    # The URL agents are told to use; default http://{host}:{port}. Set it when
+    # agents reach the gateway through another address (a pod, a proxy).
+    public_url: str | None = None
+    allow_agent_rewards: bool = False
+    tool_parser: str = "hermes"
+    served_model_name: str = "policy"
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_n: int = 16
+    max_tokens: int = 4096
+    default_max_tokens: int = 512
+    max_top_logprobs: int = 20
+    max_messages: int = 512
+    max_tools: int = 128
+    engine_timeout_s: float = 300.0
+    # How long a call waits while admission is paused before a 503.
+    admission_timeout_s: float = 600.0
+    log_prompts: bool = False
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("max_n", "max_tokens", "max_messages", "max_tools", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise UserError(f"gateway.{name} ({getattr(self, name)}) must be >= 1")
+        if self.max_top_logprobs < 0:
+            raise UserError(f"gateway.max_top_logprobs ({self.max_top_logprobs}) must be >= 0")
+        if not 1 <= self.default_max_tokens <= self.max_tokens:
+            raise UserError(
+                f"gateway.default_max_tokens ({self.default_max_tokens}) must be between 1 "
+                f"and gateway.max_tokens ({self.max_tokens})"
+            )
+        if not 0 <= self.port <= 65535:
+            raise UserError(f"gateway.port ({self.port}) must be in 0..65535")
+        if self.engine_timeout_s <= 0 or self.admission_timeout_s <= 0:
+            raise UserError("gateway.engine_timeout_s and admission_timeout_s must be > 0")
+
+    def check_bind(self) -> None:
+        """Refuse to listen beyond loopback without an admin key."""
+        if not is_loopback(self.host) and not self.admin_key:
+            raise UserError(
+                f"refusing to bind {self.host} without an admin key: set TETHER_ADMIN_KEY "
+                "(e.g. export TETHER_ADMIN_KEY=$(openssl rand -hex 32)) or bind 127.0.0.1"
+            )
+
+    @property
+    def base_url(self) -> str:
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"

@@ -1,0 +1,246 @@
+"""Engine output → OpenAI response bodies (chat, completions, SSE chunks)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from tether.chat import (
+    ParsedMessage,
+    decode_completion,
+    finish_reason_for,
+    stream_chunks,
+    usage_chunk,
+)
+from tether.engine import GenerateResult, SamplingParams
+
+__all__ = [
+    "Choice",
+    "chat_body",
+    "chat_chunks",
+    "choices_from",
+    "completion_body",
+    "stop_token_ids",
+]
+
+_STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>")
+
+
+def stop_token_ids(tokenizer: Any) -> tuple[int, ...]:
+    """Ids that end an assistant turn: eos plus the usual end-of-turn tokens in the vocabulary."""
+    ids: set[int] = set()
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in _STOP_TOKENS if t in vocab)
+    return tuple(sorted(ids))
+
+
+@dataclass
+class Choice:
+    text: str  # the visible text (stop token and stop string removed)
+    message: dict[str, Any]  # the OpenAI assistant message
+    finish_reason: str
+    token_ids: list[int]
+    logprobs: list[float]
+    parsed: ParsedMessage | None = None  # set when tool calls were parsed
+    top_logprobs: list[dict[int, float]] | None = None
+    tokens: list[str] = field(default_factory=list)
+
+
+def _trim_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
+    cut = min((i for s in stops if (i := text.find(s)) >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+def choices_from(
+    tokenizer: Any, result: GenerateResult, params: SamplingParams, parser: Any
+) -> list[Choice]:
+    """Decode each completion, trim stop strings, parse tool calls when a parser is given."""
+    choices = []
+    for completion in result.completions:
+        text = decode_completion(
+            tokenizer, completion.token_ids, stop_token_ids=params.stop_token_ids
+        )
+        text, stopped = _trim_stop(text, params.stop)
+        finish = "stop" if stopped else completion.finish_reason
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        parsed = parser.parse(text) if parser is not None else None
+        if parsed is not None and parsed.tool_calls:
+            message = parsed.to_message()
+            finish = finish_reason_for(parsed, finish)
+        else:
+            parsed = None
+        choices.append(
+            Choice(
+                text=text,
+                message=message,
+                finish_reason=finish,
+                parsed=parsed,
+                token_ids=list(completion.token_ids),
+                logprobs=list(completion.logprobs),
+                top_logprobs=completion.top_logprobs,
+                tokens=tokenizer.convert_ids_to_tokens(list(completion.token_ids)),
+            )
+        )
+    return choices
+
+
+def _token_text(tokenizer: Any, token_id: int) -> str:
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _chat_logprobs(tokenizer: Any, choice: Choice, top: int) -> dict[str, Any]:
+    content = []
+    for i, (tid, lp) in enumerate(zip(choice.token_ids, choice.logprobs, strict=True)):
+        text = _token_text(tokenizer, tid)
+        entry: dict[str, Any] = {
+            "token": text,
+            "logprob": lp,
+            "bytes": list(text.encode()),
+            "top_logprobs": [],
+        }
+        if top and choice.top_logprobs:
+            entry["top_logprobs"] = [
+                {"token": (t := _token_text(tokenizer, k)), "logprob": v, "bytes": list(t.encode())}
+                for k, v in sorted(choice.top_logprobs[i].items(), key=lambda kv: -kv[1])[:top]
+            ]
+        content.append(entry)
+    return {"content": content, "refusal": None}
+
+
+def _usage(prompt_len: int, choices: list[Choice]) -> dict[str, int]:
+    completion = sum(len(c.token_ids) for c in choices)
+    return {
+        "prompt_tokens": prompt_len,
+        "completion_tokens": completion,
+        "total_tokens": prompt_len + completion,
+    }
+
+
+def chat_body(
+    tokenizer: Any,
+    model: str,
+    prompt_len: int,
+    choices: list[Choice],
+    *,
+    logprobs: bool,
+    top_logprobs: int,
+    policy_version: int,
+) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": f"tether-policy-v{policy_version}",
+        "choices": [
+            {
+                "index": i,
+                "message": {**c.message, "refusal": None},
+                "logprobs": _chat_logprobs(tokenizer, c, top_logprobs) if logprobs else None,
+                "finish_reason": c.finish_reason,
+            }
+            for i, c in enumerate(choices)
+        ],
+        "usage": _usage(prompt_len, choices),
+    }
+
+
+def chat_chunks(
+    tokenizer: Any, body: dict[str, Any], choices: list[Choice], *, include_usage: bool
+) -> list[dict[str, Any]]:
+    """The streamed form of a finished chat completion: one content delta per token.
+
+    Tool calls (with the same ids as the stored response) come after the content.
+    """
+    chunks: list[dict[str, Any]] = []
+    for i, c in enumerate(choices):
+        parsed = c.parsed or ParsedMessage(content=c.text, tool_calls=[])
+        pieces = None if c.parsed else _pieces(tokenizer, c)
+        chunks += stream_chunks(
+            parsed,
+            completion_id=body["id"],
+            model=body["model"],
+            created=body["created"],
+            finish_reason=c.finish_reason,
+            choice_index=i,
+            text_pieces=pieces,
+        )
+    if include_usage:
+        chunks.append(
+            usage_chunk(
+                completion_id=body["id"],
+                model=body["model"],
+                created=body["created"],
+                usage=body["usage"],
+            )
+        )
+    return chunks
+
+
+def _pieces(tokenizer: Any, c: Choice) -> list[str]:
+    """Per-token text pieces of the visible text, decoded incrementally (no split characters)."""
+    pieces, prev = [], ""
+    for k in range(1, len(c.token_ids) + 1):
+        text = tokenizer.decode(
+            c.token_ids[:k], skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+        if text.endswith("\ufffd"):
+            continue
+        text = text[: len(c.text)] if len(text) > len(c.text) else text
+        if len(text) > len(prev) and c.text.startswith(text):
+            pieces.append(text[len(prev) :])
+            prev = text
+    if prev != c.text:
+        pieces.append(c.text[len(prev) :])
+    return [p for p in pieces if p]
+
+
+def completion_body(
+    tokenizer: Any,
+    model: str,
+    prompt_len: int,
+    choices: list[Choice],
+    *,
+    logprobs: int | None,
+    policy_version: int,
+) -> dict[str, Any]:
+    def lp(c: Choice) -> dict[str, Any] | None:
+        if logprobs is None:
+            return None
+        texts = [_token_text(tokenizer, t) for t in c.token_ids]
+        offsets, pos = [], 0
+        for t in texts:
+            offsets.append(pos)
+            pos += len(t)
+        top = None
+        if logprobs and c.top_logprobs:
+            top = [
+                {
+                    _token_text(tokenizer, k): v
+                    for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:logprobs]
+                }
+                for d in c.top_logprobs
+            ]
+        return {
+            "tokens": texts,
+            "token_logprobs": c.logprobs,
+            "top_logprobs": top,
+            "text_offset": offsets,
+        }
+
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": f"tether-policy-v{policy_version}",
+        "choices": [
+            {"index": i, "text": c.text, "logprobs": lp(c), "finish_reason": c.finish_reason}
+            for i, c in enumerate(choices)
+        ],
+        "usage": _usage(prompt_len, choices),
+    }

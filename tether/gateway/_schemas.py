@@ -1,0 +1,154 @@
+"""Pydantic shapes of the gateway's HTTP bodies.
+
+Unknown fields are refused (``extra="forbid"``) so nothing a client sends is
+silently dropped: the 400 names the field. Fields accepted but without effect
+are listed in :data:`ACCEPTED_WITHOUT_EFFECT`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = [
+    "ACCEPTED_WITHOUT_EFFECT",
+    "ChatCompletionRequest",
+    "CompletionRequest",
+    "CreateRolloutRequest",
+    "FinishRolloutRequest",
+    "RewardRequest",
+]
+
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+# Fields an OpenAI client may send that change nothing tether records.
+ACCEPTED_WITHOUT_EFFECT = ("user", "metadata", "store", "parallel_tool_calls", "stream_options")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Sampling(_Strict):
+    model: str = "policy"
+    n: int = Field(1, ge=1)
+    temperature: Finite | None = Field(None, ge=0, le=2)
+    top_p: Finite | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    seed: int | None = None
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    frequency_penalty: Finite | None = None
+    presence_penalty: Finite | None = None
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > 4:
+            raise ValueError("at most 4 stop sequences")
+        if any(not s for s in stops):
+            raise ValueError("stop sequences must be non-empty")
+        return v
+
+    @field_validator("frequency_penalty", "presence_penalty")
+    @classmethod
+    def _no_penalty(cls, v: float | None) -> float | None:
+        if v not in (None, 0, 0.0):
+            raise ValueError(
+                "is not supported by tether (it would change the sampling the trainer assumes); leave it unset or 0"
+            )
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v:
+            raise ValueError(
+                "is not supported by tether (it would change the sampling the trainer assumes)"
+            )
+        return v
+
+    def stop_list(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0)
+    response_format: dict[str, Any] | None = None
+    store: bool | None = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if isinstance(v, str) and v not in ("auto", "none", "required"):
+            raise ValueError("must be 'auto', 'none', 'required' or a function object")
+        if v == "required" or isinstance(v, dict):
+            raise ValueError(
+                "forcing a tool call is not supported by tether yet (it needs constrained "
+                "decoding); use 'auto'"
+            )
+        return v
+
+    @field_validator("response_format")
+    @classmethod
+    def _response_format(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and v.get("type") != "text":
+            raise ValueError(
+                "only {'type': 'text'} is supported; structured output needs constrained decoding"
+            )
+        return v
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int]
+    logprobs: int | None = Field(None, ge=0)
+    echo: bool = False
+    suffix: str | None = None
+
+    @field_validator("echo")
+    @classmethod
+    def _echo(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("echo is not supported by tether; leave it false")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _suffix(cls, v: str | None) -> str | None:
+        if v:
+            raise ValueError("suffix is not supported by tether")
+        return v
+
+
+class RewardRequest(_Strict):
+    value: Finite
+    call_seq: int | None = Field(None, ge=0, description="an intermediate reward for one call")
+
+
+class CreateRolloutRequest(_Strict):
+    task: dict[str, Any] = Field(default_factory=dict)
+    rollout_id: str | None = None
+    run_id: str | None = None
+    group_id: str | None = None
+    task_id: str | None = None
+
+
+class FinishRolloutRequest(_Strict):
+    status: Literal["succeeded", "failed", "timeout", "cancelled"] = "succeeded"
+    reward: Finite | None = None
+    final_answer: str | None = None
+    error: str | None = None

@@ -1,0 +1,115 @@
+"""Running the app: in the foreground (``tether serve``) or on a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import uvicorn
+from fastapi import FastAPI
+
+__all__ = ["BackgroundServer", "LoopServer", "make_server"]
+
+
+def make_server(
+    app: FastAPI, host: str, port: int, *, log_level: str = "warning"
+) -> uvicorn.Server:
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+    )
+    return uvicorn.Server(config)
+
+
+@dataclass
+class BackgroundServer:
+    """A uvicorn server on its own thread and event loop, for tests and tools.
+
+    ``port=0`` picks a free port; :attr:`url` is known once :meth:`start` returns.
+    """
+
+    app: FastAPI
+    host: str = "127.0.0.1"
+    port: int = 0
+
+    def start(self, timeout: float = 20.0) -> BackgroundServer:
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        self._sock = sock
+        self.server = make_server(self.app, self.host, self.port)
+        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self.server.serve(sockets=[sock])),
+            name="tether-gateway",
+            daemon=True,
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("gateway server did not start")
+            time.sleep(0.01)
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=10)
+        self._sock.close()
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LoopServer:
+    """A uvicorn server as a task on the *current* event loop.
+
+    The trainer uses this so that the gateway, the in-process agents and the
+    engine's callers share one loop (the engine computes on its own thread).
+    """
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0):
+        self.app, self.host, self.port = app, host, port
+
+    async def start(self, timeout: float = 20.0) -> LoopServer:
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        self._sock = sock
+        self.server = make_server(self.app, self.host, self.port)
+        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._task = asyncio.create_task(self.server.serve(sockets=[sock]))
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if self._task.done() or time.monotonic() > deadline:
+                raise RuntimeError("gateway server did not start")
+            await asyncio.sleep(0.01)
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        try:
+            await asyncio.wait_for(self._task, 10)
+        finally:
+            self._sock.close()
