@@ -1,0 +1,604 @@
+"""The local runners with real agent processes (small scripts written to tmp_path)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import psutil
+import pytest
+
+import tether.runner
+from tether.records import RolloutStatus
+from tether.runner import (
+    AgentLoadError,
+    InProcessRunner,
+    Launch,
+    PoolRunner,
+    RunnerConfig,
+    RunnerConfigError,
+    agent_env,
+    make_runner,
+)
+
+PY = sys.executable
+CONTRACT = {"OPENAI_BASE_URL", "OPENAI_API_KEY", "TETHER_ROLLOUT_ID", "TETHER_TASK"}
+
+
+def launch(i: int = 0, task: dict | None = None, **kw) -> Launch:
+    kw.setdefault("reward_url", f"http://gw/rollouts/r{i}/reward")
+    return Launch(f"r{i}", 1, f"http://gw/rollouts/r{i}/v1", f"tok-{i}", task or {"x": i}, **kw)
+
+
+def script(tmp_path: Path, name: str, code: str) -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(code))
+    return str(path)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def expected_env_names() -> set[str]:
+    """What an agent's environment holds: the contract and the safe base set in the parent."""
+    base = {"PATH", "HOME", "LANG", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV"}
+    return CONTRACT | {"TETHER_REWARD_URL"} | {k for k in base if os.environ.get(k)}
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Secrets in the parent that must never reach an agent; LANG set so Python adds nothing."""
+    monkeypatch.setenv("TETHER_ADMIN_KEY", "admin-secret")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "cloud-secret")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+
+
+# --- public face, config, env ------------------------------------------------------------
+
+
+def test_exports_match_all() -> None:
+    public = {n for n in dir(tether.runner) if not n.startswith("_") and n != "annotations"}
+    assert set(tether.runner.__all__) == public
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"mode": "threads", "command": ["x"]}, ["'threads'", "process, pool, inprocess"]),
+        ({"mode": "process"}, ["command (None)", "required"]),
+        ({"mode": "pool"}, ["agent (None)", "required"]),
+        ({"mode": "pool", "agent": "no_colon"}, ["'no_colon'", "module:function"]),
+        ({"command": ["x"], "concurrency": 0}, ["concurrency (0)", ">= 1"]),
+        ({"command": ["x"], "timeout_s": 0}, ["timeout_s (0)", "> 0"]),
+        ({"command": ["x"], "extra_env": {"TETHER_ADMIN_KEY": "k"}}, ["TETHER_ADMIN_KEY"]),
+        ({"command": ["x"], "extra_env": {"OPENAI_API_KEY": "k"}}, ["OPENAI_API_KEY"]),
+        ({"command": ["x"], "cwd": "/no/such/dir"}, ["'/no/such/dir'", "existing directory"]),
+    ],
+)
+def test_config_errors_name_value_and_rule(kwargs: dict, words: list[str]) -> None:
+    with pytest.raises(RunnerConfigError) as info:
+        RunnerConfig(**kwargs)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_command_string_is_split() -> None:
+    assert RunnerConfig(command="python 'my agent.py'").command == ["python", "my agent.py"]
+
+
+def test_agent_env_is_exactly_the_contract() -> None:
+    parent = {"PATH": "/bin", "HOME": "/h", "TETHER_ADMIN_KEY": "s", "AWS_SECRET_ACCESS_KEY": "s"}
+    env = agent_env(launch(3, {"q": "é"}), {"MY_FLAG": "1"}, parent_env=parent)
+    assert set(env) == CONTRACT | {"TETHER_REWARD_URL", "PATH", "HOME", "MY_FLAG"}
+    assert env["OPENAI_BASE_URL"] == "http://gw/rollouts/r3/v1"
+    assert env["OPENAI_API_KEY"] == "tok-3" and env["TETHER_ROLLOUT_ID"] == "r3"
+    assert json.loads(env["TETHER_TASK"]) == {"q": "é"}
+    no_reward = agent_env(launch(1, reward_url=None), parent_env=parent)
+    assert "TETHER_REWARD_URL" not in no_reward
+
+
+# --- process mode ------------------------------------------------------------------------
+
+ENV_AGENT = """
+    import json, os, sys
+    print(json.dumps(dict(os.environ)), file=sys.stderr)
+    print("thinking...")
+    print("answer:", json.loads(os.environ["TETHER_TASK"])["x"] * 2)
+    print()
+"""
+
+
+async def test_process_env_and_final_answer(tmp_path: Path, clean_env: None) -> None:
+    runner = make_runner(RunnerConfig(command=[PY, script(tmp_path, "a.py", ENV_AGENT)]))
+    result = await runner.run(launch(21))
+    await runner.close()
+    assert result.status is RolloutStatus.SUCCEEDED and result.exit_code == 0
+    assert result.final_answer == "answer: 42"
+    env = json.loads(result.output_tail.splitlines()[0])
+    assert set(env) == expected_env_names()
+    assert "TETHER_ADMIN_KEY" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+    assert env["OPENAI_API_KEY"] == "tok-21" and env["TETHER_ROLLOUT_ID"] == "r21"
+
+
+async def test_process_nonzero_exit_fails(tmp_path: Path) -> None:
+    agent = script(tmp_path, "a.py", "import sys\nprint('partial')\nsys.exit(3)\n")
+    runner = make_runner(RunnerConfig(command=[PY, agent]))
+    result = await runner.run(launch())
+    assert result.status is RolloutStatus.FAILED and result.exit_code == 3
+    assert "code 3" in (result.error or "") and result.final_answer == "partial"
+    missing = make_runner(RunnerConfig(command=["/no/such/agent"]))
+    result = await missing.run(launch())
+    assert result.status is RolloutStatus.FAILED and "cannot start" in (result.error or "")
+
+
+STUBBORN_AGENT = """
+    import os, signal, subprocess, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = subprocess.Popen([sys.executable, "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+    open(sys.argv[1], "w").write(f"{os.getpid()} {child.pid}")
+    print("started", flush=True)
+    time.sleep(60)
+"""
+
+
+async def test_process_timeout_kills_whole_group(tmp_path: Path) -> None:
+    pids_file = tmp_path / "pids"
+    agent = script(tmp_path, "a.py", STUBBORN_AGENT)
+    config = RunnerConfig(command=[PY, agent, str(pids_file)], timeout_s=1.5, grace_s=0.5)
+    runner = make_runner(config)
+    t0 = time.monotonic()
+    result = await runner.run(launch())
+    elapsed = time.monotonic() - t0
+    assert result.status is RolloutStatus.TIMEOUT and "timeout of 1.5s" in (result.error or "")
+    assert result.exit_code == -signal.SIGKILL  # it ignored SIGTERM
+    assert "started" in result.output_tail
+    assert elapsed < 1.5 + 0.5 + 1.5
+    pids = [int(p) for p in pids_file.read_text().split()]
+    assert len(pids) == 2 and not any(alive(p) for p in pids)
+
+
+async def test_process_output_flood_is_truncated(tmp_path: Path) -> None:
+    agent = script(
+        tmp_path,
+        "a.py",
+        """
+        import sys
+        for _ in range(128):
+            sys.stdout.write("x" * 65535 + "\\n")
+            sys.stderr.write("y" * 1000 + "\\n")
+        print("done")
+        """,
+    )
+    runner = make_runner(RunnerConfig(command=[PY, agent], max_output_bytes=4096))
+    result = await runner.run(launch())
+    assert result.status is RolloutStatus.SUCCEEDED and result.final_answer == "done"
+    assert result.output_tail.startswith("[... ") and "bytes truncated" in result.output_tail
+    assert len(result.output_tail.encode()) < 4096 + 64
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    running = peak = 0
+    for _, delta in events:
+        running += delta
+        peak = max(peak, running)
+    return peak
+
+
+async def test_process_concurrency_limit(tmp_path: Path) -> None:
+    agent = script(
+        tmp_path, "a.py", "import time\nt=time.time()\ntime.sleep(0.4)\nprint(t, time.time())\n"
+    )
+    runner = make_runner(RunnerConfig(command=[PY, agent], concurrency=2))
+    results = await asyncio.gather(*(runner.run(launch(i)) for i in range(6)))
+    spans = [tuple(map(float, (r.final_answer or "").split())) for r in results]
+    assert max_overlap(spans) == 2  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["process", "pool"])
+async def test_cancel_and_close_leave_nothing(tmp_path: Path, mode: str) -> None:
+    agent = script(
+        tmp_path,
+        "a.py",
+        """
+        import os, sys, time
+        def main():
+            open(os.environ["PID_DIR"] + "/" + os.environ["TETHER_ROLLOUT_ID"], "w").write(
+                str(os.getpid()))
+            time.sleep(60)
+        if __name__ == "__main__":
+            main()
+        """,
+    )
+    extra = {"PID_DIR": str(tmp_path)}
+    runner = make_runner(
+        RunnerConfig(
+            mode=mode, command=[PY, agent], agent=f"{agent}:main", grace_s=0.3, extra_env=extra
+        )
+    )
+    cancelled = asyncio.ensure_future(runner.run(launch(1)))
+    closed = asyncio.ensure_future(runner.run(launch(2)))
+    while not ((tmp_path / "r1").exists() and (tmp_path / "r2").exists()):
+        await asyncio.sleep(0.05)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    await runner.close()
+    assert (await closed).status is RolloutStatus.CANCELLED
+    assert (await runner.run(launch(3))).status is RolloutStatus.CANCELLED
+    pids = [int((tmp_path / n).read_text()) for n in ("r1", "r2")]
+    assert not any(alive(p) for p in pids)
+    if isinstance(runner, PoolRunner):
+        assert runner.worker_pids == []
+
+
+@pytest.mark.parametrize("mode", ["process", "pool"])
+async def test_children_left_running_are_killed(tmp_path: Path, mode: str) -> None:
+    agent = script(
+        tmp_path,
+        "a.py",
+        """
+        import subprocess, sys
+        def main():
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            print(child.pid)
+        if __name__ == "__main__":
+            main()
+        """,
+    )
+    config = RunnerConfig(mode=mode, command=[PY, agent], agent=f"{agent}:main", workers=1)
+    runner = make_runner(config)
+    t0 = time.monotonic()
+    results = [await runner.run(launch(i)) for i in range(2)]
+    await runner.close()
+    assert all(r.status is RolloutStatus.SUCCEEDED for r in results)
+    assert time.monotonic() - t0 < 4.0  # nobody waits for the orphan to close the pipe
+    assert not any(alive(int(r.final_answer or 0)) for r in results)
+
+
+async def test_process_escaped_child_does_not_hang_the_runner(tmp_path: Path) -> None:
+    """A child that leaves the group (setsid) and keeps stdout open cannot stall the rollout."""
+    agent = script(
+        tmp_path,
+        "a.py",
+        """
+        import os, subprocess, sys, time
+        flag = sys.argv[1]
+        code = f"import os, time; os.setsid(); open({flag!r}, 'w').close(); time.sleep(30)"
+        child = subprocess.Popen([sys.executable, "-c", code])
+        while not os.path.exists(flag):
+            time.sleep(0.01)
+        print(child.pid)
+        """,
+    )
+    flag = str(tmp_path / "escaped")
+    runner = make_runner(RunnerConfig(command=[PY, agent, flag], grace_s=0.2))
+    t0 = time.monotonic()
+    result = await runner.run(launch())
+    elapsed = time.monotonic() - t0
+    escaped = int(result.final_answer or 0)
+    assert alive(escaped)  # out of the runner's reach: documented
+    os.kill(escaped, signal.SIGKILL)
+    assert result.status is RolloutStatus.SUCCEEDED and elapsed < 5.0
+
+
+# --- pool mode ---------------------------------------------------------------------------
+
+POOL_AGENT = """
+    import json, os, sys, time
+    def main():
+        task = json.loads(os.environ["TETHER_TASK"])
+        print(json.dumps({"pid": os.getpid(), "env": sorted(os.environ), "argv": sys.argv}))
+        if task.get("sleep"):
+            print("sleeping", flush=True)
+            time.sleep(task["sleep"])
+        if task.get("raise"):
+            raise ValueError("boom")
+        if task.get("exit"):
+            sys.exit(task["exit"])
+        print(task["x"] * 2)
+"""
+
+
+async def test_pool_reuses_few_workers(tmp_path: Path, clean_env: None) -> None:
+    script(tmp_path, "pool_agent.py", POOL_AGENT)
+    runner = make_runner(
+        RunnerConfig(mode="pool", agent="pool_agent:main", workers=2, cwd=str(tmp_path))
+    )
+    results = await asyncio.gather(*(runner.run(launch(i)) for i in range(10)))
+    await runner.close()
+    assert [r.final_answer for r in results] == [str(2 * i) for i in range(10)]
+    infos = [json.loads(r.output_tail.splitlines()[0]) for r in results]
+    pids = {info["pid"] for info in infos}
+    assert len(pids) <= 2 and not any(alive(p) for p in pids)
+    assert all(set(info["env"]) == expected_env_names() for info in infos)
+    assert infos[0]["argv"] == ["pool_agent"]
+
+
+async def test_pool_timeout_replaces_worker_and_faults_keep_it(tmp_path: Path) -> None:
+    agent = script(tmp_path, "pool_agent.py", POOL_AGENT)
+    runner = PoolRunner(RunnerConfig(mode="pool", agent=f"{agent}:main", workers=1, grace_s=0.5))
+    await runner.start()
+    (first,) = runner.worker_pids
+    result = await runner.run(launch(0, {"sleep": 30}, timeout_s=1.0))
+    assert result.status is RolloutStatus.TIMEOUT and "sleeping" in result.output_tail
+    assert not alive(first)
+    ok = await runner.run(launch(1))
+    assert ok.status is RolloutStatus.SUCCEEDED and ok.final_answer == "2"
+    (second,) = runner.worker_pids
+    assert second != first
+    boom = await runner.run(launch(2, {"raise": True}))
+    assert boom.status is RolloutStatus.FAILED and boom.exit_code == 1
+    assert boom.error == "ValueError: boom" and "Traceback" in boom.output_tail
+    code = await runner.run(launch(3, {"exit": 4}))
+    assert code.status is RolloutStatus.FAILED and code.exit_code == 4
+    assert runner.worker_pids == [second]  # agent faults do not cost the worker
+    await runner.close()
+
+
+async def test_pool_async_main_and_bad_agent(tmp_path: Path) -> None:
+    agent = script(
+        tmp_path,
+        "a.py",
+        "import asyncio\nasync def main():\n    await asyncio.sleep(0)\n    print('async ok')\n",
+    )
+    runner = make_runner(RunnerConfig(mode="pool", agent=f"{agent}:main", workers=1))
+    assert (await runner.run(launch())).final_answer == "async ok"
+    await runner.close()
+    broken = script(tmp_path, "broken.py", "raise RuntimeError('bad import')\ndef main(): pass\n")
+    runner = make_runner(RunnerConfig(mode="pool", agent=f"{broken}:main", workers=1))
+    result = await runner.run(launch())
+    assert result.status is RolloutStatus.FAILED and "bad import" in (result.error or "")
+    assert isinstance(runner, PoolRunner)
+    with pytest.raises(AgentLoadError, match="bad import"):
+        await runner.start()
+    await runner.close()
+
+
+INTERRUPTED = """
+    import asyncio, os, signal, sys
+    from tether.runner import Launch, RunnerConfig, make_runner
+    agent, pid_dir = sys.argv[1], sys.argv[2]
+    async def main():
+        extra = {"PID_DIR": pid_dir}
+        runners = [
+            make_runner(RunnerConfig(command=[sys.executable, agent], grace_s=0.2,
+                                     extra_env=extra)),
+            make_runner(RunnerConfig(mode="pool", agent=agent + ":main", workers=2,
+                                     grace_s=0.2, extra_env=extra)),
+        ]
+        for i, r in enumerate(runners):
+            asyncio.ensure_future(r.run(Launch(f"r{i}", 1, "http://gw/v1", "t", {})))
+        while len(os.listdir(pid_dir)) < 2:
+            await asyncio.sleep(0.05)
+        await runners[1].start()  # an idle worker too: only atexit can reach it
+        os.kill(os.getpid(), signal.SIGINT)
+        await asyncio.sleep(30)
+    asyncio.run(main())
+"""
+
+
+async def test_keyboard_interrupt_leaves_nothing(tmp_path: Path) -> None:
+    agent = script(
+        tmp_path,
+        "a.py",
+        """
+        import os, time
+        def main():
+            path = os.path.join(os.environ["PID_DIR"], os.environ["TETHER_ROLLOUT_ID"])
+            open(path, "w").write(str(os.getpid()))
+            time.sleep(60)
+        if __name__ == "__main__":
+            main()
+        """,
+    )
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    trainer = script(tmp_path, "trainer.py", INTERRUPTED)
+    proc = await asyncio.create_subprocess_exec(PY, trainer, agent, str(pid_dir))
+    assert await asyncio.wait_for(proc.wait(), 20) != 0
+    pids = [int(p.read_text()) for p in pid_dir.iterdir()]
+    assert len(pids) == 2
+    time.sleep(0.2)
+    assert not any(alive(p) for p in pids)
+    leftovers = [c for c in psutil.Process().children(recursive=True) if c.pid in pids]
+    assert leftovers == []
+
+
+# --- in-process mode ---------------------------------------------------------------------
+
+COMPLETION = {
+    "id": "chatcmpl-1",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "starter",
+    "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "42"}, "finish_reason": "stop"}
+    ],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+}
+
+
+class _Canned(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    seen: ClassVar[list[tuple[str, str | None]]] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.seen.append((self.path, self.headers.get("Authorization")))
+        body = json.dumps(COMPLETION).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[str]:
+    """A canned OpenAI-compatible server on loopback: ``http://127.0.0.1:PORT``."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Canned)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def gw_launch(gateway: str, i: int = 0, **kw) -> Launch:
+    return Launch(f"r{i}", 1, f"{gateway}/rollouts/r{i}/v1", f"tok-{i}", {"q": "6*7"}, **kw)
+
+
+async def test_inprocess_real_openai_client(tmp_path: Path, gateway: str) -> None:
+    agent = script(
+        tmp_path,
+        "agent.py",
+        """
+        async def agent(task, client):
+            r = await client.chat.completions.create(
+                model="starter", messages=[{"role": "user", "content": task["q"]}])
+            answer = r.choices[0].message.content
+            return {"answer": answer, "reward": float(answer == "42")}
+        """,
+    )
+    runner = make_runner(RunnerConfig(mode="inprocess", agent=f"{agent}:agent"))
+    result = await runner.run(gw_launch(gateway, 7))
+    await runner.close()
+    assert result.status is RolloutStatus.SUCCEEDED
+    assert (result.final_answer, result.agent_value) == ("42", 1.0)
+    assert ("/rollouts/r7/v1/chat/completions", "Bearer tok-7") in _Canned.seen
+
+
+async def test_process_agent_uses_openai_sdk_from_env(tmp_path: Path, gateway: str) -> None:
+    agent = script(
+        tmp_path,
+        "a.py",
+        """
+        from openai import OpenAI
+        r = OpenAI().chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
+        print(r.choices[0].message.content)
+        """,
+    )
+    runner = make_runner(RunnerConfig(command=[PY, agent]))
+    result = await runner.run(gw_launch(gateway, 8))
+    assert result.status is RolloutStatus.SUCCEEDED and result.final_answer == "42"
+    assert ("/rollouts/r8/v1/chat/completions", "Bearer tok-8") in _Canned.seen
+
+
+async def _returns_str(task, client):
+    return "the answer"
+
+
+async def _returns_number(task, client):
+    return 0.5
+
+
+async def _returns_none(task, client):
+    return None
+
+
+async def _returns_list(task, client):
+    return [1]
+
+
+async def _raises(task, client):
+    raise KeyError("missing")
+
+
+async def _sleeps(task, client):
+    await asyncio.sleep(30)
+
+
+async def _ignores_cancel(task, client):
+    for _ in range(3):
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0.5)
+
+
+@pytest.mark.parametrize(
+    ("agent", "status", "answer", "value", "error"),
+    [
+        (_returns_str, RolloutStatus.SUCCEEDED, "the answer", None, None),
+        (_returns_number, RolloutStatus.SUCCEEDED, None, 0.5, None),
+        (_returns_none, RolloutStatus.SUCCEEDED, None, None, None),
+        (_returns_list, RolloutStatus.FAILED, None, None, "returned list"),
+        (_raises, RolloutStatus.FAILED, None, None, "KeyError: 'missing'"),
+        (_sleeps, RolloutStatus.TIMEOUT, None, None, "timeout of 0.3s"),
+        (_ignores_cancel, RolloutStatus.TIMEOUT, None, None, "timeout of 0.3s"),
+    ],
+)
+async def test_inprocess_return_values(agent, status, answer, value, error) -> None:
+    config = RunnerConfig(mode="inprocess", agent="unused:agent", timeout_s=0.3, grace_s=0.2)
+    runner = InProcessRunner(config, agent=agent)  # imports the openai SDK, outside the clock
+    t0 = time.monotonic()
+    result = await runner.run(Launch("r0", 1, "http://127.0.0.1:9/v1", "tok", {}))
+    await runner.close()
+    assert time.monotonic() - t0 < 0.3 + 0.2 + 1.0  # deadline + grace + slack for a busy box
+    assert (result.status, result.final_answer, result.agent_value) == (status, answer, value)
+    assert (error is None and result.error is None) or error in (result.error or "")
+
+
+async def test_inprocess_concurrency_limit() -> None:
+    running = peak = 0
+
+    async def agent(task, client):
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.05)
+        running -= 1
+        return task["i"]
+
+    runner = InProcessRunner(
+        RunnerConfig(mode="inprocess", agent="x:agent", concurrency=3), agent=agent
+    )
+    assert isinstance(runner, tether.runner.Runner)
+    results = await asyncio.gather(*(runner.run(launch(i, {"i": i})) for i in range(10)))
+    await runner.close()
+    assert peak == 3 and [r.agent_value for r in results] == [float(i) for i in range(10)]
+
+
+def test_inprocess_agent_must_be_async(tmp_path: Path) -> None:
+    agent = script(tmp_path, "sync_agent.py", "def agent(task, client):\n    return 1\n")
+    with pytest.raises(AgentLoadError, match="async def"):
+        make_runner(RunnerConfig(mode="inprocess", agent=f"{agent}:agent"))
+    with pytest.raises(AgentLoadError, match="cannot import"):
+        make_runner(RunnerConfig(mode="inprocess", agent="no_such_module_xyz:agent"))
+
+
+def test_worker_script_runs_without_tether_on_path(tmp_path: Path) -> None:
+    """A pool worker needs only the standard library (tether may not be importable there)."""
+    script(tmp_path, "m.py", "def main():\n    print('hi')\n")
+    worker = Path(tether.runner.__file__).with_name("_worker.py")
+    request = json.dumps({"env": {"PATH": os.defpath}, "max_output_bytes": 1024})
+    out = subprocess.run(
+        [PY, "-S", "-u", str(worker), "m:main"],
+        input=request + "\n",
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": os.defpath},
+        timeout=20,
+    )
+    hello, reply = (json.loads(line) for line in out.stdout.splitlines())
+    assert hello["ready"] and reply["final_answer"] == "hi" and reply["exit_code"] == 0

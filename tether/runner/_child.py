@@ -1,0 +1,174 @@
+"""A child process that leads its own process group, and how to stop all of it.
+
+Agents (process mode) and pool workers are started with
+``start_new_session=True``: each leads a new process group (and session), and
+everything it spawns stays in that group unless it calls ``setsid`` itself.
+Stopping one means: SIGTERM to the whole group, up to ``grace_s`` for the
+leader to exit, SIGKILL to the group, wait until no member runs. The group is
+also SIGKILLed after a normal exit, so a forgotten child (a tool server, a
+shell) does not outlive its rollout.
+
+:class:`Child` uses asyncio's protocol API rather than
+``asyncio.create_subprocess_exec``: output goes to callbacks as it arrives
+(the caller keeps a bounded tail, nothing is buffered here), and the exit is
+known as soon as the process is reaped — ``Process.wait()`` can also wait for
+the pipes to close, which a leftover grandchild may hold open indefinitely.
+
+Every group started here is remembered until it is stopped and killed at
+interpreter exit (``atexit``), so a crash or Ctrl-C that skips a runner's
+``close()`` does not leave agents behind. That registry is the one piece of
+module state in the runner: it describes this OS process, whichever runner
+objects exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ._worker import group_members
+
+__all__ = ["Child", "signal_group"]
+
+_LIVE_GROUPS: set[int] = set()  # groups started here and not yet stopped
+GROUP_EXIT_WAIT_S = 1.0  # how long stop() waits for SIGKILLed members to disappear
+PIPE_DRAIN_WAIT_S = 1.0  # how long stop() waits for output still in the pipes
+
+OnData = Callable[[bytes], None]  # called with each chunk, and with b"" at end of stream
+
+
+@atexit.register
+def _kill_live_groups() -> None:
+    for pgid in list(_LIVE_GROUPS):
+        signal_group(pgid, signal.SIGKILL)
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    """Send ``sig`` to process group ``pgid``; a group that is already gone is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether group ``pgid`` has a member that is not a zombie.
+
+    Orphaned zombies stay members until someone reaps them, which never happens
+    in a container whose PID 1 does not; on Linux /proc tells them apart,
+    elsewhere any member counts.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return bool(group_members(pgid)) if os.path.isdir("/proc") else True
+
+
+class Child(asyncio.SubprocessProtocol):
+    """One child process leading its own process group. Build it with :meth:`start`."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, on_stdout: OnData, on_stderr: OnData | None
+    ):
+        self._on: dict[int, OnData] = {1: on_stdout}
+        if on_stderr is not None:
+            self._on[2] = on_stderr
+        self._open = set(self._on)
+        self.exited = loop.create_future()
+        self.drained = loop.create_future()  # every output pipe reached end of stream
+        self.transport: Any = None  # asyncio.SubprocessTransport
+        self._stopped = False
+
+    @classmethod
+    async def start(
+        cls,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str | None,
+        on_stdout: OnData,
+        on_stderr: OnData | None = None,
+        stdin_pipe: bool = False,
+    ) -> Child:
+        """Start ``argv`` in a new session; stderr goes to ``on_stderr`` or /dev/null."""
+        loop = asyncio.get_running_loop()
+        _transport, child = await loop.subprocess_exec(
+            lambda: cls(loop, on_stdout, on_stderr),
+            *argv,
+            stdin=asyncio.subprocess.PIPE if stdin_pipe else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE if on_stderr else asyncio.subprocess.DEVNULL,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+        )
+        _LIVE_GROUPS.add(child.pid)
+        return child
+
+    # asyncio.SubprocessProtocol
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        if fd in self._on and data:
+            self._on[fd](data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if fd in self._open:
+            self._open.discard(fd)
+            self._on[fd](b"")
+            if not self._open and not self.drained.done():
+                self.drained.set_result(None)
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+    @property
+    def pid(self) -> int:
+        return int(self.transport.get_pid())
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code; negative: killed by that signal; None while running."""
+        return self.transport.get_returncode()
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the process has exited; False if ``timeout`` passed first."""
+        done, _ = await asyncio.wait({self.exited}, timeout=timeout)
+        return bool(done)
+
+    def write(self, data: bytes) -> None:
+        """Write to the child's stdin (started with ``stdin_pipe=True``)."""
+        pipe = self.transport.get_pipe_transport(0)
+        if pipe is None or pipe.is_closing():
+            raise BrokenPipeError(f"stdin of pid {self.pid} is closed")
+        pipe.write(data)
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop the whole group: SIGTERM, ``grace_s``, SIGKILL; then collect what is left.
+
+        If the leader has already exited, only the SIGKILL to the rest of the
+        group is sent. Safe to call twice, and concurrently: once a group is
+        stopped it is never signalled again (its id could be reused).
+        """
+        pgid = self.pid
+        if not self._stopped and self.returncode is None:
+            signal_group(pgid, signal.SIGTERM)
+            await self.wait(grace_s)
+        if not self._stopped:
+            signal_group(pgid, signal.SIGKILL)
+        await self.wait()
+        deadline = time.monotonic() + GROUP_EXIT_WAIT_S  # SIGKILL is not instantaneous
+        while not self._stopped and _group_running(pgid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        self._stopped = True
+        _LIVE_GROUPS.discard(pgid)
+        # A process that left the group (setsid) may still hold the pipes open.
+        await asyncio.wait({self.drained}, timeout=max(grace_s, PIPE_DRAIN_WAIT_S))
+        self.transport.close()

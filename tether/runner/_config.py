@@ -1,0 +1,167 @@
+"""The runner's config (``runner:`` in a run's YAML) and the factory that picks a mode.
+
+Three modes run the same :class:`~tether.runner.Runner` contract:
+
+============  =====================================================  =====================
+mode          what runs per rollout                                  needs
+============  =====================================================  =====================
+process       a fresh OS process (any language), own process group   ``command``
+pool          ``main()`` inside one of ``workers`` warm processes    ``agent`` (Python)
+inprocess     ``await agent(task, client)`` in the trainer's loop    ``agent`` (Python)
+============  =====================================================  =====================
+
+A fresh Python process that imports the OpenAI SDK and makes one call costs
+about 1 s of CPU; a warm pool worker does the same rollout for about 0.05 s and
+an in-process agent for about 0.003 s (``benchmarks/runner_modes.py``, 2 CPUs).
+So Python agents belong in ``pool`` (isolated, unchanged scripts) or
+``inprocess`` (cheapest); ``process`` is for agents in other languages.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._base import CONTRACT_VARS, FORBIDDEN_VARS, Runner, RunnerConfigError
+from ._inprocess import InProcessRunner
+from ._pool import PoolRunner
+from ._process import ProcessRunner
+from ._worker import parse_agent_spec
+
+__all__ = ["MODES", "RunnerConfig", "make_runner"]
+
+MODES = ("process", "pool", "inprocess")
+
+
+@dataclass
+class RunnerConfig:
+    """How to start the agent. Validated when built; errors name the value, rule and fix.
+
+    - ``mode``: ``"process"``, ``"pool"`` or ``"inprocess"``.
+    - ``command``: process mode's command line (a list, or a string split like a
+      shell would), e.g. ``["python", "agent.py"]``.
+    - ``agent``: pool and in-process modes' Python entry point,
+      ``"module:function"`` or ``"path/to/file.py:function"`` (relative to ``cwd``):
+      a ``main()`` that reads its env (pool; may be ``async``), or an
+      ``async def agent(task, client)`` (in-process).
+    - ``concurrency``: rollouts running at once.
+    - ``workers``: pool size (default: ``concurrency``); a pool runs at most
+      ``min(concurrency, workers)`` rollouts at once.
+    - ``timeout_s``: an attempt's deadline unless its launch sets one.
+    - ``grace_s``: time between SIGTERM and SIGKILL (or, in-process, between
+      cancelling the agent's task and abandoning it).
+    - ``max_output_bytes``: stdout+stderr kept per attempt (the tail).
+    - ``extra_env``: variables added to every agent's environment, on purpose.
+    - ``cwd``: the agents' working directory (default: the current one).
+    """
+
+    mode: str = "process"
+    command: list[str] | None = None
+    agent: str | None = None
+    concurrency: int = 8
+    workers: int | None = None
+    timeout_s: float = 300.0
+    grace_s: float = 5.0
+    max_output_bytes: int = 16 * 1024
+    extra_env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise RunnerConfigError(
+                f"mode ({self.mode!r}) must be one of {', '.join(MODES)}; "
+                "use 'pool' for a Python agent, 'process' for any other program"
+            )
+        self._check_command()
+        self._check_agent()
+        _check_int("concurrency", self.concurrency, 1, "the number of rollouts to run at once")
+        if self.workers is not None:
+            _check_int("workers", self.workers, 1, "the number of warm worker processes")
+        _check_seconds("timeout_s", self.timeout_s, positive=True)
+        _check_seconds("grace_s", self.grace_s, positive=False)
+        _check_int("max_output_bytes", self.max_output_bytes, 256, "e.g. 16384")
+        self._check_env()
+        if self.cwd is not None and not Path(self.cwd).is_dir():
+            raise RunnerConfigError(
+                f"cwd ({self.cwd!r}) must be an existing directory; create it or fix the path"
+            )
+
+    def _check_command(self) -> None:
+        if isinstance(self.command, str):
+            self.command = shlex.split(self.command)
+        if self.command is not None:
+            if not self.command or not all(isinstance(a, str) for a in self.command):
+                raise RunnerConfigError(
+                    f"command ({self.command!r}) must be a non-empty list of strings, "
+                    "e.g. ['python', 'agent.py']"
+                )
+            self.command = list(self.command)
+        elif self.mode == "process":
+            raise RunnerConfigError(
+                "command (None) is required in process mode; set it to the agent's "
+                "command line, e.g. ['python', 'agent.py'], or use mode 'pool' with agent"
+            )
+
+    def _check_agent(self) -> None:
+        if self.agent is None:
+            if self.mode != "process":
+                raise RunnerConfigError(
+                    f"agent (None) is required in {self.mode} mode; set it to "
+                    "'module:function' or 'path/to/file.py:function'"
+                )
+            return
+        try:
+            parse_agent_spec(self.agent)
+        except ValueError as exc:
+            raise RunnerConfigError(str(exc)) from None
+
+    def _check_env(self) -> None:
+        if not isinstance(self.extra_env, dict):
+            raise RunnerConfigError(
+                f"extra_env ({self.extra_env!r}) must be a mapping of names to strings"
+            )
+        for name, value in self.extra_env.items():
+            if name in CONTRACT_VARS or name in FORBIDDEN_VARS:
+                raise RunnerConfigError(
+                    f"extra_env sets {name!r}, which tether controls (and never hands "
+                    "an admin key to agents); remove it from extra_env"
+                )
+            if not isinstance(value, str) or not isinstance(name, str) or not name:
+                raise RunnerConfigError(
+                    f"extra_env[{name!r}] ({value!r}) must be a string; quote it in YAML"
+                )
+
+    @property
+    def pool_size(self) -> int:
+        """Worker processes in pool mode."""
+        return self.workers if self.workers is not None else self.concurrency
+
+
+def _check_int(name: str, value: object, minimum: int, hint: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise RunnerConfigError(
+            f"{name} ({value!r}) must be an integer >= {minimum}; set it to {hint}"
+        )
+
+
+def _check_seconds(name: str, value: object, *, positive: bool) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (positive and value == 0):  # type: ignore[operator]
+        rule = "> 0" if positive else ">= 0"
+        raise RunnerConfigError(f"{name} ({value!r}) must be a number of seconds {rule}")
+
+
+def make_runner(config: RunnerConfig) -> Runner:
+    """The runner for ``config.mode``. Starts nothing: pools start on first use.
+
+    In-process mode imports the agent here, so a wrong ``RunnerConfig.agent`` fails
+    now (:class:`~tether.runner.AgentLoadError`); pool workers import it in
+    their own processes (call ``await runner.start()`` to fail early).
+    """
+    if config.mode == "process":
+        return ProcessRunner(config)
+    if config.mode == "pool":
+        return PoolRunner(config)
+    return InProcessRunner(config)
