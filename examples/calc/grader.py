@@ -1,0 +1,11 @@
+"""The calc grader, named in a run config as ``examples/calc/grader.py:grade``.
+
+``grade(task, answer)`` is 1.0 when the last number in the agent's final
+answer equals ``task["answer"]``, else 0.0.
+"""
+
+from __future__ import annotations
+
+from tether.starter.calc import grade
+
+__all__ = ["grade"]

@@ -1,0 +1,210 @@
+"""Build, cache and load the starter model.
+
+A starter folder is an ordinary Hugging Face folder (``config.json``,
+``model.safetensors``, ``tokenizer.json``, ``tokenizer_config.json``,
+``generation_config.json``) plus ``tether_starter.json``, which marks it and
+records its recipe. Folders live in ``<cache>/<hash>``, where ``<cache>`` is
+``$TETHER_CACHE/starter`` (default ``~/.cache/tether/starter``) and
+``<hash>`` is a hash of the recipe, so a changed recipe never reuses a stale
+build. A folder is written in a temporary directory and renamed into place,
+under a file lock, so concurrent builders never see (or make) half a folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from tether.starter import _tokenizer, calc
+from tether.starter._errors import StarterError
+from tether.starter._model import ModelRecipe, build_model, count_parameters, stop_token_ids
+from tether.starter._template import CHAT_TEMPLATE
+from tether.starter._tokenizer import PRETOKENIZE_PATTERN, TokenizerRecipe, build_tokenizer
+from tether.starter._warmup import WarmupRecipe
+
+__all__ = [
+    "MARKER_FILE",
+    "Recipe",
+    "build_starter",
+    "cache_root",
+    "is_starter",
+    "load_model",
+    "load_tokenizer",
+    "starter_path",
+]
+
+logger = logging.getLogger(__name__)
+
+MARKER_FILE = "tether_starter.json"
+# Bump when code changes what a recipe builds in a way the key does not see
+# (the key already covers the recipes, the template, the calc generators' output
+# and the tokenizer's word list).
+RECIPE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything a starter build depends on."""
+
+    tokenizer: TokenizerRecipe = field(default_factory=TokenizerRecipe)
+    model: ModelRecipe = field(default_factory=ModelRecipe)
+    warmup: WarmupRecipe = field(default_factory=WarmupRecipe)
+
+    def key(self, warm: bool) -> dict[str, Any]:
+        """The JSON the cache hash is taken of."""
+        key: dict[str, Any] = {
+            "version": RECIPE_VERSION,
+            "tokenizer": self.tokenizer.as_dict(),
+            "model": self.model.as_dict(),
+            "pretokenize": PRETOKENIZE_PATTERN,
+            "chat_template": CHAT_TEMPLATE,
+            "system_prompt": calc.SYSTEM_PROMPT,
+            "tool": calc.CALCULATOR_TOOL,
+            "calc": calc.fingerprint(),  # the corpus and the warm-up data
+            "words": _tokenizer.fingerprint(),
+        }
+        if warm:
+            key["warmup"] = self.warmup.as_dict()
+        return key
+
+    def digest(self, warm: bool) -> str:
+        blob = json.dumps(self.key(warm), sort_keys=True).encode()
+        return ("warm-" if warm else "base-") + hashlib.sha256(blob).hexdigest()[:16]
+
+
+def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where starter folders live: ``cache_dir``, else ``$TETHER_CACHE/starter``,
+    else ``~/.cache/tether/starter``."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("TETHER_CACHE")
+    base = Path(env).expanduser() if env else Path.home() / ".cache" / "tether"
+    return base / "starter"
+
+
+def starter_path(
+    cache_dir: str | os.PathLike[str] | None = None,
+    warm: bool = False,
+    recipe: Recipe | None = None,
+) -> Path:
+    """The folder a build would use (it may not exist yet)."""
+    return cache_root(cache_dir) / (recipe or Recipe()).digest(warm)
+
+
+def is_starter(path: str | os.PathLike[str]) -> bool:
+    """True if ``path`` is a folder built by :func:`build_starter`."""
+    return (Path(path) / MARKER_FILE).is_file()
+
+
+def build_starter(
+    cache_dir: str | os.PathLike[str] | None = None,
+    warm: bool = False,
+    recipe: Recipe | None = None,
+) -> Path:
+    """Build the starter model (untrained, or warmed up when ``warm``) unless
+    cached, and return its folder. The untrained build takes seconds; the
+    warm-up a few minutes on two CPU cores."""
+    recipe = recipe or Recipe()
+    final = starter_path(cache_dir, warm, recipe)
+    if is_starter(final):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    base = build_starter(cache_dir, warm=False, recipe=recipe) if warm else None
+    with _locked(final.parent / f".{final.name}.lock"):
+        if is_starter(final):  # another process built it while we waited
+            return final
+        with _staging(final) as tmp:
+            info: dict[str, Any] = {"tether_starter": 1, "hash": final.name, "warm": warm}
+            if base is None:
+                tokenizer = build_tokenizer(recipe.tokenizer)
+                model = build_model(recipe.model, tokenizer)
+            else:
+                from tether.starter._warmup import warm_up
+
+                tokenizer = load_tokenizer(base)
+                model = load_model(base)
+                info["warmup_stats"] = warm_up(model, tokenizer, recipe.warmup)
+                model.eval()
+            tokenizer.save_pretrained(tmp)
+            model.save_pretrained(tmp)
+            info["parameters"] = count_parameters(model)
+            info["stop_token_ids"] = stop_token_ids(tokenizer)
+            info["recipe"] = recipe.key(warm)
+            (tmp / MARKER_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    logger.info("built starter model at %s", final)
+    return final
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """An exclusive inter-process lock (no-op where ``fcntl`` is missing)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    with open(lock_path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _staging(final: Path) -> Iterator[Path]:
+    """A temporary folder next to ``final``, renamed onto it on success."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        yield tmp
+        if final.exists():  # a stale folder without a marker: replace it
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """Load a tokenizer from a starter folder, or any local folder or hub id.
+
+    A starter folder loads through ``PreTrainedTokenizerFast``: ``AutoTokenizer``
+    would pick ``Qwen2Tokenizer`` from ``model_type: qwen2`` and silently
+    replace the starter's pre-tokenizer (transformers 5).
+    """
+    if is_starter(path):
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+        if tokenizer.chat_template is None:
+            raise StarterError(f"starter tokenizer at {path} has no chat template; rebuild it")
+        return tokenizer
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def load_model(
+    path: str | os.PathLike[str],
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> torch.nn.Module:
+    """Load a causal LM from a starter folder (or any model folder or hub id), in eval mode."""
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    return model.to(device).eval()
+
+
+def read_info(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The contents of a starter folder's marker file."""
+    try:
+        return json.loads((Path(path) / MARKER_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise StarterError(f"{path} is not a starter folder ({MARKER_FILE} unreadable)") from exc
