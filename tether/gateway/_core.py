@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from tether.chat import get_parser, render_prompt
+from tether.chat import get_parser, render_text
 from tether.engine import Engine, EngineError, EngineFailed, EngineTimeout, SamplingParams
 from tether.records import Call, CallStatus, Reward, RewardSource, Rollout, RolloutStatus
 from tether.store import Store
@@ -22,11 +23,22 @@ from ._auth import Keys, check_rollout_id, hash_token, new_token
 from ._config import GatewayConfig
 from ._errors import ApiError
 from ._gate import AdmissionGate
+from ._prompt import PromptEncoder
 from ._render import Choice, choices_from, stop_token_ids
 
 __all__ = ["Gateway", "OpenedRollout"]
 
 log = logging.getLogger(__name__)
+
+if sys.version_info >= (3, 11):
+
+    async def _within(awaitable: Any, timeout_s: float) -> Any:
+        """``asyncio.wait_for`` without its extra task (and event-loop turn) per call."""
+        async with asyncio.timeout(timeout_s):
+            return await awaitable
+
+else:  # pragma: no cover - Python 3.10
+    _within = asyncio.wait_for
 
 
 @dataclass(frozen=True)
@@ -61,11 +73,14 @@ class Gateway:
         self.parser = get_parser(config.tool_parser)
         self.gate = AdmissionGate()
         self.stop_ids = stop_token_ids(tokenizer)
+        self.prompts = PromptEncoder(tokenizer)
         self.max_context = int(getattr(tokenizer, "model_max_length", 0) or 0)
         self.engine_calls = 0
         # Per-rollout sampling overrides set by the trainer (e.g. greedy evaluation);
         # in memory only: they matter while the rollout runs in this process.
         self._sampling: dict[str, dict[str, float]] = {}
+        # Rollouts created without a run id belong to this run (``tether serve`` sets it).
+        self.default_run_id: str | None = None
 
     # -- rollouts -----------------------------------------------------------
 
@@ -89,7 +104,13 @@ class Gateway:
         if self.store.get_rollout(rid) is not None:
             raise ApiError(409, f"rollout {rid!r} already exists", param="rollout_id")
         self.store.create_rollout(
-            Rollout(id=rid, run_id=run_id, task_id=task_id, group_id=group_id, task=task or {})
+            Rollout(
+                id=rid,
+                run_id=run_id or self.default_run_id,
+                task_id=task_id,
+                group_id=group_id,
+                task=task or {},
+            )
         )
         if sampling:
             unknown = set(sampling) - {"temperature", "top_p"}
@@ -224,7 +245,8 @@ class Gateway:
             raise ApiError(
                 400, f"{len(tools)} tools is above the cap of {cfg.max_tools}", param="tools"
             )
-        return render_prompt(self.tokenizer, messages, tools or None)
+        # render_prompt(), with the encoding of a prefix seen before reused (token-exact).
+        return self.prompts.encode(render_text(self.tokenizer, messages, tools or None))
 
     async def generate(
         self,
@@ -246,7 +268,7 @@ class Gateway:
         async with self.gate.admit(self.config.admission_timeout_s):
             self.engine_calls += 1
             try:
-                result = await asyncio.wait_for(
+                result = await _within(
                     self.engine.generate(prompt_ids, params), self.config.engine_timeout_s
                 )
             except (TimeoutError, EngineTimeout) as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tether.chat import (
@@ -47,7 +47,6 @@ class Choice:
     logprobs: list[float]
     parsed: ParsedMessage | None = None  # set when tool calls were parsed
     top_logprobs: list[dict[int, float]] | None = None
-    tokens: list[str] = field(default_factory=list)
 
 
 def _trim_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
@@ -82,7 +81,6 @@ def choices_from(
                 token_ids=list(completion.token_ids),
                 logprobs=list(completion.logprobs),
                 top_logprobs=completion.top_logprobs,
-                tokens=tokenizer.convert_ids_to_tokens(list(completion.token_ids)),
             )
         )
     return choices

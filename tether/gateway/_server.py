@@ -29,6 +29,21 @@ def make_server(
     return uvicorn.Server(config)
 
 
+def _listen_socket(host: str) -> socket.socket:
+    """A TCP socket for uvicorn's ``sockets=``, created with ``IPPROTO_TCP``.
+
+    asyncio sets ``TCP_NODELAY`` only on connections whose socket says
+    ``proto == IPPROTO_TCP``, and an accepted connection inherits the listening
+    socket's ``proto``. A plain ``socket.socket()`` (proto 0) therefore leaves
+    Nagle's algorithm on, and every response written in two parts (headers,
+    then body) waits ~40 ms for the client's delayed ACK.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    return sock
+
+
 @dataclass
 class BackgroundServer:
     """A uvicorn server on its own thread and event loop, for tests and tools.
@@ -41,8 +56,7 @@ class BackgroundServer:
     port: int = 0
 
     def start(self, timeout: float = 20.0) -> BackgroundServer:
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock = _listen_socket(self.host)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
         self._sock = sock
@@ -88,8 +102,7 @@ class LoopServer:
         self.app, self.host, self.port = app, host, port
 
     async def start(self, timeout: float = 20.0) -> LoopServer:
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock = _listen_socket(self.host)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
         self._sock = sock
