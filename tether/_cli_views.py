@@ -30,28 +30,55 @@ def print_rollouts(store: Any, *, run: str | None, status: str | None, limit: in
         raise UserError(f"unknown status {status!r}: use one of {names}") from None
     rows = store.list_rollouts(run_id=run, status=st)
     rows = rows[-limit:] if limit > 0 else rows
-    table = Table(title=f"{len(rows)} rollouts")
-    for col in ("id", "run", "group", "status", "attempt", "calls", "reward", "answer", "created"):
-        table.add_column(col, overflow="fold")
+    cols = ("id", "run", "group", "status", "attempt", "calls", "reward", "answer", "created")
+    data = []
     for r in rows:
-        n_calls = len(store.calls(r.id))
         reward = "-" if r.reward is None else f"{r.reward:g}"
-        answer = (r.final_answer or "")[:40]
-        table.add_row(
-            r.id,
-            r.run_id or "-",
-            r.group_id or "-",
-            r.status.value,
-            str(r.attempt),
-            str(n_calls),
-            reward,
-            answer,
-            _when(r.created_at),
+        data.append(
+            (
+                r.id,
+                r.run_id or "-",
+                r.group_id or "-",
+                r.status.value,
+                str(r.attempt),
+                str(len(store.calls(r.id))),
+                reward,
+                (r.final_answer or "")[:40],
+                _when(r.created_at),
+            )
         )
+    if not out.is_terminal:  # piped: one tab-separated line per rollout, for grep and cut
+        print("\t".join(cols))
+        for row in data:
+            print("\t".join(row))
+        return
+    table = Table(title=f"{len(rows)} rollouts")
+    for col in cols:
+        table.add_column(col, overflow="fold")
+    for row in data:
+        table.add_row(*row)
     out.print(table)
 
 
-def print_rollout(store: Any, rollout_id: str, *, tokens: bool) -> None:
+def run_tokenizer(store: Any, rollout_id: str, model: str | None) -> Any:
+    """The tokenizer of ``model``, or of the model the rollout's run served; None if unknown."""
+    if model is None:
+        r = store.get_rollout(rollout_id)
+        config = store.get_run(r.run_id).config if r is not None and r.run_id else {}
+        model = config.get("model")
+        if isinstance(model, dict):  # a training run's config
+            model = model.get("path")
+    if not model or model == "starter":
+        return None
+    from tether.starter import load_tokenizer
+
+    try:
+        return load_tokenizer(model)
+    except Exception:  # token text is a nicety; ids and logprobs are shown regardless
+        return None
+
+
+def print_rollout(store: Any, rollout_id: str, *, tokens: bool, tokenizer: Any = None) -> None:
     r = store.get_rollout(rollout_id)
     if r is None:
         raise UserError(
@@ -88,8 +115,11 @@ def print_rollout(store: Any, rollout_id: str, *, tokens: bool) -> None:
             out.print(f"[red]error:[/] {c.error}")
         if tokens and c.completion_ids:
             table = Table(show_header=True, box=None)
-            for col in ("#", "id", "logprob", "prob"):
+            for col in ("#", "token", "id", "logprob", "prob"):
                 table.add_column(col, justify="right")
             for i, (tid, lp) in enumerate(zip(c.completion_ids, c.logprobs, strict=True)):
-                table.add_row(str(i), str(tid), f"{lp:.4f}", f"{math.exp(lp):.3f}")
+                text = (
+                    repr(tokenizer.decode([tid], skip_special_tokens=False)) if tokenizer else "-"
+                )
+                table.add_row(str(i), text, str(tid), f"{lp:.4f}", f"{math.exp(lp):.3f}")
             out.print(table)

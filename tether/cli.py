@@ -99,10 +99,14 @@ def serve(
         allow_agent_rewards=allow_agent_rewards,
     )
     cfg.check_bind()
-    engine, tokenizer = _load_engine(model, device=device, max_batch_size=max_batch_size)
+    model_path, engine, tokenizer = _load_engine(
+        model, device=device, max_batch_size=max_batch_size
+    )
     store.parent.mkdir(parents=True, exist_ok=True)
     db = Store(store)
     gw = Gateway(engine, tokenizer, db, cfg)
+    run = db.create_run({"command": "serve", "model": model_path, "tool_parser": tool_parser})
+    gw.default_run_id = run.id
     console.print(f"tether gateway on [bold]http://{host}:{port}[/]  store {store}")
     if key_path:
         console.print(
@@ -127,7 +131,7 @@ def _load_engine(model: str | None, *, device: str, max_batch_size: int):
     engine = TransformersEngine.from_pretrained(
         path, tokenizer=tokenizer, device=device, max_batch_size=max_batch_size
     )
-    return engine, tokenizer
+    return path, engine, tokenizer
 
 
 @app.command()
@@ -238,7 +242,7 @@ def main() -> None:
     try:
         app()
     except TetherError as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False)
+        console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         console.print("interrupted")

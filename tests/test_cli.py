@@ -1,0 +1,122 @@
+"""The ``tether`` command as a user runs it: a real ``tether serve`` process, then the rollouts views."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+TETHER = [sys.executable, "-m", "tether.cli"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*TETHER, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_serve_then_call_with_openai_then_list_and_show(starter_dir: Path, tmp_path: Path) -> None:
+    port = _free_port()
+    store = tmp_path / "traces.sqlite"
+    env = {**os.environ, "TETHER_ADMIN_KEY": "cli-admin-key"}
+    proc = subprocess.Popen(
+        [
+            *TETHER,
+            "serve",
+            "--model",
+            str(starter_dir),
+            "--port",
+            str(port),
+            "--store",
+            str(store),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "tether serve did not come up"
+            time.sleep(0.2)
+        admin = {"Authorization": "Bearer cli-admin-key"}
+        opened = httpx.post(
+            f"{base}/admin/rollouts", json={"task": {"q": 1}, "rollout_id": "r-cli"}, headers=admin
+        ).json()
+        client = openai.OpenAI(base_url=opened["base_url"], api_key=opened["token"], max_retries=0)
+        reply = client.chat.completions.create(
+            model="policy", max_tokens=8, messages=[{"role": "user", "content": "What is 2 + 2?"}]
+        )
+        assert reply.choices[0].message.role == "assistant"
+        assert (
+            httpx.post(
+                f"{base}/admin/rollouts/r-cli/finish", json={"reward": 1.0}, headers=admin
+            ).status_code
+            == 200
+        )
+        logs = ""
+    finally:
+        proc.terminate()
+        logs = proc.communicate(timeout=30)[0]
+    assert "cli-admin-key" not in logs  # the admin key is never printed
+    listed = _run("rollouts", "list", "--store", str(store))
+    assert listed.returncode == 0 and "r-cli" in listed.stdout and "succeeded" in listed.stdout
+    shown = _run("rollouts", "show", "r-cli", "--store", str(store))
+    assert shown.returncode == 0, shown.stderr
+    assert "call 0" in shown.stdout and "logprob" in shown.stdout
+    assert opened["token"] not in shown.stdout + listed.stdout
+
+
+def test_non_loopback_bind_without_key_is_refused_in_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TETHER_ADMIN_KEY"}
+    r = subprocess.run(
+        [*TETHER, "serve", "--host", "0.0.0.0", "--store", str(tmp_path / "s.sqlite")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and "TETHER_ADMIN_KEY" in lines[0], r.stderr
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["rollouts", "list", "--store", "/nonexistent/x.sqlite"], "no trace store"),
+        (["train", "/nonexistent.yaml"], "not found"),
+        (["train", "examples/calc/config.yaml", "trainer.lrr=1"], "did you mean"),
+    ],
+)
+def test_cli_errors_are_one_line_with_the_fix(args: list[str], needle: str) -> None:
+    r = _run(*args)
+    assert r.returncode == 2
+    assert needle in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,109 @@
+"""``tether train``, ``tether eval`` and ``tether demo``: building the run and reporting it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from tether._progress import Progress, plot_curve
+from tether.runner import RunnerConfig
+from tether.trainer.config import (
+    CheckpointConfig,
+    EvalConfig,
+    RolloutConfig,
+    TasksConfig,
+    TrainConfig,
+    TrainerConfig,
+)
+from tether.trainer.loop import EvalResult, TrainingRun
+
+__all__ = ["demo_config", "run_demo", "run_eval", "run_train", "summary_line"]
+
+
+def demo_config(seed: int = 0, steps: int = 40) -> TrainConfig:
+    """The embedded default: the warmed-up starter model learning the calc task on CPU."""
+    return TrainConfig(
+        name=f"demo-seed{seed}",
+        tasks=TasksConfig(source="calc", train_size=4000, val_size=100, seed=seed),
+        agent=RunnerConfig(
+            mode="inprocess", agent="tether.starter.calc:agent", concurrency=64, timeout_s=120
+        ),
+        rollout=RolloutConfig(n=8, batch_groups=8),
+        trainer=TrainerConfig(steps=steps, lr=2e-4, clip_low=0.2, clip_high=0.28, seed=seed),
+        eval=EvalConfig(every=0, tasks=100, samples=4, greedy=True),
+        checkpoint=CheckpointConfig(every=0, keep=1),
+    )
+
+
+def summary_line(evals: list[EvalResult], steps: int, minutes: float) -> str:
+    before, after = evals[0], evals[-1]
+    points = (after.sampled - before.sampled) * 100
+    line = (
+        f"held-out success: before {before.sampled:.0%} -> after {after.sampled:.0%} "
+        f"({points:+.0f} points), {steps} steps, {minutes:.1f} min"
+    )
+    if before.greedy is not None and after.greedy is not None:
+        line += f"  [greedy: {before.greedy:.0%} -> {after.greedy:.0%}]"
+    return line
+
+
+async def _train(
+    cfg: TrainConfig, console: Console, model_path: Path | None = None
+) -> tuple[list[EvalResult], TrainingRun]:
+    with Progress(cfg.trainer.steps, console) as progress:
+        async with TrainingRun(cfg, on_event=progress, model_path=model_path) as run:
+            evals = await run.train()
+    return evals, run
+
+
+def run_train(cfg: TrainConfig, console: Console) -> list[EvalResult]:
+    t0 = time.monotonic()
+    evals, run = asyncio.run(_train(cfg, console))
+    png = plot_curve(run.history, evals, run.run_dir / "reward_curve.png")
+    if png:
+        console.print(f"reward curve: {png}")
+    console.print(
+        summary_line(evals, cfg.trainer.steps, (time.monotonic() - t0) / 60), highlight=False
+    )
+    return evals
+
+
+def run_eval(cfg: TrainConfig, checkpoint: Path | None, console: Console) -> EvalResult:
+    async def go() -> EvalResult:
+        model_path = (
+            checkpoint / "model" if checkpoint and (checkpoint / "model").is_dir() else checkpoint
+        )
+        async with TrainingRun(
+            cfg, on_event=Progress(0, console, live=False), model_path=model_path
+        ) as run:
+            return await run.evaluate(0)
+
+    return asyncio.run(go())
+
+
+def run_demo(seed: int, steps: int, console: Console) -> str:
+    from tether.starter import build_starter
+
+    t0 = time.monotonic()
+    console.print(
+        "[bold]tether demo[/]: the starter model learns the calc task with GRPO, on this CPU"
+    )
+    console.print("1/3 starter model: build and supervised warm-up (cached after the first run)")
+    model_path = Path(build_starter(warm=True, progress=console.print))
+    cfg = demo_config(seed, steps)
+    console.print(
+        f"2/3 GRPO through the gateway: {cfg.rollout.batch_groups} tasks x {cfg.rollout.n} rollouts "
+        f"per update, {steps} updates; agent = the calc agent (official openai SDK, in-process)"
+    )
+    evals, run = asyncio.run(_train(cfg, console, model_path))
+    png = plot_curve(run.history, evals, run.run_dir / "reward_curve.png")
+    console.print(
+        f"3/3 done. traces: {run.run_dir / 'traces.sqlite'}"
+        + (f"  reward curve: {png}" if png else "")
+    )
+    line = summary_line(evals, steps, (time.monotonic() - t0) / 60)
+    console.print(line, highlight=False)
+    return line

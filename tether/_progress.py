@@ -1,0 +1,160 @@
+"""The live progress display of ``tether train`` and ``tether demo``, and the reward curve."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+__all__ = ["Progress", "plot_curve"]
+
+
+class Progress:
+    """Receives the training run's events and keeps a live table on the terminal."""
+
+    def __init__(self, total_steps: int, console: Console | None = None, *, live: bool = True):
+        self.total = total_steps
+        self.console = console or Console()
+        self.rows: list[Any] = []
+        self.evals: list[Any] = []
+        self.t0 = time.monotonic()
+        self.step_times: list[float] = []
+        self._live = (
+            Live(self._render(), console=self.console, refresh_per_second=2, transient=False)
+            if live and self.console.is_terminal
+            else None
+        )
+
+    def __enter__(self) -> Progress:
+        if self._live:
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live:
+            self._live.update(self._render())
+            self._live.__exit__(*exc)
+
+    def __call__(self, kind: str, payload: Any) -> None:
+        if kind == "step":
+            self.rows.append(payload)
+            self.step_times.append(payload.metrics.get("step_s", 0.0))
+            if not self._live:
+                self.console.print(self._line(payload), highlight=False)
+        elif kind == "eval":
+            self.evals.append(payload)
+            greedy = "-" if payload.greedy is None else f"{payload.greedy:.0%}"
+            msg = (
+                f"eval @ step {payload.step}: sampled success {payload.sampled:.0%}, greedy {greedy} "
+                f"({payload.tasks} held-out tasks, {payload.rollouts} rollouts, {payload.wall_s:.0f} s)"
+            )
+            (self._live.console if self._live else self.console).print(msg, highlight=False)
+        elif kind == "checkpoint":
+            (self._live.console if self._live else self.console).print(
+                f"checkpoint: {payload}", highlight=False
+            )
+        if self._live:
+            self._live.update(self._render())
+
+    def _eta(self) -> str:
+        if not self.step_times:
+            return "-"
+        recent = self.step_times[-5:]
+        left = (self.total - len(self.rows)) * sum(recent) / len(recent)
+        return f"{left / 60:.1f} min"
+
+    def _line(self, r: Any) -> str:
+        m = r.metrics
+        return (
+            f"step {r.step + 1:>3}/{self.total}  reward {m['reward_mean']:.3f}  success {m['success']:.0%}  "
+            f"gen {m['gen_tokens_per_s']:.0f} tok/s  gap {m.get('logprob_gap', float('nan')):.1e}  "
+            f"v{int(m['policy_version'])}  {m['step_s']:.1f} s/step  left {self._eta()}"
+        )
+
+    def _render(self) -> Group:
+        table = Table(title="tether: training", expand=False)
+        for col in (
+            "step",
+            "reward",
+            "success",
+            "gen tok/s",
+            "logprob gap",
+            "merged",
+            "dropped",
+            "policy",
+            "s/step",
+        ):
+            table.add_column(col, justify="right")
+        for r in self.rows[-12:]:
+            m = r.metrics
+            table.add_row(
+                f"{r.step + 1}/{self.total}",
+                f"{m['reward_mean']:.3f}",
+                f"{m['success']:.0%}",
+                f"{m['gen_tokens_per_s']:.0f}",
+                f"{m.get('logprob_gap', float('nan')):.1e}",
+                f"{m.get('merge_fraction', 0):.0%}",
+                f"{int(m['groups_dropped'])}",
+                f"v{int(m['policy_version'])}",
+                f"{m['step_s']:.1f}",
+            )
+        elapsed = (time.monotonic() - self.t0) / 60
+        footer = Table.grid()
+        footer.add_row(f"elapsed {elapsed:.1f} min   time left ≈ {self._eta()}")
+        return Group(table, footer)
+
+
+def plot_curve(rows: list[Any], evals: list[Any], path: Path) -> Path | None:
+    """Reward per step and held-out success to a PNG; None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = [r.step + 1 for r in rows]
+    ax.plot(
+        steps,
+        [r.metrics["reward_mean"] for r in rows],
+        label="train reward (mean of batch)",
+        alpha=0.6,
+    )
+    if len(rows) >= 5:
+        k = 5
+        vals = [r.metrics["reward_mean"] for r in rows]
+        smooth = [
+            sum(vals[max(0, i - k + 1) : i + 1]) / len(vals[max(0, i - k + 1) : i + 1])
+            for i in range(len(vals))
+        ]
+        ax.plot(steps, smooth, label="train reward (5-step mean)", linewidth=2)
+    if evals:
+        ax.plot(
+            [e.step for e in evals],
+            [e.sampled for e in evals],
+            "o-",
+            label="held-out success (sampled)",
+        )
+        if all(e.greedy is not None for e in evals):
+            ax.plot(
+                [e.step for e in evals],
+                [e.greedy for e in evals],
+                "s--",
+                label="held-out success (greedy)",
+            )
+    ax.set_xlabel("update")
+    ax.set_ylabel("reward / success")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("tether: reward while training")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

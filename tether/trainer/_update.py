@@ -1,0 +1,221 @@
+"""One policy update: samples → micro-batches → loss → optimizer step.
+
+:class:`PolicyTrainer` owns the trainable model and its optimizer. It does
+not know where samples come from (see ``loop.py``) and never touches the
+engine; the loop pushes :meth:`PolicyTrainer.state_dict` to the engine.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from tether.trainer import algorithms as A
+from tether.trainer.config import TrainerConfig
+from tether.trainer.samples import Sample, collate, make_micro_batches, token_logprobs
+
+__all__ = ["PolicyTrainer", "shared_prefix"]
+
+#: Below this many shared tokens the plain forward is as fast.
+MIN_SHARED_PREFIX = 16
+
+log = logging.getLogger(__name__)
+
+
+class PolicyTrainer:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cfg: TrainerConfig,
+        *,
+        device: str = "cpu",
+        train_dtype: str = "float32",
+        pad_id: int = 0,
+    ):
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.pad_id = pad_id
+        self.autocast = train_dtype == "bfloat16"
+        self.share_prefix = True
+        self.model = self._maybe_lora(model).to(self.device)
+        self.model.train()
+        self.ref_model = None
+        if cfg.kl_coef > 0:
+            self.ref_model = copy.deepcopy(model).to(self.device).eval()
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+        )
+
+    def _maybe_lora(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.cfg.lora is None:
+            return model
+        from peft import LoraConfig, get_peft_model
+
+        lc = self.cfg.lora
+        return get_peft_model(
+            model,
+            LoraConfig(
+                r=lc.r,
+                lora_alpha=lc.alpha,
+                lora_dropout=lc.dropout,
+                target_modules=list(lc.target_modules),
+                task_type="CAUSAL_LM",
+            ),
+        )
+
+    # -- weights --------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Full weights for the engine (LoRA merged into a copy, base names)."""
+        if self.cfg.lora is not None:
+            merged = copy.deepcopy(self.model).merge_and_unload()
+            return {k: v.detach().cpu() for k, v in merged.state_dict().items()}
+        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+
+    # -- the update -------------------------------------------------------------
+
+    def _forward_logprobs(
+        self, model: torch.nn.Module, batch: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """Token logprobs ``[B, L]`` aligned with ``input_ids`` (see samples.token_logprobs).
+
+        Rows of an agent's batch share a long prompt (system prompt + tools).
+        That shared prefix is computed once and its KV cache broadcast to every
+        row; gradients flow through it as in the plain forward, and the
+        result is the same up to float rounding (tested).
+        """
+        ctx = (
+            torch.autocast(self.device.type, dtype=torch.bfloat16)
+            if self.autocast
+            else nullcontext()
+        )
+        ids, attn = batch["input_ids"], batch["attention_mask"]
+        cut = shared_prefix(ids, batch["loss_mask"]) if self.share_prefix else 0
+        with ctx:
+            if cut < MIN_SHARED_PREFIX or ids.shape[0] < 2:
+                logits = model(input_ids=ids, attention_mask=attn).logits
+                return token_logprobs(logits, ids, batch["temperature"])
+            from transformers import DynamicCache
+
+            cache = DynamicCache(config=getattr(model, "config", None))
+            kw = _cache_kwarg(model)
+            model(input_ids=ids[:1, :cut], use_cache=True, **{kw: cache})
+            cache.batch_repeat_interleave(ids.shape[0])
+            positions = torch.arange(cut, ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
+            logits = model(
+                input_ids=ids[:, cut:],
+                attention_mask=attn,
+                position_ids=positions,
+                **{kw: cache},
+                use_cache=True,
+            ).logits
+        suffix = token_logprobs(logits, ids[:, cut:], batch["temperature"])
+        return torch.cat([suffix.new_zeros(ids.shape[0], cut), suffix], dim=1)
+
+    def update(self, samples: list[Sample]) -> dict[str, float]:
+        """One optimizer step over all ``samples`` (gradients accumulated over micro-batches).
+
+        Returns metrics, including the self-check ``logprob_gap``: the mean
+        |engine logprob − trainer logprob| over the sampled tokens, measured
+        before the step (≈0 when engine and trainer hold the same weights).
+        """
+        cfg = self.cfg
+        batches = make_micro_batches(samples, cfg.max_tokens_per_micro_batch)
+        collated = [
+            {k: v.to(self.device) for k, v in collate(b, pad_id=self.pad_id).items()}
+            for b in batches
+        ]
+        stats = A.AggregateStats.merge(
+            A.AggregateStats.of(b["loss_mask"], b["rollout_index"]) for b in collated
+        )
+        loss_fn = A.POLICY_LOSSES[cfg.policy_loss]
+        totals: dict[str, float] = {}
+        gap_sum, gap_max, n_tokens = 0.0, 0.0, 0
+        self.optimizer.zero_grad(set_to_none=True)
+        total_loss = 0.0
+        for batch in collated:
+            mask = batch["loss_mask"]
+            logprobs = self._forward_logprobs(self.model, batch)
+            old = batch["old_logprobs"]
+            diff = (logprobs.detach() - old).abs() * mask
+            gap_sum += diff.sum().item()
+            gap_max = max(gap_max, diff.max().item())
+            n_tokens += int(mask.sum().item())
+            is_weights = (
+                A.truncated_is_weights(logprobs.detach(), old, cfg.tis_cap)
+                if cfg.tis_cap > 0
+                else None
+            )
+            kwargs: dict[str, Any] = {"is_weights": is_weights}
+            if cfg.policy_loss == "ppo_clip":
+                kwargs.update(clip_low=cfg.clip_low, clip_high=cfg.clip_high)
+            per_token, metrics = loss_fn(logprobs, old, batch["advantages"], mask, **kwargs)
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref = self._forward_logprobs(self.ref_model, batch)
+                kl = A.KL_ESTIMATORS[cfg.kl_estimator](logprobs, ref)
+                per_token = per_token + cfg.kl_coef * kl * mask
+                metrics["kl_ref"] = A.masked_mean(kl.detach(), mask)
+            loss = A.aggregate(
+                per_token,
+                mask,
+                cfg.aggregation,
+                rollout_index=batch["rollout_index"],
+                stats=stats,
+                max_len=int(batch["input_ids"].shape[1]),
+            )
+            loss.backward()
+            total_loss += loss.item()
+            share = mask.sum().item() / max(stats.num_tokens, 1)
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + float(v) * share
+        grad_norm = 0.0
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if cfg.grad_clip > 0:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+        if not math.isfinite(total_loss) or not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(
+                f"non-finite loss ({total_loss}) or gradient norm ({grad_norm}); step skipped"
+            )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {
+            "loss": total_loss,
+            "grad_norm": grad_norm,
+            "logprob_gap": gap_sum / max(n_tokens, 1),
+            "logprob_gap_max": gap_max,
+            "trained_tokens": float(n_tokens),
+            "micro_batches": float(len(collated)),
+            **totals,
+        }
+
+
+def shared_prefix(ids: torch.Tensor, loss_mask: torch.Tensor) -> int:
+    """Length ``cut`` of the prefix that every row shares and that holds no loss token.
+
+    Positions ``0..cut`` carry no loss (a token's logprob comes from the
+    previous position's logits, so position ``cut`` itself needs no logits
+    from the prefix), and ``ids[:, :cut]`` is identical in every row.
+    """
+    same = (ids == ids[:1]).all(dim=0)
+    lcp = int(same.long().cumprod(0).sum())
+    masked = loss_mask.bool().any(dim=0)
+    first_loss = int(masked.float().argmax()) if bool(masked.any()) else ids.shape[1]
+    return max(0, min(lcp, first_loss - 1))
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """``cache`` on transformers >= 5.24, ``past_key_values`` before."""
+    import inspect
+
+    base = getattr(model, "get_base_model", lambda: model)()
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"

@@ -1,0 +1,294 @@
+"""The training loop, sync mode: rollouts → rewards → advantages → update → new weights.
+
+One asyncio loop holds the gateway (a uvicorn task), the runner and the
+trainer; the engine decodes on its own thread and the optimizer step runs on
+a worker thread, so agents' HTTP calls never wait on the loop.
+
+Per update ``step`` (0-based):
+
+1. ``batch_groups`` tasks (a pure function of seed and step) × ``n`` rollouts,
+   each through the real gateway with its own token;
+2. grade, drop groups with any unusable reward (counted, never scored 0),
+   report zero-variance groups;
+3. advantages per group, samples (prefix-merged calls), one optimizer step;
+4. push the weights to the engine; its policy version must rise by one;
+5. metrics to the store (and the progress display); eval and checkpoint every K.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tether.configio import dump
+from tether.engine import TransformersEngine
+from tether.gateway import Gateway, LoopServer, create_app
+from tether.records import Checkpoint
+from tether.runner import make_runner
+from tether.store import Store
+from tether.trainer import algorithms as A
+from tether.trainer._collect import Collected, collect_groups, load_grader
+from tether.trainer._tasks import load_tasks, tasks_for_step
+from tether.trainer._update import PolicyTrainer
+from tether.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from tether.trainer.config import TrainConfig
+from tether.trainer.errors import PolicyCollapsed, TrainerError
+from tether.trainer.samples import build_samples
+
+__all__ = ["EvalResult", "StepReport", "TrainingRun"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalResult:
+    step: int
+    sampled: float  # success rate at the eval temperature, several samples per task
+    greedy: float | None  # success rate at temperature 0, one per task
+    tasks: int
+    rollouts: int
+    wall_s: float
+
+
+@dataclass
+class StepReport:
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def _success(collected: Collected) -> float:
+    outs = collected.outcomes
+    return sum(1 for o in outs if o.reward is not None and o.reward > 0) / max(len(outs), 1)
+
+
+def resolve_model_path(path: str) -> Path:
+    if path == "starter":
+        from tether.starter import build_starter
+
+        return Path(build_starter(warm=True))
+    return Path(path)
+
+
+class TrainingRun:
+    """A training run over one config. Use as ``async with TrainingRun(cfg) as run: await run.train()``."""
+
+    def __init__(self, cfg: TrainConfig, *, on_event: Any = None, model_path: Path | None = None):
+        self.cfg = cfg
+        self.on_event = on_event or (lambda kind, payload: None)
+        self.run_dir = Path(cfg.dir) / cfg.name
+        self.model_path = model_path
+        self.history: list[StepReport] = []
+        self.evals: list[EvalResult] = []
+        self.start_step = 0
+
+    # -- set-up and teardown ---------------------------------------------------
+
+    async def __aenter__(self) -> TrainingRun:
+        from tether.starter import load_model, load_tokenizer
+
+        cfg = self.cfg
+        torch.manual_seed(cfg.trainer.seed)
+        random.seed(cfg.trainer.seed)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.model_path = self.model_path or resolve_model_path(cfg.model.path)
+        self.tokenizer = load_tokenizer(self.model_path)
+        policy = load_model(self.model_path, dtype=torch.float32, device=cfg.model.device)
+        engine_model = load_model(self.model_path, dtype=torch.float32, device=cfg.model.device)
+        self.trainer = PolicyTrainer(
+            policy,
+            cfg.trainer,
+            device=cfg.model.device,
+            train_dtype=cfg.model.train_dtype,
+            pad_id=self.tokenizer.pad_token_id or 0,
+        )
+        self.engine = TransformersEngine(
+            engine_model,
+            self.tokenizer,
+            device=cfg.model.device,
+            max_batch_size=cfg.model.max_batch_size,
+            seed=cfg.trainer.seed,
+        )
+        self.store = Store(self.run_dir / "traces.sqlite")
+        self.run_record = self.store.create_run(
+            dump(cfg), run_id=f"{cfg.name}-{secrets.token_hex(4)}"
+        )
+        self.train_tasks, self.val_tasks = load_tasks(cfg.tasks)
+        self.grader = load_grader(cfg.rollout.grader)
+        gcfg = cfg.gateway
+        if not gcfg.admin_key:
+            gcfg.admin_key = secrets.token_urlsafe(32)
+        gcfg.check_bind()
+        self.gateway = Gateway(self.engine, self.tokenizer, self.store, gcfg)
+        self.server = await LoopServer(create_app(self.gateway), gcfg.host, gcfg.port).start()
+        if not gcfg.public_url:
+            gcfg.public_url = self.server.url
+        self.runner = make_runner(cfg.agent)
+        ckpt = latest_checkpoint(self.run_dir / "checkpoints")
+        if ckpt is not None and cfg.extra.get("resume", False):
+            self.start_step = load_checkpoint(ckpt, self.trainer)
+            await self.engine.update_weights(self.trainer.state_dict())
+            log.info("resumed from %s at step %d", ckpt, self.start_step)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for close in (self.runner.close, self.server.stop, self.engine.close):
+            try:
+                await close()
+            except Exception:  # teardown must reach every part
+                log.exception("error while shutting down")
+        self.store.close()
+
+    # -- evaluation ------------------------------------------------------------
+
+    async def evaluate(self, step: int) -> EvalResult:
+        """Held-out success as the agent really runs: sampled (several per task) and greedy."""
+        e = self.cfg.eval
+        tasks = self.val_tasks[: e.tasks]
+        t0 = time.perf_counter()
+        sampled = await collect_groups(
+            self.gateway,
+            self.runner,
+            tasks,
+            e.samples,
+            grader=self.grader,
+            run_id=self.run_record.id,
+            tag=f"eval{step}-s",
+            sampling={"temperature": e.temperature},
+        )
+        greedy = None
+        rollouts = len(sampled.outcomes)
+        if e.greedy:
+            g = await collect_groups(
+                self.gateway,
+                self.runner,
+                tasks,
+                1,
+                grader=self.grader,
+                run_id=self.run_record.id,
+                tag=f"eval{step}-g",
+                sampling={"temperature": 0.0},
+            )
+            greedy = _success(g)
+            rollouts += len(g.outcomes)
+        result = EvalResult(
+            step, _success(sampled), greedy, len(tasks), rollouts, time.perf_counter() - t0
+        )
+        self.store.log_metrics(
+            self.run_record.id,
+            step,
+            {
+                "eval/sampled_success": result.sampled,
+                **({"eval/greedy_success": greedy} if greedy is not None else {}),
+            },
+        )
+        self.evals.append(result)
+        self.on_event("eval", result)
+        return result
+
+    # -- one update --------------------------------------------------------------
+
+    async def train_step(self, step: int) -> StepReport:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        tasks = tasks_for_step(self.train_tasks, step, cfg.rollout.batch_groups, cfg.tasks.seed)
+        collected = await collect_groups(
+            self.gateway,
+            self.runner,
+            tasks,
+            cfg.rollout.n,
+            grader=self.grader,
+            run_id=self.run_record.id,
+            tag=f"s{step}",
+        )
+        t_rollouts = time.perf_counter() - t0
+        groups = collected.groups()
+        kept = [g for g in groups if all(o.usable for o in g)]
+        dropped = len(groups) - len(kept)
+        rewards_all = [o.reward for o in collected.outcomes if o.reward is not None]
+        m: dict[str, float] = {
+            "reward_mean": sum(rewards_all) / max(len(rewards_all), 1),
+            "success": _success(collected),
+            "groups_dropped": float(dropped),
+            "rollouts": float(len(collected.outcomes)),
+            "rollout_s": t_rollouts,
+            "gen_tokens_per_s": collected.completion_tokens / max(t_rollouts, 1e-9),
+        }
+        version_before = self.engine.policy_version
+        if kept:
+            rewards = torch.tensor([[o.reward for o in g] for g in kept], dtype=torch.float64)
+            adv = A.compute_advantages(rewards, cfg.trainer.advantage)
+            flat = [o for g in kept for o in g]
+            samples, sstats = build_samples(
+                [o.calls for o in flat], adv.advantages.flatten().tolist()
+            )
+            m["zero_variance_groups"] = float(adv.zero_variance_groups)
+            m["merge_fraction"] = sstats.merge_fraction
+            m["failed_calls"] = float(sstats.failed_calls)
+            if adv.zero_variance_groups < len(kept) and samples:
+                t1 = time.perf_counter()
+                m.update(await asyncio.to_thread(self.trainer.update, samples))
+                m["update_s"] = time.perf_counter() - t1
+                version = await self.engine.update_weights(self.trainer.state_dict())
+                if version != version_before + 1:
+                    raise TrainerError(
+                        f"engine policy version went {version_before} -> {version}, expected +1"
+                    )
+        m["policy_version"] = float(self.engine.policy_version)
+        m["step_s"] = time.perf_counter() - t0
+        self.store.log_metrics(self.run_record.id, step, m)
+        report = StepReport(step, m)
+        self.history.append(report)
+        self.on_event("step", report)
+        return report
+
+    def _collapsed(self) -> bool:
+        k = self.cfg.trainer.collapse_patience
+        recent = self.history[-k:] if k else []
+        return bool(k) and len(recent) == k and all(r.metrics["reward_mean"] <= 0 for r in recent)
+
+    async def train(self) -> list[EvalResult]:
+        """Evaluate, train ``trainer.steps`` updates (evaluating/checkpointing every K), evaluate."""
+        cfg = self.cfg
+        if self.start_step == 0:
+            await self.evaluate(0)
+        for step in range(self.start_step, cfg.trainer.steps):
+            await self.train_step(step)
+            done = step + 1
+            if self._collapsed():
+                raise PolicyCollapsed(
+                    f"reward has been 0 for {cfg.trainer.collapse_patience} updates in a row at step {done}: "
+                    f"the policy collapsed; lower trainer.lr (now {cfg.trainer.lr:g}) or raise trainer.collapse_patience"
+                )
+            if (
+                cfg.checkpoint.every
+                and done % cfg.checkpoint.every == 0
+                and done < cfg.trainer.steps
+            ):
+                self.save(done)
+            if cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.trainer.steps:
+                await self.evaluate(done)
+        self.save(cfg.trainer.steps)
+        await self.evaluate(cfg.trainer.steps)
+        return self.evals
+
+    def save(self, step: int) -> Path:
+        path = save_checkpoint(
+            self.run_dir / "checkpoints",
+            step,
+            trainer=self.trainer,
+            tokenizer=self.tokenizer,
+            base_model_dir=self.model_path,
+            config=dump(self.cfg),
+            keep=self.cfg.checkpoint.keep,
+        )
+        self.store.add_checkpoint(Checkpoint(run_id=self.run_record.id, step=step, path=str(path)))
+        self.on_event("checkpoint", path)
+        return path
