@@ -211,7 +211,10 @@ def test_two_step_training_through_gateway_and_subprocess_agents(
     from tether.store import Store
 
     with Store(tmp_path / "e2e" / "traces.sqlite") as store:
-        rollouts = store.list_rollouts(group_id="s1-g0") + store.list_rollouts(group_id="s1-g1")
+        rid = run.run_record.id
+        rollouts = store.list_rollouts(group_id=f"{rid}-s1-g0") + store.list_rollouts(
+            group_id=f"{rid}-s1-g1"
+        )
         assert len(rollouts) == 4 and all(r.status.value == "succeeded" for r in rollouts)
         calls = [c for r in rollouts for c in store.calls(r.id)]
         assert calls and all(

@@ -23,7 +23,7 @@ from tether.trainer.loop import EvalResult, TrainingRun
 __all__ = ["demo_config", "run_demo", "run_eval", "run_train", "summary_line"]
 
 
-def demo_config(seed: int = 0, steps: int = 40) -> TrainConfig:
+def demo_config(seed: int = 0, steps: int = 50) -> TrainConfig:
     """The embedded default: the warmed-up starter model learning the calc task on CPU."""
     return TrainConfig(
         name=f"demo-seed{seed}",
@@ -36,6 +36,13 @@ def demo_config(seed: int = 0, steps: int = 40) -> TrainConfig:
         eval=EvalConfig(every=0, tasks=100, samples=4, greedy=True),
         checkpoint=CheckpointConfig(every=0, keep=1),
     )
+
+
+def _quiet_loading() -> None:
+    """No per-file progress bars from transformers while loading the small models."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def summary_line(evals: list[EvalResult], steps: int, minutes: float) -> str:
@@ -53,6 +60,7 @@ def summary_line(evals: list[EvalResult], steps: int, minutes: float) -> str:
 async def _train(
     cfg: TrainConfig, console: Console, model_path: Path | None = None
 ) -> tuple[list[EvalResult], TrainingRun]:
+    _quiet_loading()
     with Progress(cfg.trainer.steps, console) as progress:
         async with TrainingRun(cfg, on_event=progress, model_path=model_path) as run:
             evals = await run.train()
@@ -72,6 +80,8 @@ def run_train(cfg: TrainConfig, console: Console) -> list[EvalResult]:
 
 
 def run_eval(cfg: TrainConfig, checkpoint: Path | None, console: Console) -> EvalResult:
+    _quiet_loading()
+
     async def go() -> EvalResult:
         model_path = (
             checkpoint / "model" if checkpoint and (checkpoint / "model").is_dir() else checkpoint
@@ -92,7 +102,7 @@ def run_demo(seed: int, steps: int, console: Console) -> str:
         "[bold]tether demo[/]: the starter model learns the calc task with GRPO, on this CPU"
     )
     console.print("1/3 starter model: build and supervised warm-up (cached after the first run)")
-    model_path = Path(build_starter(warm=True, progress=console.print))
+    model_path = Path(build_starter(warm=True))
     cfg = demo_config(seed, steps)
     console.print(
         f"2/3 GRPO through the gateway: {cfg.rollout.batch_groups} tasks x {cfg.rollout.n} rollouts "

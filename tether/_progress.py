@@ -44,7 +44,7 @@ class Progress:
             self.rows.append(payload)
             self.step_times.append(payload.metrics.get("step_s", 0.0))
             if not self._live:
-                self.console.print(self._line(payload), highlight=False)
+                self.console.print(self._line(payload), highlight=False, soft_wrap=True)
         elif kind == "eval":
             self.evals.append(payload)
             greedy = "-" if payload.greedy is None else f"{payload.greedy:.0%}"
@@ -52,7 +52,9 @@ class Progress:
                 f"eval @ step {payload.step}: sampled success {payload.sampled:.0%}, greedy {greedy} "
                 f"({payload.tasks} held-out tasks, {payload.rollouts} rollouts, {payload.wall_s:.0f} s)"
             )
-            (self._live.console if self._live else self.console).print(msg, highlight=False)
+            (self._live.console if self._live else self.console).print(
+                msg, highlight=False, soft_wrap=True
+            )
         elif kind == "checkpoint":
             (self._live.console if self._live else self.console).print(
                 f"checkpoint: {payload}", highlight=False

@@ -137,14 +137,14 @@ def _load_engine(model: str | None, *, device: str, max_batch_size: int):
 @app.command()
 def demo(
     seed: Annotated[int, typer.Option(help="Seed of the tasks, sampling and training.")] = 0,
-    steps: Annotated[int, typer.Option(help="GRPO updates.")] = 40,
+    steps: Annotated[int, typer.Option(help="GRPO updates.")] = 50,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
 ) -> None:
     """The CPU demo: the starter model learns the calc task with GRPO; prints before/after success."""
     _setup_logging(log_level)
     from ._cli_train import run_demo
 
-    run_demo(seed, steps, Console())
+    run_demo(seed, steps, Console(soft_wrap=True))
 
 
 @app.command()
@@ -168,7 +168,7 @@ def train(
     cfg = load_config(TrainConfig, config, list(overrides or []))
     if resume:
         cfg.extra["resume"] = True
-    run_train(cfg, Console())
+    run_train(cfg, Console(soft_wrap=True))
 
 
 @app.command("eval")
@@ -194,7 +194,7 @@ def eval_(
             f"--checkpoint {checkpoint} is not a folder: pass runs/NAME/checkpoints/step-N"
         )
     cfg = load_config(TrainConfig, config, list(overrides or []))
-    r = run_eval(cfg, checkpoint, Console())
+    r = run_eval(cfg, checkpoint, Console(soft_wrap=True))
     greedy = "-" if r.greedy is None else f"{r.greedy:.0%}"
     print(
         f"held-out success: sampled {r.sampled:.0%}, greedy {greedy} ({r.tasks} tasks, {r.rollouts} rollouts)"

@@ -109,9 +109,9 @@ async def collect_groups(
         for i in range(n):
             o = gw.open_rollout(
                 task.data,
-                rollout_id=f"{tag}-g{g}-{i}",
+                rollout_id=f"{run_id}-{tag}-g{g}-{i}",
                 run_id=run_id,
-                group_id=f"{tag}-g{g}",
+                group_id=f"{run_id}-{tag}-g{g}",
                 task_id=task.id,
                 sampling=sampling,
             )

@@ -121,11 +121,14 @@ class PolicyTrainer:
         return torch.cat([suffix.new_zeros(ids.shape[0], cut), suffix], dim=1)
 
     def update(self, samples: list[Sample]) -> dict[str, float]:
-        """One optimizer step over all ``samples`` (gradients accumulated over micro-batches).
+        """``updates_per_batch`` optimizer steps over all ``samples`` (gradients accumulated
+        over micro-batches in each).
 
-        Returns metrics, including the self-check ``logprob_gap``: the mean
-        |engine logprob − trainer logprob| over the sampled tokens, measured
-        before the step (≈0 when engine and trainer hold the same weights).
+        Returns metrics of the last step, and the self-check ``logprob_gap``:
+        the mean |engine logprob − trainer logprob| over the sampled tokens,
+        measured before the first step (≈0 when engine and trainer hold the
+        same weights). From the second step on the policy has moved, and the
+        PPO ratio against the engine's logprobs is what gets clipped.
         """
         cfg = self.cfg
         batches = make_micro_batches(samples, cfg.max_tokens_per_micro_batch)
@@ -136,6 +139,17 @@ class PolicyTrainer:
         stats = A.AggregateStats.merge(
             A.AggregateStats.of(b["loss_mask"], b["rollout_index"]) for b in collated
         )
+        first: dict[str, float] = {}
+        for k in range(cfg.updates_per_batch):
+            metrics = self._step(collated, stats)
+            if k == 0:
+                first = {key: metrics[key] for key in ("logprob_gap", "logprob_gap_max")}
+        return {**metrics, **first, "micro_batches": float(len(collated))}
+
+    def _step(
+        self, collated: list[dict[str, torch.Tensor]], stats: A.AggregateStats
+    ) -> dict[str, float]:
+        cfg = self.cfg
         loss_fn = A.POLICY_LOSSES[cfg.policy_loss]
         totals: dict[str, float] = {}
         gap_sum, gap_max, n_tokens = 0.0, 0.0, 0
@@ -194,7 +208,6 @@ class PolicyTrainer:
             "logprob_gap": gap_sum / max(n_tokens, 1),
             "logprob_gap_max": gap_max,
             "trained_tokens": float(n_tokens),
-            "micro_batches": float(len(collated)),
             **totals,
         }
 

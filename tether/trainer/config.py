@@ -110,6 +110,8 @@ class TrainerConfig:
     kl_estimator: str = "k3"
     #: Truncated importance sampling cap against the engine's logprobs; 0 = off.
     tis_cap: float = 0.0
+    #: Optimizer steps per batch of rollouts (PPO epochs); from the second on, clipping matters.
+    updates_per_batch: int = 1
     #: Token budget of one micro-batch (rows × longest row); gradients accumulate across them.
     max_tokens_per_micro_batch: int = 8192
     #: Stop early when the batch reward has been 0 for this many updates in a row (collapse); 0 = never.
@@ -131,6 +133,7 @@ class TrainerConfig:
             "trainer",
             steps=self.steps,
             lr=self.lr,
+            updates_per_batch=self.updates_per_batch,
             max_tokens_per_micro_batch=self.max_tokens_per_micro_batch,
         )
         for name, value, options in (
