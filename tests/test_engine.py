@@ -369,3 +369,15 @@ async def test_cuda_logprobs_token_exact(model):
             assert max(abs(a - b) for a, b in zip(ref, comp.logprobs, strict=True)) < 1e-4
     finally:
         await eng.close()
+
+
+def test_from_pretrained_keeps_the_starter_tokenizer(starter_dir) -> None:
+    """AutoTokenizer would load a starter folder as Qwen2Tokenizer and split numbers by digit."""
+    from tether.starter import load_tokenizer
+
+    engine = TransformersEngine.from_pretrained(str(starter_dir))
+    try:
+        text = "What is 12345 + 678?"
+        assert engine.tokenizer.encode(text) == load_tokenizer(starter_dir).encode(text)
+    finally:
+        asyncio.run(engine.close())

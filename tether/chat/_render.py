@@ -96,16 +96,22 @@ def _arguments(arguments: Any) -> Any:
     return parsed if isinstance(parsed, dict) else arguments
 
 
+def _named_function(obj: dict[str, Any], where: str) -> dict[str, Any]:
+    """``obj["function"]`` as a dict with a non-empty string ``name``, else InvalidMessages."""
+    function = _as_dict(obj.get("function"), f"{where}.function")
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidMessages(f"{where}.function.name must be a non-empty string")
+    return function
+
+
 def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(calls, (list, tuple)):
         raise InvalidMessages(f"{where} must be a list, got {type(calls).__name__}")
     out = []
     for j, call in enumerate(calls):
         call = _as_dict(call, f"{where}[{j}]")
-        function = _as_dict(call.get("function"), f"{where}[{j}].function")
-        name = function.get("name")
-        if not isinstance(name, str) or not name:
-            raise InvalidMessages(f"{where}[{j}].function.name must be a non-empty string")
+        function = _named_function(call, f"{where}[{j}]")
         function["arguments"] = _arguments(function.get("arguments"))
         call["function"] = function
         call.setdefault("type", "function")
@@ -173,10 +179,7 @@ def normalize_tools(tools: Any) -> list[dict[str, Any]] | None:
     out = []
     for i, tool in enumerate(tools):
         tool = _as_dict(tool, f"tools[{i}]")
-        function = _as_dict(tool.get("function"), f"tools[{i}].function")
-        name = function.get("name")
-        if not isinstance(name, str) or not name:
-            raise InvalidMessages(f"tools[{i}].function.name must be a non-empty string")
+        function = _named_function(tool, f"tools[{i}]")
         out.append({**tool, "function": function})
     return out or None
 

@@ -82,13 +82,17 @@ class TransformersEngine:
         **kwargs: Any,
     ) -> TransformersEngine:
         """Load with ``AutoModelForCausalLM.from_pretrained`` (and its tokenizer unless given)."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(
             path_or_id, **({"dtype": dtype} if dtype else {})
         )
         if tokenizer is True:
-            tokenizer = AutoTokenizer.from_pretrained(path_or_id)
+            # tether.starter.load_tokenizer is AutoTokenizer for ordinary models, and
+            # keeps a starter folder's own pre-tokenizer (AutoTokenizer would swap it).
+            from tether.starter import load_tokenizer
+
+            tokenizer = load_tokenizer(path_or_id)
         return cls(model, tokenizer or None, dtype=dtype, **kwargs)
 
     @property
