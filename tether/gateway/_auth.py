@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import re
 import secrets
+from collections.abc import Callable
 
 from tether.records import RolloutStatus
 
@@ -52,12 +53,34 @@ def bearer(authorization: str | None) -> str | None:
     return value.strip()
 
 
+MAX_SUPERSEDED = 100_000  # retried attempts whose tokens are remembered for a 409
+
+
 class Keys:
     """The admin key and the record-mode keys."""
 
     def __init__(self, admin_key: str | None, record_keys: tuple[str, ...] = ()):
         self._admin = hash_token(admin_key) if admin_key else None
         self._record = {hash_token(k) for k in record_keys}
+        # token hash of an attempt -> the hash of the retry that replaced it (in memory)
+        self._superseded: dict[str, str] = {}
+
+    def supersede(self, old_hash: str, new_hash: str) -> None:
+        """Remember that a retry replaced ``old_hash``'s attempt: its late writes get 409."""
+        if len(self._superseded) >= MAX_SUPERSEDED:
+            self._superseded.pop(next(iter(self._superseded)))
+        self._superseded[old_hash] = new_hash
+
+    def superseded(self, token_hash: str, current_hash: str) -> bool:
+        """Whether ``token_hash`` is an earlier attempt's token of the rollout at ``current_hash``."""
+        later = self._superseded.get(token_hash)
+        for _ in range(MAX_SUPERSEDED):
+            if later is None:
+                return False
+            if hmac.compare_digest(later, current_hash):
+                return True
+            later = self._superseded.get(later)
+        return False
 
     def is_admin(self, token: str | None) -> bool:
         return bool(token and self._admin and hmac.compare_digest(hash_token(token), self._admin))
@@ -76,25 +99,40 @@ class Keys:
 
 
 def check_rollout_token(
-    token: str | None, auth: tuple[RolloutStatus, int, str | None] | None, keys: Keys
+    token: str | None,
+    auth: tuple[RolloutStatus, int, str | None] | None,
+    keys: Keys,
+    in_use: Callable[[str], bool] | None = None,
 ) -> int:
     """Authorize a call to one rollout; return its current attempt.
 
     401: no token, a wrong token, or a token whose rollout has ended.
-    403: a valid key of another kind (the admin key, a record key) — agents'
+    409: the token of an earlier attempt of this rollout (a retry replaced it).
+    403: a valid credential of another kind — the admin key, a record key, or
+    (``in_use(hash)`` true) the token of another running rollout. Agents'
     calls must carry their own rollout's token, so nothing is recorded under
-    someone else's name.
+    someone else's name. The answer does not depend on whether the rollout
+    in the URL exists, so ids cannot be probed.
     """
     if token is None:
         raise ApiError(401, "missing bearer token: set OPENAI_API_KEY to the rollout token")
-    if auth is None:
-        # Unknown rollout: the same answer as a wrong token, so ids cannot be probed.
-        raise ApiError(401, "invalid token for this rollout")
-    status, attempt, token_hash = auth
-    if token_hash and hmac.compare_digest(hash_token(token), token_hash):
-        if status is not RolloutStatus.RUNNING:
-            raise ApiError(401, f"rollout has ended ({status.value}); its token no longer works")
-        return attempt
+    token_hash = hash_token(token)
+    if auth is not None:
+        status, attempt, stored = auth
+        if stored and hmac.compare_digest(token_hash, stored):
+            if status is not RolloutStatus.RUNNING:
+                raise ApiError(
+                    401, f"rollout has ended ({status.value}); its token no longer works"
+                )
+            return attempt
+        if stored and keys.superseded(token_hash, stored):
+            raise ApiError(
+                409,
+                f"this token is an earlier attempt's; the rollout is at attempt {attempt} "
+                "and nothing was stored",
+            )
     if keys.is_admin(token) or keys.is_recorder(token):
         raise ApiError(403, "this key cannot act for a rollout; use the rollout's own token")
+    if in_use is not None and in_use(token_hash):
+        raise ApiError(403, "this token belongs to another rollout; use this rollout's own token")
     raise ApiError(401, "invalid token for this rollout")

@@ -10,7 +10,10 @@
 
 Modes: ``process`` (a fresh process per attempt, any language), ``pool``
 (warm Python workers, many attempts each), ``inprocess`` (an
-``async def agent(task, client)`` on the caller's loop). See
+``async def agent(task, client)`` on the caller's loop). Runners: ``local``
+(this machine), ``ray`` (a Ray task per attempt), ``kubernetes`` (a Job per
+attempt); the last two are optional extras, imported by :func:`make_runner`.
+``Attempt(runner, launch)`` starts an attempt to watch or cancel. See
 :mod:`tether.runner._config` for the trade-offs and :mod:`tether.runner._base`
 for the contract and the exception tree.
 """
@@ -18,7 +21,9 @@ for the contract and the exception tree.
 from __future__ import annotations
 
 from ._base import (
+    INFRA_FAULTS,
     AgentLoadError,
+    Attempt,
     AttemptResult,
     Launch,
     Runner,
@@ -27,19 +32,25 @@ from ._base import (
     WorkerError,
     agent_env,
 )
-from ._config import MODES, RunnerConfig, make_runner
+from ._config import MODES, RUNNERS, RunnerConfig, make_runner
 from ._inprocess import InProcessRunner
 from ._pool import PoolRunner
 from ._process import ProcessRunner
+from ._remote_config import KubernetesConfig, RayConfig
 
 __all__ = [
+    "INFRA_FAULTS",
     "MODES",
+    "RUNNERS",
     "AgentLoadError",
+    "Attempt",
     "AttemptResult",
     "InProcessRunner",
+    "KubernetesConfig",
     "Launch",
     "PoolRunner",
     "ProcessRunner",
+    "RayConfig",
     "Runner",
     "RunnerConfig",
     "RunnerConfigError",

@@ -25,7 +25,7 @@ import json
 import os
 import signal
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from tether.errors import TetherError, UserError
@@ -33,8 +33,10 @@ from tether.records import RolloutStatus
 
 __all__ = [
     "CONTRACT_VARS",
+    "INFRA_FAULTS",
     "SAFE_BASE_VARS",
     "AgentLoadError",
+    "Attempt",
     "AttemptResult",
     "Launch",
     "Runner",
@@ -57,6 +59,23 @@ CONTRACT_VARS = (
 SAFE_BASE_VARS = ("PATH", "HOME", "LANG", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
 #: Never passed to an agent, even through ``extra_env``.
 FORBIDDEN_VARS = ("TETHER_ADMIN_KEY",)
+
+#: Infrastructure faults (``AttemptResult.infra``): the attempt is retried, the agent not blamed.
+INFRA_FAULTS = (
+    "killed",  # a signal tether did not send (OOM killer, an operator, a dying host)
+    "worker_lost",  # a pool or Ray worker died under the attempt
+    "node_lost",  # the machine (Ray node, Kubernetes node) went away
+    "evicted",  # the pod was evicted or preempted
+    "unschedulable",  # the attempt could not be placed (no node, image pull failed)
+    "gateway_unreachable",  # the agent could not connect to the gateway
+)
+#: Deaths by these signals, when tether did not send them, are infrastructure faults;
+#: others (SIGSEGV, SIGABRT, ...) are the agent crashing.
+FOREIGN_KILL_SIGNALS = frozenset(
+    {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
+)
+#: What the OpenAI SDK prints when it cannot reach its base URL (the gateway).
+GATEWAY_UNREACHABLE_MARKERS = ("APIConnectionError",)
 
 
 class RunnerError(TetherError):
@@ -91,6 +110,7 @@ class Launch:
     task: dict[str, Any]
     reward_url: str | None = None
     timeout_s: float | None = None
+    run_id: str | None = None  # labels remote attempts (Kubernetes Jobs) with their run
 
     def __post_init__(self) -> None:
         if not self.rollout_id:
@@ -112,6 +132,12 @@ class AttemptResult:
     last ``max_output_bytes`` of stdout and stderr, interleaved as they came.
     ``agent_value`` is a reward returned by an in-process agent, else None;
     whether to accept it is the trainer's decision (the run config's).
+
+    ``infra`` names an infrastructure fault (one of :data:`INFRA_FAULTS`) when
+    the attempt ended because of something other than the agent: a signal
+    tether did not send, a lost worker or node, an evicted pod, a gateway the
+    agent could not reach. Such an attempt is retried as a new one (up to
+    ``max_attempts``); an attempt with ``infra=None`` failed on its own merits.
     """
 
     rollout_id: str
@@ -123,6 +149,11 @@ class AttemptResult:
     agent_value: float | None = None
     error: str | None = None
     duration_s: float = 0.0
+    infra: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.infra is not None and self.infra not in INFRA_FAULTS:
+            raise ValueError(f"infra ({self.infra!r}) must be one of {', '.join(INFRA_FAULTS)}")
 
     @property
     def ok(self) -> bool:
@@ -195,9 +226,36 @@ def result_for(launch: Launch, status: RolloutStatus, **fields: Any) -> AttemptR
     )
 
 
+def rebase(launch: Launch, gateway_url: str | None) -> Launch:
+    """``launch`` with its gateway part (before ``/rollouts/``) replaced by ``gateway_url``."""
+    if not gateway_url:
+        return launch
+
+    def moved(url: str | None) -> str | None:
+        if url is None:
+            return None
+        _head, sep, tail = url.partition("/rollouts/")
+        return f"{gateway_url.rstrip('/')}{sep}{tail}" if sep else url
+
+    return replace(launch, base_url=moved(launch.base_url), reward_url=moved(launch.reward_url))
+
+
 def timeout_of(launch: Launch, default_s: float) -> float:
     """The launch's own deadline, or the runner's default."""
     return default_s if launch.timeout_s is None else launch.timeout_s
+
+
+def infra_of_exit(exit_code: int | None, *, signalled_by_us: bool) -> str | None:
+    """``"killed"`` for a death by a kill signal tether did not send, else None."""
+    if exit_code is None or exit_code >= 0 or signalled_by_us:
+        return None
+    return "killed" if -exit_code in FOREIGN_KILL_SIGNALS else None
+
+
+def unreachable_gateway(output_tail: str) -> bool:
+    """Whether a failed agent's last output says it could not connect to the gateway."""
+    last = output_tail[-2048:]
+    return any(marker in last for marker in GATEWAY_UNREACHABLE_MARKERS)
 
 
 def exit_error(exit_code: int | None) -> str | None:
@@ -229,3 +287,33 @@ async def finish_despite_cancel(awaitable: Awaitable[T]) -> T:
         except asyncio.CancelledError:
             if task.done():
                 return task.result()
+
+
+class Attempt:
+    """A started attempt: :meth:`wait` for its end, or :meth:`cancel` it.
+
+    ``Attempt(runner, launch)`` starts ``runner.run(launch)`` as a task on the
+    running loop; every runner gets start / watch / cancel this way.
+    """
+
+    def __init__(self, runner: Runner, launch: Launch) -> None:
+        self.launch = launch
+        self._task: asyncio.Task[AttemptResult] = asyncio.ensure_future(runner.run(launch))
+
+    def done(self) -> bool:
+        """Whether the attempt has ended (its result is ready)."""
+        return self._task.done()
+
+    async def wait(self) -> AttemptResult:
+        """The attempt's end; cancelled attempts end ``CANCELLED``."""
+        try:
+            return await asyncio.shield(self._task)
+        except asyncio.CancelledError:
+            if not self._task.cancelled():
+                raise  # the waiter was cancelled, not the attempt
+            return result_for(self.launch, RolloutStatus.CANCELLED, error="attempt was cancelled")
+
+    async def cancel(self) -> AttemptResult:
+        """Stop the agent (its runner's way) and return the attempt's end."""
+        self._task.cancel()
+        return await finish_despite_cancel(self.wait())

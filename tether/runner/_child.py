@@ -16,9 +16,17 @@ the pipes to close, which a leftover grandchild may hold open indefinitely.
 
 Every group started here is remembered until it is stopped and killed at
 interpreter exit (``atexit``), so a crash or Ctrl-C that skips a runner's
-``close()`` does not leave agents behind. That registry is the one piece of
-module state in the runner: it describes this OS process, whichever runner
-objects exist.
+``close()`` does not leave agents behind. SIGTERM and SIGHUP, which skip
+``atexit``, get a handler (installed with the first group, only where the
+signal still has its default action) that kills the groups and then dies of
+the same signal. That registry is the one piece of module state in the
+runner: it describes this OS process, whichever runner objects exist.
+
+Limits (:class:`Limits`) are set in the child between fork and exec:
+``RLIMIT_AS`` (address space, so an agent that allocates without bound gets a
+``MemoryError`` / ``ENOMEM`` instead of the host's OOM killer), ``RLIMIT_NOFILE``
+and, on Linux, a parent-death signal so the agent dies with the process that
+started it (used by Ray workers, which can be killed without notice).
 """
 
 from __future__ import annotations
@@ -26,17 +34,24 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import ctypes
 import os
+import resource
 import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ._worker import group_members
 
-__all__ = ["Child", "signal_group"]
+__all__ = ["Child", "Limits", "kill_live_groups", "signal_group"]
 
 _LIVE_GROUPS: set[int] = set()  # groups started here and not yet stopped
+_EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_handlers_installed = False
 GROUP_EXIT_WAIT_S = 1.0  # how long stop() waits for SIGKILLed members to disappear
 PIPE_DRAIN_WAIT_S = 1.0  # how long stop() waits for output still in the pipes
 
@@ -44,9 +59,64 @@ OnData = Callable[[bytes], None]  # called with each chunk, and with b"" at end 
 
 
 @atexit.register
-def _kill_live_groups() -> None:
+def kill_live_groups() -> None:
+    """SIGKILL every group started here and not yet stopped (at exit, or on a fatal signal)."""
     for pgid in list(_LIVE_GROUPS):
         signal_group(pgid, signal.SIGKILL)
+
+
+def _die_of(signum: int, frame: object) -> None:
+    kill_live_groups()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_exit_handlers() -> None:
+    """Kill live groups on SIGTERM/SIGHUP too, where nobody else handles those signals."""
+    global _handlers_installed
+    if _handlers_installed or threading.current_thread() is not threading.main_thread():
+        return
+    _handlers_installed = True
+    for sig in _EXIT_SIGNALS:
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _die_of)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-process limits set in the child before it runs the agent; None: inherit."""
+
+    max_memory_mb: int | None = None
+    max_open_files: int | None = None
+    die_with_parent: bool = False
+
+    def preexec(self) -> Callable[[], None] | None:
+        """The function run in the child between fork and exec, or None if nothing to set."""
+        if self.max_memory_mb is None and self.max_open_files is None and not self.die_with_parent:
+            return None
+        memory = None if self.max_memory_mb is None else self.max_memory_mb * 1024 * 1024
+        files, pdeath = self.max_open_files, self.die_with_parent and _prctl()
+        setrlimit = resource.setrlimit
+
+        def apply() -> None:  # after fork: only plain calls, no locks, no imports
+            if memory is not None:
+                setrlimit(resource.RLIMIT_AS, (memory, memory))
+            if files is not None:
+                setrlimit(resource.RLIMIT_NOFILE, (files, files))
+            if pdeath:
+                pdeath(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+        return apply
+
+
+def _prctl() -> Any:
+    """libc's ``prctl`` on Linux, else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
 
 
 def signal_group(pgid: int, sig: int) -> None:
@@ -83,6 +153,7 @@ class Child(asyncio.SubprocessProtocol):
         self.drained = loop.create_future()  # every output pipe reached end of stream
         self.transport: Any = None  # asyncio.SubprocessTransport
         self._stopped = False
+        self.signalled = False  # whether stop() sent a signal (an end caused by tether)
 
     @classmethod
     async def start(
@@ -94,9 +165,13 @@ class Child(asyncio.SubprocessProtocol):
         on_stdout: OnData,
         on_stderr: OnData | None = None,
         stdin_pipe: bool = False,
+        limits: Limits | None = None,
     ) -> Child:
         """Start ``argv`` in a new session; stderr goes to ``on_stderr`` or /dev/null."""
         loop = asyncio.get_running_loop()
+        _install_exit_handlers()
+        preexec = (limits or Limits()).preexec()
+        extra: dict[str, Any] = {"preexec_fn": preexec} if preexec else {}
         _transport, child = await loop.subprocess_exec(
             lambda: cls(loop, on_stdout, on_stderr),
             *argv,
@@ -106,6 +181,7 @@ class Child(asyncio.SubprocessProtocol):
             env=dict(env),
             cwd=cwd,
             start_new_session=True,
+            **extra,
         )
         _LIVE_GROUPS.add(child.pid)
         return child
@@ -159,6 +235,7 @@ class Child(asyncio.SubprocessProtocol):
         """
         pgid = self.pid
         if not self._stopped and self.returncode is None:
+            self.signalled = True
             signal_group(pgid, signal.SIGTERM)
             await self.wait(grace_s)
         if not self._stopped:

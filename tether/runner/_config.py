@@ -10,6 +10,12 @@ pool          ``main()`` inside one of ``workers`` warm processes    ``agent`` (
 inprocess     ``await agent(task, client)`` in the trainer's loop    ``agent`` (Python)
 ============  =====================================================  =====================
 
+The ``runner`` field says where those modes run: ``local`` (this machine,
+the default), ``ray`` (each attempt a Ray task; ``process`` or ``inprocess``
+inside it) or ``kubernetes`` (each attempt a Job running ``command`` or the
+template's container). Retries of infrastructure faults (``max_attempts``)
+are the trainer's, and work the same for all three.
+
 A fresh Python process that imports the OpenAI SDK and makes one call costs
 about 1 s of CPU; a warm pool worker does the same rollout for about 0.05 s and
 an in-process agent for about 0.003 s (``benchmarks/runner_modes.py``, 2 CPUs).
@@ -28,11 +34,13 @@ from ._base import CONTRACT_VARS, FORBIDDEN_VARS, Runner, RunnerConfigError
 from ._inprocess import InProcessRunner
 from ._pool import PoolRunner
 from ._process import ProcessRunner
+from ._remote_config import KubernetesConfig, RayConfig
 from ._worker import parse_agent_spec
 
-__all__ = ["MODES", "RunnerConfig", "make_runner"]
+__all__ = ["MODES", "RUNNERS", "RunnerConfig", "make_runner"]
 
 MODES = ("process", "pool", "inprocess")
+RUNNERS = ("local", "ray", "kubernetes")
 
 
 @dataclass
@@ -55,6 +63,18 @@ class RunnerConfig:
     - ``max_output_bytes``: stdout+stderr kept per attempt (the tail).
     - ``extra_env``: variables added to every agent's environment, on purpose.
     - ``cwd``: the agents' working directory (default: the current one).
+    - ``runner``: ``"local"``, ``"ray"`` or ``"kubernetes"``; ``ray`` and
+      ``kubernetes`` hold their own settings.
+    - ``max_attempts``: attempts per rollout when attempts end by an
+      infrastructure fault (a foreign kill, a lost worker or node, an evicted
+      pod, an unreachable gateway); ``retry_agent_failures`` retries the
+      agent's own failures and timeouts too.
+    - ``max_memory_mb`` / ``max_open_files``: ``RLIMIT_AS`` / ``RLIMIT_NOFILE``
+      of each agent process (local and Ray command agents; Kubernetes uses
+      the pod's limits); None leaves the parent's.
+    - ``gateway_url``: the gateway's address as agents on other machines must
+      use it (Ray workers, pods), replacing the gateway's own ``public_url``
+      in their base URL; None keeps it.
     """
 
     mode: str = "process"
@@ -67,6 +87,14 @@ class RunnerConfig:
     max_output_bytes: int = 16 * 1024
     extra_env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    runner: str = "local"
+    max_attempts: int = 3
+    retry_agent_failures: bool = False
+    max_memory_mb: int | None = None
+    max_open_files: int | None = None
+    gateway_url: str | None = None
+    ray: RayConfig = field(default_factory=RayConfig)
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -74,6 +102,7 @@ class RunnerConfig:
                 f"mode ({self.mode!r}) must be one of {', '.join(MODES)}; "
                 "use 'pool' for a Python agent, 'process' for any other program"
             )
+        self._check_runner()
         self._check_command()
         self._check_agent()
         _check_int("concurrency", self.concurrency, 1, "the number of rollouts to run at once")
@@ -98,7 +127,7 @@ class RunnerConfig:
                     "e.g. ['python', 'agent.py']"
                 )
             self.command = list(self.command)
-        elif self.mode == "process":
+        elif self.mode == "process" and self.runner != "kubernetes":
             raise RunnerConfigError(
                 "command (None) is required in process mode; set it to the agent's "
                 "command line, e.g. ['python', 'agent.py'], or use mode 'pool' with agent"
@@ -133,6 +162,39 @@ class RunnerConfig:
                     f"extra_env[{name!r}] ({value!r}) must be a string; quote it in YAML"
                 )
 
+    def _check_runner(self) -> None:
+        if self.runner not in RUNNERS:
+            raise RunnerConfigError(
+                f"runner ({self.runner!r}) must be one of {', '.join(RUNNERS)}; "
+                "'local' runs agents on this machine"
+            )
+        if self.runner == "ray" and self.mode == "pool":
+            raise RunnerConfigError(
+                "mode ('pool') does not apply to runner 'ray' (Ray keeps its own warm "
+                "workers); use mode 'inprocess' for an async agent or 'process' for a command"
+            )
+        if self.runner == "kubernetes" and self.mode != "process":
+            raise RunnerConfigError(
+                f"mode ({self.mode!r}) does not apply to runner 'kubernetes': each attempt "
+                "is a Job running a container; use mode 'process' (the default)"
+            )
+        if self.runner == "kubernetes" and not self.command and not self.kubernetes.template:
+            raise RunnerConfigError(
+                "runner 'kubernetes' needs the agent's container: set kubernetes.template "
+                "to a Job template, or kubernetes.image and command"
+            )
+        _check_int("max_attempts", self.max_attempts, 1, "1 (no retries) or more, e.g. 3")
+        for name in ("max_memory_mb", "max_open_files"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), 16, "a limit per agent, or null for none")
+        if self.gateway_url is not None and not self.gateway_url.startswith(
+            ("http://", "https://")
+        ):
+            raise RunnerConfigError(
+                f"gateway_url ({self.gateway_url!r}) must be an http(s) URL that agents can "
+                "reach, e.g. http://tether-gateway.tether.svc:8321"
+            )
+
     @property
     def pool_size(self) -> int:
         """Worker processes in pool mode."""
@@ -154,12 +216,22 @@ def _check_seconds(name: str, value: object, *, positive: bool) -> None:
 
 
 def make_runner(config: RunnerConfig) -> Runner:
-    """The runner for ``config.mode``. Starts nothing: pools start on first use.
+    """The runner for ``config.runner`` and ``config.mode``. Starts nothing: pools start on first use.
 
     In-process mode imports the agent here, so a wrong ``RunnerConfig.agent`` fails
     now (:class:`~tether.runner.AgentLoadError`); pool workers import it in
-    their own processes (call ``await runner.start()`` to fail early).
+    their own processes (call ``await runner.start()`` to fail early). The Ray
+    and Kubernetes runners import their optional client here and say which
+    extra to install when it is missing.
     """
+    if config.runner == "ray":
+        from ._ray import RayRunner
+
+        return RayRunner(config)
+    if config.runner == "kubernetes":
+        from ._kubernetes import KubernetesRunner
+
+        return KubernetesRunner(config)
     if config.mode == "process":
         return ProcessRunner(config)
     if config.mode == "pool":

@@ -157,12 +157,16 @@ class InProcessRunner:
             )
         exc = task.exception()
         if exc is not None:
+            unreachable = isinstance(exc, self._openai.APIConnectionError) and not isinstance(
+                exc, self._openai.APITimeoutError
+            )
             return result_for(
                 launch,
                 RolloutStatus.FAILED,
                 error=f"{type(exc).__name__}: {exc}",
                 output_tail=_tail("".join(traceback.format_exception(exc)), self.config),
                 duration_s=duration,
+                infra="gateway_unreachable" if unreachable else None,
             )
         try:
             answer, value = interpret_return(task.result())

@@ -44,10 +44,12 @@ from ._base import (
     base_env,
     exit_error,
     finish_despite_cancel,
+    infra_of_exit,
     result_for,
     timeout_of,
+    unreachable_gateway,
 )
-from ._child import Child, signal_group
+from ._child import Child, Limits, signal_group
 
 if TYPE_CHECKING:
     from ._config import RunnerConfig
@@ -175,7 +177,13 @@ class PoolRunner:
             raise AgentLoadError(self._load_error)
         argv = [sys.executable, "-u", WORKER_SCRIPT, str(self.config.agent)]
         try:
-            worker = await _Worker.start(argv, self._line_limit, env=self._env, cwd=self.config.cwd)
+            worker = await _Worker.start(
+                argv,
+                self._line_limit,
+                env=self._env,
+                cwd=self.config.cwd,
+                limits=Limits(self.config.max_memory_mb, self.config.max_open_files),
+            )
         except OSError as exc:
             raise WorkerError(f"cannot start a pool worker ({sys.executable}): {exc}") from exc
         self._pgids.add(worker.pid)
@@ -269,13 +277,21 @@ class PoolRunner:
         except (WorkerError, ConnectionError) as exc:
             duration = time.monotonic() - started
             await self._discard(worker)
+            infra = None
             if self._closed:
                 status, error = RolloutStatus.CANCELLED, "runner closed while the agent ran"
             else:
                 status = RolloutStatus.FAILED
                 error = f"{exc} during the rollout (code {worker.returncode}); replaced"
+                if infra_of_exit(worker.returncode, signalled_by_us=False):
+                    infra = "worker_lost"
             return result_for(
-                launch, status, exit_code=worker.returncode, error=error, duration_s=duration
+                launch,
+                status,
+                exit_code=worker.returncode,
+                error=error,
+                duration_s=duration,
+                infra=infra,
             ), False
         if reply.get("killed"):  # stopped from outside (close(), or a signal) mid-rollout
             await self._discard(worker)
@@ -288,17 +304,21 @@ class PoolRunner:
                 output_tail=str(reply.get("output_tail", "")),
                 error=f"pool worker {worker.pid} was stopped during the rollout",
                 duration_s=time.monotonic() - started,
+                infra=None if self._closed else "killed",
             ), False
         code = int(reply.get("exit_code", 1))
         error = reply.get("error") or exit_error(code)
+        tail = str(reply.get("output_tail", ""))
+        unreachable = code != 0 and unreachable_gateway(tail)
         return result_for(
             launch,
             RolloutStatus.SUCCEEDED if code == 0 else RolloutStatus.FAILED,
             exit_code=code,
             final_answer=reply.get("final_answer"),
-            output_tail=str(reply.get("output_tail", "")),
+            output_tail=tail,
             error=error,
             duration_s=float(reply.get("duration_s", time.monotonic() - started)),
+            infra="gateway_unreachable" if unreachable else None,
         ), True
 
     async def _stop_timed_out(self, worker: _Worker) -> dict[str, Any]:

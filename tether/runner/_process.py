@@ -22,10 +22,12 @@ from ._base import (
     agent_env,
     exit_error,
     finish_despite_cancel,
+    infra_of_exit,
     result_for,
     timeout_of,
+    unreachable_gateway,
 )
-from ._child import Child
+from ._child import Child, Limits
 from ._worker import Tail
 
 if TYPE_CHECKING:
@@ -42,7 +44,7 @@ class ProcessRunner:
     last non-empty line of its stdout.
     """
 
-    def __init__(self, config: RunnerConfig) -> None:
+    def __init__(self, config: RunnerConfig, *, die_with_parent: bool = False) -> None:
         if not config.command:
             raise RunnerConfigError(
                 "command (None) is required in process mode; set it to the agent's "
@@ -52,6 +54,7 @@ class ProcessRunner:
         self._sem = asyncio.Semaphore(config.concurrency)
         self._running: set[Child] = set()
         self._closed = False
+        self._limits = Limits(config.max_memory_mb, config.max_open_files, die_with_parent)
 
     async def run(self, launch: Launch) -> AttemptResult:
         """Run one attempt; see :class:`tether.runner.Runner`."""
@@ -79,6 +82,7 @@ class ProcessRunner:
                 cwd=cfg.cwd,
                 on_stdout=on_stdout,
                 on_stderr=both.add,
+                limits=self._limits,
             )
         except OSError as exc:
             return result_for(
@@ -109,6 +113,7 @@ class ProcessRunner:
         both: Tail,
     ) -> AttemptResult:
         timeout = timeout_of(launch, self.config.timeout_s)
+        infra = None
         if self._closed and not timed_out and child.returncode != 0:
             status, error = RolloutStatus.CANCELLED, "runner closed while the agent ran"
         elif timed_out:
@@ -117,6 +122,9 @@ class ProcessRunner:
         else:
             error = exit_error(child.returncode)
             status = RolloutStatus.SUCCEEDED if error is None else RolloutStatus.FAILED
+            infra = infra_of_exit(child.returncode, signalled_by_us=child.signalled)
+            if status is RolloutStatus.FAILED and not infra and unreachable_gateway(both.text()):
+                infra, error = "gateway_unreachable", f"{error}; it could not reach the gateway"
         return result_for(
             launch,
             status,
@@ -125,6 +133,7 @@ class ProcessRunner:
             output_tail=both.text(),
             error=error,
             duration_s=duration,
+            infra=infra,
         )
 
     async def close(self) -> None:

@@ -1,4 +1,14 @@
-"""Running groups of rollouts through the gateway and a runner, and grading them."""
+"""Running groups of rollouts through the gateway and a runner, and grading them.
+
+Attempts: a rollout's attempt that ends by an infrastructure fault
+(``AttemptResult.infra``: a foreign kill, a lost worker or node, an evicted
+pod, an unreachable gateway) is closed as ``failed`` and the rollout is run
+again as a new attempt with a new token (:meth:`Gateway.retry_rollout`), up
+to the runner config's ``max_attempts``; the agent's own failures and
+timeouts are retried only with ``retry_agent_failures``. Whatever happens,
+the trainer sees exactly one attempt per rollout: the last one, its calls
+and its reward; writes still arriving from an older attempt are refused.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +22,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether.errors import UserError
-from tether.gateway import Gateway
+from tether.gateway import Gateway, OpenedRollout
 from tether.records import Call, RewardSource, RolloutStatus, Task
 from tether.runner import AttemptResult, Launch, Runner
 
-__all__ = ["Collected", "Grader", "RolloutOutcome", "collect_groups", "load_grader"]
+__all__ = [
+    "Collected",
+    "Grader",
+    "RetryPolicy",
+    "RolloutOutcome",
+    "collect_groups",
+    "load_grader",
+    "run_attempts",
+]
 
 log = logging.getLogger(__name__)
 
@@ -24,12 +42,20 @@ Grader = Callable[[dict[str, Any], str | None], float]
 
 
 def load_grader(spec: str) -> Grader | None:
-    """Import ``"module:function"``; an empty spec means the agent reports its own reward."""
+    """Import ``"module:function"`` or ``"path/to/file.py:function"`` (relative to the
+    working directory); an empty spec means the agent reports its own reward."""
     if not spec:
         return None
     module, sep, name = spec.partition(":")
     if not sep:
         raise UserError(f"rollout.grader ({spec!r}) must look like 'module:function'")
+    if module.endswith(".py") or "/" in module:
+        from tether.runner._worker import load_callable
+
+        try:
+            return load_callable(spec)
+        except (OSError, ImportError, AttributeError, TypeError, ValueError) as exc:
+            raise UserError(f"rollout.grader ({spec!r}) cannot be loaded: {exc}") from None
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
@@ -45,6 +71,7 @@ class RolloutOutcome:
     reward: float | None  # None when missing or unusable (NaN/inf/not a number)
     calls: list[Call] = field(default_factory=list)
     final_answer: str | None = None
+    attempt: int = 1  # the attempt whose calls and reward these are (the last one)
 
     @property
     def usable(self) -> bool:
@@ -87,8 +114,77 @@ def _reward(
 def _clean(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond float64 (e.g. 10**400)
+        return None
     return value if math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When a finished attempt is followed by another (see the module docstring)."""
+
+    max_attempts: int = 1
+    retry_agent_failures: bool = False
+
+    @classmethod
+    def of(cls, runner: Runner) -> RetryPolicy:
+        """The policy in the runner's config (``max_attempts``, ``retry_agent_failures``)."""
+        cfg = getattr(runner, "config", None)
+        return cls(
+            int(getattr(cfg, "max_attempts", 1)),
+            bool(getattr(cfg, "retry_agent_failures", False)),
+        )
+
+    def retries(self, result: AttemptResult) -> bool:
+        if result.attempt >= self.max_attempts or result.status is RolloutStatus.CANCELLED:
+            return False
+        if result.infra is not None:
+            return True
+        return self.retry_agent_failures and not result.ok
+
+
+def _launch(gw: Gateway, o: OpenedRollout, task: Task, run_id: str | None) -> Launch:
+    return Launch(
+        rollout_id=o.rollout_id,
+        attempt=o.attempt,
+        base_url=o.base_url,
+        token=o.token,
+        task=task.data,
+        reward_url=o.reward_url if gw.config.allow_agent_rewards else None,
+        run_id=run_id,
+    )
+
+
+async def run_attempts(
+    gw: Gateway,
+    runner: Runner,
+    o: OpenedRollout,
+    task: Task,
+    policy: RetryPolicy,
+    sampling: dict[str, float] | None = None,
+    run_id: str | None = None,
+) -> tuple[OpenedRollout, AttemptResult]:
+    """Run the rollout's attempts until one is final; return that attempt and its result."""
+    while True:
+        result = await runner.run(_launch(gw, o, task, run_id))
+        if not policy.retries(result):
+            return o, result
+        why = f"infrastructure fault ({result.infra})" if result.infra else "agent failure"
+        log.warning(
+            "rollout %s attempt %d ended by %s: %s; retrying as attempt %d",
+            o.rollout_id,
+            o.attempt,
+            why,
+            result.error,
+            o.attempt + 1,
+        )
+        status = result.status if result.status is RolloutStatus.TIMEOUT else RolloutStatus.FAILED
+        gw.finish_rollout(
+            o.rollout_id, status, attempt=o.attempt, error=f"{why}: {result.error}; retried"
+        )
+        o = gw.retry_rollout(o.rollout_id, sampling=sampling)
 
 
 async def collect_groups(
@@ -101,9 +197,14 @@ async def collect_groups(
     run_id: str,
     tag: str,
     sampling: dict[str, float] | None = None,
+    retry: RetryPolicy | None = None,
 ) -> Collected:
-    """Run ``n`` rollouts of every task (one group per task), grade them, return their calls."""
+    """Run ``n`` rollouts of every task (one group per task), grade them, return their calls.
+
+    ``retry`` defaults to :meth:`RetryPolicy.of` the runner.
+    """
     t0 = time.perf_counter()
+    policy = retry or RetryPolicy.of(runner)
     opened = []
     for g, task in enumerate(tasks):
         for i in range(n):
@@ -116,21 +217,12 @@ async def collect_groups(
                 sampling=sampling,
             )
             opened.append((g, task, o))
-    launches = [
-        Launch(
-            rollout_id=o.rollout_id,
-            attempt=o.attempt,
-            base_url=o.base_url,
-            token=o.token,
-            task=task.data,
-            reward_url=o.reward_url if gw.config.allow_agent_rewards else None,
-        )
-        for _, task, o in opened
-    ]
-    results = await asyncio.gather(*(runner.run(launch) for launch in launches))
+    finals = await asyncio.gather(
+        *(run_attempts(gw, runner, o, task, policy, sampling, run_id) for _, task, o in opened)
+    )
     outcomes = []
     tokens = 0
-    for (g, task, o), result in zip(opened, results, strict=True):
+    for (g, task, _), (o, result) in zip(opened, finals, strict=True):
         reward: float | None = None
         source = RewardSource.GRADER
         if result.ok:
@@ -158,6 +250,7 @@ async def collect_groups(
                 reward if rollout.usable else None,
                 calls,
                 result.final_answer,
+                o.attempt,
             )
         )
     return Collected(outcomes, time.perf_counter() - t0, tokens)

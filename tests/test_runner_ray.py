@@ -1,0 +1,142 @@
+"""The Ray runner against a real local Ray instance (CPU only, one per module)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ADMIN_KEY
+from tether.configio import build
+from tether.engine.testing import NullEngine
+from tether.errors import UserError
+from tether.gateway import Gateway, GatewayConfig, LoopServer, create_app
+from tether.records import RolloutStatus, Task
+from tether.runner import Launch, RunnerConfig, RunnerConfigError, make_runner
+from tether.trainer._collect import collect_groups
+
+ray = pytest.importorskip("ray")
+
+PY = sys.executable
+
+AGENT = """
+    import os, time
+    from pathlib import Path
+
+    async def agent(task, client):
+        marker = Path(task["marker_dir"]) / os.environ.get("TETHER_ROLLOUT_ID", task["id"])
+        if task.get("die_once") and not marker.exists():
+            marker.write_text(str(os.getpid()))  # the Ray worker's pid: the test kills it
+            time.sleep(60)
+        reply = await client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": task["q"]}], max_tokens=4
+        )
+        return {"answer": reply.choices[0].message.content, "reward": 1.0}
+"""
+
+COMMAND = """
+    import json, os
+    from openai import OpenAI
+    task = json.loads(os.environ["TETHER_TASK"])
+    reply = OpenAI().chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": task["q"]}], max_tokens=4)
+    print(os.getppid(), reply.choices[0].message.content)
+"""
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+async def served(tokenizer: Any, store: Any) -> AsyncIterator[Gateway]:
+    engine = NullEngine(token_ids=tokenizer.encode("4", add_special_tokens=False))
+    gw = Gateway(engine, tokenizer, store, GatewayConfig(admin_key=ADMIN_KEY, port=0))
+    server = await LoopServer(create_app(gw)).start()
+    gw.config.public_url = server.url
+    yield gw
+    await server.stop()
+
+
+def write(tmp_path: Path, name: str, code: str) -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(code))
+    return str(path)
+
+
+def test_config_errors() -> None:
+    with pytest.raises(RunnerConfigError, match=r"mode \('pool'\) does not apply"):
+        RunnerConfig(runner="ray", mode="pool", agent="m:f")
+    with pytest.raises(UserError, match=r"ray: num_cpus \(0.0\) must be a number > 0"):
+        build(RunnerConfig, {"runner": "ray", "command": "x", "ray": {"num_cpus": 0}})
+    cfg = build(RunnerConfig, {"runner": "ray", "command": "a", "ray": {"resources": {"tpu": 1}}})
+    assert cfg.ray.resources == {"tpu": 1}
+
+
+async def test_async_agent_and_command_run_as_ray_tasks(
+    local_ray: None, served: Gateway, tmp_path: Path
+) -> None:
+    gw = served
+    run = gw.store.create_run({}, run_id="ray1")
+    agent = write(tmp_path, "agent.py", AGENT)
+    runner = make_runner(
+        RunnerConfig(runner="ray", mode="inprocess", agent=f"{agent}:agent", max_attempts=2)
+    )
+    task = Task("t0", {"id": "t0", "q": "2+2", "marker_dir": str(tmp_path)})
+    collected = await collect_groups(gw, runner, [task], 2, grader=None, run_id=run.id, tag="a")
+    assert [o.status for o in collected.outcomes] == [RolloutStatus.SUCCEEDED] * 2
+    assert all(o.reward == 1.0 and o.attempt == 1 and len(o.calls) == 1 for o in collected.outcomes)
+    await runner.close()
+
+    command = write(tmp_path, "command.py", COMMAND)
+    runner = make_runner(RunnerConfig(runner="ray", command=[PY, command]))
+    rid = "ray-command-0"
+    opened = gw.open_rollout({"q": "1+3"}, rollout_id=rid, run_id=run.id)
+    result = await runner.run(
+        Launch(rid, opened.attempt, opened.base_url, opened.token, {"q": "1+3"})
+    )
+    await runner.close()
+    assert result.status is RolloutStatus.SUCCEEDED, result.output_tail
+    parent_pid, answer = (result.final_answer or "").split(" ", 1)
+    assert int(parent_pid) != os.getpid() and answer == "4"  # a Ray worker's child, not ours
+    assert len(gw.store.calls(rid)) == 1
+
+
+async def test_killed_ray_worker_is_retried_not_lost_or_doubled(
+    local_ray: None, served: Gateway, tmp_path: Path
+) -> None:
+    gw = served
+    run = gw.store.create_run({}, run_id="ray2")
+    agent = write(tmp_path, "agent.py", AGENT)
+    runner = make_runner(
+        RunnerConfig(runner="ray", mode="inprocess", agent=f"{agent}:agent", max_attempts=2)
+    )
+    task = Task("t1", {"id": "t1", "q": "3+1", "marker_dir": str(tmp_path), "die_once": True})
+    collecting = asyncio.ensure_future(
+        collect_groups(gw, runner, [task], 1, grader=None, run_id=run.id, tag="k")
+    )
+    marker = tmp_path / "t1"
+    while not (marker.exists() and marker.read_text()):
+        assert not collecting.done()
+        await asyncio.sleep(0.1)
+    worker_pid = int(marker.read_text())
+    assert worker_pid != os.getpid()
+    os.kill(worker_pid, signal.SIGKILL)
+    collected = await asyncio.wait_for(collecting, 60)
+    await runner.close()
+    (outcome,) = collected.outcomes
+    assert outcome.status is RolloutStatus.SUCCEEDED and outcome.attempt == 2
+    assert [c.attempt for c in outcome.calls] == [2] and outcome.reward == 1.0
+    rollout = gw.store.get_rollout(outcome.rollout_id)
+    assert rollout is not None and rollout.attempt == 2
+    assert gw.store.calls(outcome.rollout_id, attempt=1) == []
