@@ -83,10 +83,10 @@ ROUTES = [
 # other = another rollout's token, admin = the admin key.
 EXPECTED = {
     # route index: (none, wrong, other, own, admin)
-    0: (401, 401, 401, 200, 403),
-    1: (401, 401, 401, 200, 403),
-    2: (401, 401, 401, 200, 403),
-    3: (401, 401, 401, 403, 200),  # agent rewards are off by default
+    0: (401, 401, 403, 200, 403),
+    1: (401, 401, 403, 200, 403),
+    2: (401, 401, 403, 200, 403),
+    3: (401, 401, 403, 403, 200),  # agent rewards are off by default
     4: (401, 401, 401, 401, 401),  # record mode needs a record key
     5: (401, 401, 401, 401, 200),
     6: (401, 401, 401, 401, 201),
@@ -138,7 +138,7 @@ async def test_token_cannot_write_to_another_rollout(client: httpx.AsyncClient, 
     a = gw.open_rollout({}, rollout_id="r-a")
     gw.open_rollout({}, rollout_id="r-b")
     r = await client.post("/rollouts/r-b/v1/chat/completions", json=CHAT, headers=_h(a.token))
-    assert r.status_code == 401
+    assert r.status_code == 403
     assert gw.store.calls("r-b") == [] and gw.store.calls("r-a") == []
 
 
@@ -295,7 +295,8 @@ async def test_engine_fault_is_5xx_recorded_as_failed(
 
 
 async def test_openapi_schema_lists_request_bodies(client: httpx.AsyncClient) -> None:
-    schema = (await client.get("/openapi.json")).json()
+    assert (await client.get("/openapi.json")).status_code == 401
+    schema = (await client.get("/openapi.json", headers=_h(ADMIN_KEY))).json()
     op = schema["paths"]["/rollouts/{rollout_id}/v1/chat/completions"]["post"]
     props = op["requestBody"]["content"]["application/json"]["schema"]["properties"]
     assert {"messages", "tools", "temperature"} <= set(props)

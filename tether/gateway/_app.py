@@ -11,15 +11,17 @@ import json
 import logging
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
+from starlette.convertors import Convertor, register_url_convertor
 
 from tether.records import Reward, RewardSource, RolloutStatus
 
 from ._auth import bearer, check_rollout_id, check_rollout_token
 from ._core import Gateway
 from ._errors import ApiError, install_handlers
+from ._openapi import install_openapi
 from ._render import chat_body, chat_chunks, completion_body
 from ._schemas import (
     ChatCompletionRequest,
@@ -33,6 +35,22 @@ from ._views import call_view, rollout_view
 __all__ = ["create_app"]
 
 log = logging.getLogger(__name__)
+
+
+class _AnyRolloutId(Convertor):
+    """Matches any text, "/", CR, LF and NUL included, so that every bad id
+    reaches :func:`check_rollout_id` (a 400) instead of missing the route (404)."""
+
+    regex = r"[\s\S]+?"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("rid", _AnyRolloutId())
 
 
 def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
@@ -99,15 +117,21 @@ def _sse(chunks: list[dict[str, Any]]) -> StreamingResponse:
 
 def create_app(gw: Gateway) -> FastAPI:
     """Build the FastAPI app over a :class:`Gateway`."""
-    app = FastAPI(title="tether gateway", version="0.1.0", docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="tether gateway", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.gateway = gw
     install_handlers(app)
+    install_openapi(app)
     cfg = gw.config
 
     def rollout_attempt(rollout_id: str, request: Request) -> int:
         check_rollout_id(rollout_id)
         return check_rollout_token(
-            bearer(request.headers.get("authorization")), gw.store.rollout_auth(rollout_id), gw.keys
+            bearer(request.headers.get("authorization")),
+            gw.store.rollout_auth(rollout_id),
+            gw.keys,
+            gw.store.token_in_use,
         )
 
     def admin(request: Request) -> None:
@@ -140,6 +164,7 @@ def create_app(gw: Gateway) -> FastAPI:
             params,
             record,
             parse_tools=bool(req.tools) and req.tool_choice != "none",
+            max_tool_calls=1 if req.parallel_tool_calls is False else None,
         )
         body = chat_body(
             gw.tokenizer,
@@ -159,8 +184,13 @@ def create_app(gw: Gateway) -> FastAPI:
     async def healthz() -> dict[str, Any]:
         return {"status": "ok"}
 
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request) -> dict[str, Any]:
+        admin(request)
+        return app.openapi()
+
     @app.post(
-        "/rollouts/{rollout_id}/v1/chat/completions",
+        "/rollouts/{rollout_id:rid}/v1/chat/completions",
         tags=["openai"],
         openapi_extra=_body_schema(ChatCompletionRequest),
     )
@@ -168,7 +198,7 @@ def create_app(gw: Gateway) -> FastAPI:
         return await chat(rollout_id, rollout_attempt(rollout_id, request), request)
 
     @app.post(
-        "/rollouts/{rollout_id}/v1/completions",
+        "/rollouts/{rollout_id:rid}/v1/completions",
         tags=["openai"],
         openapi_extra=_body_schema(CompletionRequest),
     )
@@ -207,13 +237,13 @@ def create_app(gw: Gateway) -> FastAPI:
             return _sse([{**base, "choices": [c]} for c in body["choices"]])
         return JSONResponse(body)
 
-    @app.get("/rollouts/{rollout_id}/v1/models", tags=["openai"])
+    @app.get("/rollouts/{rollout_id:rid}/v1/models", tags=["openai"])
     async def rollout_models(rollout_id: str, request: Request) -> dict[str, Any]:
         rollout_attempt(rollout_id, request)
         return _models(cfg.served_model_name)
 
     @app.post(
-        "/rollouts/{rollout_id}/reward",
+        "/rollouts/{rollout_id:rid}/reward",
         tags=["rollouts"],
         openapi_extra=_body_schema(RewardRequest),
     )
@@ -235,7 +265,9 @@ def create_app(gw: Gateway) -> FastAPI:
                 )
             )
             return {"ok": True}
-        attempt = check_rollout_token(token, gw.store.rollout_auth(rollout_id), gw.keys)
+        attempt = check_rollout_token(
+            token, gw.store.rollout_auth(rollout_id), gw.keys, gw.store.token_in_use
+        )
         req = await _parse(request, RewardRequest, cfg.max_body_bytes)
         gw.record_agent_reward(rollout_id, attempt, req.value, req.call_seq)
         return {"ok": True}
@@ -284,17 +316,20 @@ def create_app(gw: Gateway) -> FastAPI:
 
     @app.get("/admin/rollouts", tags=["admin"])
     async def list_rollouts(
-        request: Request, run_id: str | None = None, status: str | None = None, limit: int = 100
+        request: Request,
+        run_id: str | None = None,
+        status: str | None = None,
+        limit: int = Query(100, ge=1, le=10_000),
     ) -> dict[str, Any]:
         admin(request)
         try:
             st = RolloutStatus(status) if status else None
         except ValueError:
             raise ApiError(400, f"unknown status {status!r}", param="status") from None
-        rows = gw.store.list_rollouts(run_id=run_id, status=st, limit=max(1, min(limit, 10_000)))
+        rows = gw.store.list_rollouts(run_id=run_id, status=st, limit=limit)
         return {"data": [rollout_view(r) for r in rows]}
 
-    @app.get("/admin/rollouts/{rollout_id}", tags=["admin"])
+    @app.get("/admin/rollouts/{rollout_id:rid}", tags=["admin"])
     async def get_rollout(rollout_id: str, request: Request) -> dict[str, Any]:
         admin(request)
         check_rollout_id(rollout_id)
@@ -307,7 +342,7 @@ def create_app(gw: Gateway) -> FastAPI:
         }
 
     @app.post(
-        "/admin/rollouts/{rollout_id}/finish",
+        "/admin/rollouts/{rollout_id:rid}/finish",
         tags=["admin"],
         openapi_extra=_body_schema(FinishRolloutRequest),
     )

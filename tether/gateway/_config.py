@@ -30,9 +30,9 @@ class GatewayConfig:
 
     host: str = "127.0.0.1"
     port: int = 8321
-    admin_key: str | None = None
+    admin_key: str | None = field(default=None, repr=False)
     # Keys that may use record mode (``POST /v1/chat/completions`` without a rollout).
-    record_keys: tuple[str, ...] = ()
+    record_keys: tuple[str, ...] = field(default=(), repr=False)
     # The URL agents are told to use; default http://{host}:{port}. Set it when
     # agents reach the gateway through another address (a pod, a proxy).
     public_url: str | None = None

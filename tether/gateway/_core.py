@@ -7,11 +7,13 @@ runner calls directly (the admin routes are a thin layer over it).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import secrets
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tether.chat import get_parser, render_text
@@ -62,9 +64,26 @@ class OpenedRollout:
 
 
 class Gateway:
-    """Serves model calls for rollouts and records every one of them."""
+    """Serves model calls for rollouts and records every one of them.
 
-    def __init__(self, engine: Engine, tokenizer: Any, store: Store, config: GatewayConfig):
+    A sampled call whose request carries no ``seed`` gets one derived from
+    ``seed`` (the run's; random when None), the rollout's id within its run
+    (the ``{run_id}-`` prefix removed), the attempt and the call's index in
+    the attempt (its ``seq`` for an agent that calls one at a time). What a
+    rollout samples then depends neither on the order in which concurrent
+    agents' calls reach the engine nor on the run id, so a rerun or a resumed
+    run with the same seed samples the same tokens from the same weights.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        store: Store,
+        config: GatewayConfig,
+        *,
+        seed: int | None = None,
+    ):
         self.engine = engine
         self.tokenizer = tokenizer
         self.store = store
@@ -81,6 +100,9 @@ class Gateway:
         self._sampling: dict[str, dict[str, float]] = {}
         # Rollouts created without a run id belong to this run (``tether serve`` sets it).
         self.default_run_id: str | None = None
+        self.seed = secrets.randbits(62) if seed is None else int(seed)
+        # rollout id -> (attempt, base of its derived seeds, calls made so far in the attempt)
+        self._draws: dict[str, tuple[int, bytes, int]] = {}
 
     # -- rollouts -----------------------------------------------------------
 
@@ -121,13 +143,24 @@ class Gateway:
             self._sampling[rid] = dict(sampling)
         return self._start(rid)
 
-    def retry_rollout(self, rollout_id: str) -> OpenedRollout:
-        """Start a new attempt (after a failure or timeout); the old token stops working."""
+    def retry_rollout(
+        self, rollout_id: str, *, sampling: dict[str, float] | None = None
+    ) -> OpenedRollout:
+        """Start a new attempt (after a failure or timeout); the old token then gets 409.
+
+        ``sampling`` restores the overrides given to :meth:`open_rollout`
+        (finishing the failed attempt dropped them).
+        """
+        if sampling:
+            self._sampling[rollout_id] = dict(sampling)
         return self._start(rollout_id)
 
     def _start(self, rollout_id: str) -> OpenedRollout:
         token = new_token()
+        previous = self.store.rollout_auth(rollout_id)
         attempt = self.store.start_attempt(rollout_id, hash_token(token))
+        if previous is not None and previous[2]:
+            self.keys.supersede(previous[2], hash_token(token))
         base = self.config.base_url
         return OpenedRollout(
             rollout_id=rollout_id,
@@ -150,6 +183,7 @@ class Gateway:
     ) -> Rollout:
         """End a rollout's attempt (its token stops working) with an optional final reward."""
         self._sampling.pop(rollout_id, None)
+        self._draws.pop(rollout_id, None)
         if attempt is None:
             auth = self.store.rollout_auth(rollout_id)
             if auth is None:
@@ -220,6 +254,19 @@ class Gateway:
             top_logprobs=top_logprobs,
         )
 
+    def derived_seed(self, rollout_id: str, attempt: int) -> int:
+        """The seed of the attempt's next call (see the class docstring); counts the call."""
+        state = self._draws.get(rollout_id)
+        if state is None or state[0] != attempt:
+            rollout = self.store.get_rollout(rollout_id)
+            run_id = rollout.run_id if rollout is not None else None
+            name = rollout_id.removeprefix(f"{run_id}-") if run_id else rollout_id
+            state = (attempt, f"{self.seed}\0{name}\0{attempt}".encode(), 0)
+        attempt, base, index = state
+        self._draws[rollout_id] = (attempt, base, index + 1)
+        digest = hashlib.blake2b(base + b"\0%d" % index, digest_size=8).digest()
+        return int.from_bytes(digest, "big") >> 2
+
     def check_prompt(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if not prompt_ids:
             raise ApiError(400, "the prompt is empty", param="messages")
@@ -257,14 +304,20 @@ class Gateway:
         request: dict[str, Any],
         *,
         parse_tools: bool,
+        max_tool_calls: int | None = None,
     ) -> tuple[list[Choice], list[int]]:
         """Run the engine, record one call per choice, and return the choices and their seqs.
+
+        ``max_tool_calls=1`` (``parallel_tool_calls: false``) keeps only the first
+        parsed tool call in the answer and in the recorded response.
 
         The calls are committed before this returns, so an agent never sees an
         answer that is not stored. An engine failure is recorded as a failed
         call (never as a training sample) and raised.
         """
         t0 = time.perf_counter()
+        if params.seed is None and params.temperature > 0:
+            params = replace(params, seed=self.derived_seed(rollout_id, attempt))
         async with self.gate.admit(self.config.admission_timeout_s):
             self.engine_calls += 1
             try:
@@ -288,7 +341,13 @@ class Gateway:
                 )
                 raise EngineFailed(type(exc).__name__) from exc
         latency = time.perf_counter() - t0
-        choices = choices_from(self.tokenizer, result, params, self.parser if parse_tools else None)
+        choices = choices_from(
+            self.tokenizer,
+            result,
+            params,
+            self.parser if parse_tools else None,
+            max_tool_calls=max_tool_calls,
+        )
         seqs = []
         for choice, completion in zip(choices, result.completions, strict=True):
             seqs.append(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tether.chat import (
@@ -55,9 +55,17 @@ def _trim_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
 
 
 def choices_from(
-    tokenizer: Any, result: GenerateResult, params: SamplingParams, parser: Any
+    tokenizer: Any,
+    result: GenerateResult,
+    params: SamplingParams,
+    parser: Any,
+    *,
+    max_tool_calls: int | None = None,
 ) -> list[Choice]:
-    """Decode each completion, trim stop strings, parse tool calls when a parser is given."""
+    """Decode each completion, trim stop strings, parse tool calls when a parser is given.
+
+    ``max_tool_calls`` keeps only that many of the parsed tool calls (the first ones).
+    """
     choices = []
     for completion in result.completions:
         text = decode_completion(
@@ -68,6 +76,8 @@ def choices_from(
         message: dict[str, Any] = {"role": "assistant", "content": text}
         parsed = parser.parse(text) if parser is not None else None
         if parsed is not None and parsed.tool_calls:
+            if max_tool_calls is not None and len(parsed.tool_calls) > max_tool_calls:
+                parsed = replace(parsed, tool_calls=parsed.tool_calls[:max_tool_calls])
             message = parsed.to_message()
             finish = finish_reason_for(parsed, finish)
         else:

@@ -21,9 +21,20 @@ __all__ = [
 ]
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
+# A reward: a JSON number (int or float), finite; never a string or a bool.
+RewardValue = Annotated[float, Field(allow_inf_nan=False, strict=True)]
 
-# Fields an OpenAI client may send that change nothing tether records.
-ACCEPTED_WITHOUT_EFFECT = ("user", "metadata", "store", "parallel_tool_calls", "stream_options")
+# Fields an OpenAI client may send that change nothing tether generates; they are
+# validated and kept in the call's recorded request. (``parallel_tool_calls: false``
+# has an effect: only the first parsed tool call is returned.)
+ACCEPTED_WITHOUT_EFFECT = (
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "stream_options.include_obfuscation",
+)
+_STREAM_OPTIONS = ("include_usage", "include_obfuscation")
 
 
 class _Strict(BaseModel):
@@ -42,6 +53,7 @@ class _Sampling(_Strict):
     seed: int | None = None
     user: str | None = None
     metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
     frequency_penalty: Finite | None = None
     presence_penalty: Finite | None = None
     logit_bias: dict[str, float] | None = None
@@ -54,6 +66,18 @@ class _Sampling(_Strict):
             raise ValueError("at most 4 stop sequences")
         if any(not s for s in stops):
             raise ValueError("stop sequences must be non-empty")
+        return v
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        for key, value in (v or {}).items():
+            if key not in _STREAM_OPTIONS:
+                raise ValueError(
+                    f"unsupported key {key!r}; tether implements {', '.join(_STREAM_OPTIONS)}"
+                )
+            if not isinstance(value, bool):
+                raise ValueError(f"{key} must be true or false")
         return v
 
     @field_validator("frequency_penalty", "presence_penalty")
@@ -135,7 +159,7 @@ class CompletionRequest(_Sampling):
 
 
 class RewardRequest(_Strict):
-    value: Finite
+    value: RewardValue
     call_seq: int | None = Field(None, ge=0, description="an intermediate reward for one call")
 
 
@@ -149,6 +173,6 @@ class CreateRolloutRequest(_Strict):
 
 class FinishRolloutRequest(_Strict):
     status: Literal["succeeded", "failed", "timeout", "cancelled"] = "succeeded"
-    reward: Finite | None = None
+    reward: RewardValue | None = None
     final_answer: str | None = None
     error: str | None = None

@@ -23,10 +23,12 @@ from typing import Any
 from tether.store._errors import InvalidRecord
 
 __all__ = [
+    "REDACTED",
     "dump_json",
     "load_json",
     "pack_floats",
     "pack_ids",
+    "redact_secrets",
     "reward_column",
     "reward_value",
     "unpack_floats",
@@ -126,3 +128,30 @@ def reward_value(stored: float | None, given: str | None) -> float:
     except ValueError:
         return math.nan
     return math.nan if math.isfinite(value) else value  # "nan", "inf", "-inf" only
+
+
+REDACTED = "<redacted>"
+_SECRET_NAMES = ("key", "keys", "token", "secret", "password", "credentials")
+
+
+def _is_secret(name: str) -> bool:
+    low = name.lower()
+    return any(low == s or low.endswith(("_" + s, "-" + s)) for s in _SECRET_NAMES)
+
+
+def redact_secrets(value: Any) -> Any:
+    """A copy of a config with the values of secret-named keys replaced by ``REDACTED``.
+
+    A key is secret when its name is, or ends with ``_``/``-`` followed by, one
+    of key(s), token, secret, password, credentials (``admin_key``,
+    ``record_keys``, ``OPENAI_API_KEY`` in an ``extra_env``); ``max_tokens``
+    is not. Empty values are kept, so a config still shows a key was unset.
+    """
+    if isinstance(value, dict):
+        return {
+            k: REDACTED if isinstance(k, str) and _is_secret(k) and v else redact_secrets(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [redact_secrets(v) for v in value]
+    return value

@@ -15,7 +15,7 @@ from typing import Any
 
 from tether.records import Checkpoint, Metric, Run, RunStatus, Split, Task
 from tether.store import _rows as rows
-from tether.store._codec import dump_json
+from tether.store._codec import dump_json, redact_secrets
 from tether.store._db import Database
 from tether.store._errors import AlreadyExists, InvalidRecord, NotFound
 
@@ -46,8 +46,8 @@ class RunLog:
     # -- runs and tasks -------------------------------------------------------
 
     def create_run(self, config: dict[str, Any], run_id: str | None = None) -> Run:
-        """Store a new run (status running) with its config as given."""
-        run = Run(id=run_id or f"run-{uuid.uuid4().hex[:12]}", config=dict(config))
+        """Store a new run (status running) with its config, secrets redacted."""
+        run = Run(id=run_id or f"run-{uuid.uuid4().hex[:12]}", config=redact_secrets(dict(config)))
         text = dump_json(run.config, "run config")
         with self._db.write() as conn:
             cur = conn.execute(

@@ -167,6 +167,15 @@ class Store(RunLog):
             ).fetchone()
         return None if row is None else (RolloutStatus(row[0]), row[1], row[2])
 
+    def token_in_use(self, token_hash: str) -> bool:
+        """True when a running rollout holds this token hash (the gateway's 403 vs 401)."""
+        with self._db.read() as conn:
+            row = conn.execute(
+                "SELECT 1 FROM rollouts WHERE status = ? AND token_hash = ? LIMIT 1",
+                (_RUNNING, token_hash),
+            ).fetchone()
+        return row is not None
+
     def get_rollout(self, rollout_id: str) -> Rollout | None:
         """The rollout with this id, or None."""
         with self._db.read() as conn:

@@ -6,10 +6,15 @@ A checkpoint folder ``step-000010/`` holds
                   its tokenizer: ``tether serve --model .../model`` serves it;
 - ``trainer.pt``  trainable weights, optimizer state and RNG states — what
                   resuming needs to continue exactly as if never stopped;
-- ``state.json``  the step and the run's config.
+- ``state.json``  the step and the run's config (secret-named values redacted).
 
 A crash mid-write leaves only a ``*.tmp-*`` folder, which is ignored and
 removed by the next save.
+
+Test-only: with ``TETHER_TEST_KILL_IN_CHECKPOINT=N`` in the environment, the
+process kills itself with SIGKILL while saving step ``N``, after the files are
+written and fsynced and right before the rename
+(``tests/test_trainer_crash.py``). Never set it outside that test.
 """
 
 from __future__ import annotations
@@ -18,13 +23,18 @@ import json
 import os
 import random
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from tether.store._codec import redact_secrets
+
 __all__ = ["latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+
+KILL_ENV = "TETHER_TEST_KILL_IN_CHECKPOINT"
 
 
 def _fsync_tree(root: Path) -> None:
@@ -78,17 +88,23 @@ def save_checkpoint(
         tmp / "trainer.pt",
     )
     (tmp / "state.json").write_text(
-        json.dumps({"step": step, "config": config}, indent=2, default=str)
+        json.dumps({"step": step, "config": redact_secrets(config)}, indent=2, default=str)
     )
     _fsync_tree(tmp)
-    if final.exists():
-        shutil.rmtree(final)
+    if os.environ.get(KILL_ENV) == str(step):  # test-only, see the module docstring
+        os.kill(os.getpid(), signal.SIGKILL)
+    old = None
+    if final.exists():  # moved aside, not deleted in place: a crash never leaves half a folder
+        old = Path(tempfile.mkdtemp(prefix=f"step-{step:06d}.tmp-old-", dir=directory))
+        os.replace(final, old / final.name)
     os.replace(tmp, final)
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     done = sorted(p for p in directory.glob("step-*") if p.is_dir() and ".tmp-" not in p.name)
     for old in done[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
@@ -103,8 +119,12 @@ def latest_checkpoint(directory: Path) -> Path | None:
 
 
 def load_checkpoint(path: Path, trainer: Any) -> int:
-    """Restore weights, optimizer and RNG states into ``trainer``; return the step."""
-    state = torch.load(path / "trainer.pt", weights_only=False)
+    """Restore weights, optimizer and RNG states into ``trainer``; return the step.
+
+    Loads with ``weights_only=True``: a checkpoint holds tensors and plain
+    values only, so a tampered file cannot run code.
+    """
+    state = torch.load(path / "trainer.pt", weights_only=True)
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["torch_rng"])
