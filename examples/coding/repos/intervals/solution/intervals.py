@@ -1,0 +1,12 @@
+"""Merging closed intervals."""
+
+
+def merge(intervals):
+    """Merge overlapping (or touching) intervals ``[start, end]``; the result is sorted."""
+    merged = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged

@@ -1,0 +1,12 @@
+"""URL slugs from titles."""
+
+
+def slugify(title):
+    """Lower-case letters and digits, words joined by single dashes."""
+    out = []
+    for char in title.lower():
+        if char.isascii() and char.isalnum():
+            out.append(char)
+        else:
+            out.append("-")
+    return "".join(out)
