@@ -27,6 +27,9 @@ class AdmissionGate:
         self.held = 0
         self.held_total = 0
         self.held_seconds = 0.0
+        # Start times of calls held now; resume() settles their hold time at once,
+        # so held_seconds is exact the moment admission reopens.
+        self._holding: dict[object, float] = {}
 
     @property
     def paused(self) -> bool:
@@ -38,9 +41,14 @@ class AdmissionGate:
         if not self._open.is_set():
             self.held += 1
             self.held_total += 1
-            t0 = time.monotonic()
+            me = object()
+            deadline = time.monotonic() + timeout_s
             try:
-                await asyncio.wait_for(self._open.wait(), timeout_s)
+                # A call woken by resume() that finds admission closed again (a new
+                # pause came first) waits again: nothing runs while paused.
+                while not self._open.is_set():
+                    self._holding.setdefault(me, time.monotonic())
+                    await asyncio.wait_for(self._open.wait(), max(deadline - time.monotonic(), 0))
             except TimeoutError:
                 raise ApiError(
                     503,
@@ -48,7 +56,9 @@ class AdmissionGate:
                 ) from None
             finally:
                 self.held -= 1
-                self.held_seconds += time.monotonic() - t0
+                t0 = self._holding.pop(me, None)
+                if t0 is not None:  # not settled by resume(): timed out or cancelled
+                    self.held_seconds += time.monotonic() - t0
         self.in_flight += 1
         self._idle.clear()
         try:
@@ -64,6 +74,9 @@ class AdmissionGate:
         await self._idle.wait()
 
     def resume(self) -> None:
+        now = time.monotonic()
+        self.held_seconds += sum(now - t0 for t0 in self._holding.values())
+        self._holding.clear()
         self._open.set()
 
     def state(self) -> dict:

@@ -116,8 +116,20 @@ class TrainerConfig:
     max_tokens_per_micro_batch: int = 8192
     #: Stop early when the batch reward has been 0 for this many updates in a row (collapse); 0 = never.
     collapse_patience: int = 8
-    #: sync (collect a batch, update, repeat); async is planned (issue: asynchronous training).
+    #: sync (collect a batch, update, repeat) or async (groups keep running; admission
+    #: pauses only for the update; see tether/trainer/_async.py).
     mode: str = "sync"
+    #: Async: groups (tasks × n rollouts) running at once; 0 = 2 × rollout.batch_groups.
+    max_groups_in_flight: int = 0
+    #: Async: a group whose oldest call is more than this many policy versions behind
+    #: the weights it would train is handled by lag_policy.
+    max_policy_lag: int = 1
+    #: Async: "drop" (counted as groups_dropped_lag) or "reweight" (kept; the loss's ratio
+    #: against the recorded engine logprobs, and tis_cap if set, correct for the lag).
+    lag_policy: str = "drop"
+    #: Async: seconds a model call arriving during an update is held before a 503;
+    #: unset = gateway.admission_timeout_s.
+    hold_timeout_s: float | None = None
     seed: int = 0
     lora: LoraConfig | None = None
 
@@ -150,10 +162,24 @@ class TrainerConfig:
             raise UserError(
                 f"trainer.clip_low ({self.clip_low}) must be in [0, 1) and clip_high ({self.clip_high}) >= 0"
             )
-        if self.mode != "sync":
-            raise UserError(f"trainer.mode ({self.mode!r}) must be 'sync' for now")
+        self._check_async()
         if self.kl_coef < 0 or self.tis_cap < 0 or self.grad_clip < 0:
             raise UserError("trainer.kl_coef, tis_cap and grad_clip must be >= 0")
+
+    def _check_async(self) -> None:
+        if self.mode not in ("sync", "async"):
+            raise UserError(f"trainer.mode ({self.mode!r}) must be 'sync' or 'async'")
+        if self.lag_policy not in ("drop", "reweight"):
+            raise UserError(
+                f"trainer.lag_policy ({self.lag_policy!r}) must be 'drop' or 'reweight'"
+            )
+        if self.max_groups_in_flight < 0 or self.max_policy_lag < 0:
+            raise UserError(
+                f"trainer.max_groups_in_flight ({self.max_groups_in_flight}) and "
+                f"max_policy_lag ({self.max_policy_lag}) must be >= 0"
+            )
+        if self.hold_timeout_s is not None and not self.hold_timeout_s > 0:
+            raise UserError(f"trainer.hold_timeout_s ({self.hold_timeout_s}) must be > 0 seconds")
 
 
 @dataclass
@@ -194,3 +220,16 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     gateway: GatewayConfig = field(default_factory=lambda: GatewayConfig(port=0))
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        t, b = self.trainer, self.rollout.batch_groups
+        if t.mode == "async" and t.max_groups_in_flight and t.max_groups_in_flight < b:
+            raise UserError(
+                f"trainer.max_groups_in_flight ({t.max_groups_in_flight}) must be >= "
+                f"rollout.batch_groups ({b}); raise it (e.g. {2 * b}) or set 0 for 2 × batch_groups"
+            )
+
+    @property
+    def groups_in_flight(self) -> int:
+        """Async mode's bound on running groups (``max_groups_in_flight``, default 2 × batch)."""
+        return self.trainer.max_groups_in_flight or 2 * self.rollout.batch_groups

@@ -1,4 +1,4 @@
-"""The training loop, sync mode: rollouts → rewards → advantages → update → new weights.
+"""The training loop: rollouts → rewards → advantages → update → new weights.
 
 One asyncio loop holds the gateway (a uvicorn task), the runner and the
 trainer; the engine decodes on its own thread and the optimizer step runs on
@@ -13,6 +13,11 @@ Per update ``step`` (0-based):
 3. advantages per group, samples (prefix-merged calls), one optimizer step;
 4. push the weights to the engine; its policy version must rise by one;
 5. metrics to the store (and the progress display); eval and checkpoint every K.
+
+That is sync mode. In async mode (``trainer.mode: async``, ``_async.py``)
+groups keep running across updates, and steps 1 and 4 become: wait for
+``batch_groups`` finished groups, pause admission at the gateway, drain,
+update, push, resume.
 """
 
 from __future__ import annotations
@@ -29,13 +34,14 @@ from typing import Any
 import torch
 
 from tether.configio import dump
-from tether.engine import TransformersEngine
+from tether.engine import Engine, TransformersEngine
 from tether.gateway import Gateway, LoopServer, create_app
 from tether.records import Checkpoint
 from tether.runner import make_runner
 from tether.store import Store
 from tether.trainer import algorithms as A
-from tether.trainer._collect import Collected, collect_groups, load_grader
+from tether.trainer._async import AsyncRollouts
+from tether.trainer._collect import Collected, RolloutOutcome, collect_groups, load_grader
 from tether.trainer._tasks import load_tasks, tasks_for_step
 from tether.trainer._update import PolicyTrainer
 from tether.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -78,16 +84,29 @@ def resolve_model_path(path: str) -> Path:
 
 
 class TrainingRun:
-    """A training run over one config. Use as ``async with TrainingRun(cfg) as run: await run.train()``."""
+    """A training run over one config. Use as ``async with TrainingRun(cfg) as run: await run.train()``.
 
-    def __init__(self, cfg: TrainConfig, *, on_event: Any = None, model_path: Path | None = None):
+    ``engine`` replaces the embedded TransformersEngine (the run then owns and
+    closes it); tests use it to serve with a deterministic configuration.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        *,
+        on_event: Any = None,
+        model_path: Path | None = None,
+        engine: Engine | None = None,
+    ):
         self.cfg = cfg
+        self._engine = engine
         self.on_event = on_event or (lambda kind, payload: None)
         self.run_dir = Path(cfg.dir) / cfg.name
         self.model_path = model_path
         self.history: list[StepReport] = []
         self.evals: list[EvalResult] = []
         self.start_step = 0
+        self._async: AsyncRollouts | None = None
 
     # -- set-up and teardown ---------------------------------------------------
 
@@ -101,7 +120,6 @@ class TrainingRun:
         self.model_path = self.model_path or resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(self.model_path)
         policy = load_model(self.model_path, dtype=torch.float32, device=cfg.model.device)
-        engine_model = load_model(self.model_path, dtype=torch.float32, device=cfg.model.device)
         self.trainer = PolicyTrainer(
             policy,
             cfg.trainer,
@@ -109,8 +127,8 @@ class TrainingRun:
             train_dtype=cfg.model.train_dtype,
             pad_id=self.tokenizer.pad_token_id or 0,
         )
-        self.engine = TransformersEngine(
-            engine_model,
+        self.engine = self._engine or TransformersEngine(
+            load_model(self.model_path, dtype=torch.float32, device=cfg.model.device),
             self.tokenizer,
             device=cfg.model.device,
             max_batch_size=cfg.model.max_batch_size,
@@ -126,7 +144,7 @@ class TrainingRun:
         if not gcfg.admin_key:
             gcfg.admin_key = secrets.token_urlsafe(32)
         gcfg.check_bind()
-        self.gateway = Gateway(self.engine, self.tokenizer, self.store, gcfg)
+        self.gateway = Gateway(self.engine, self.tokenizer, self.store, gcfg, seed=cfg.trainer.seed)
         self.server = await LoopServer(create_app(self.gateway), gcfg.host, gcfg.port).start()
         if not gcfg.public_url:
             gcfg.public_url = self.server.url
@@ -139,7 +157,7 @@ class TrainingRun:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for close in (self.runner.close, self.server.stop, self.engine.close):
+        for close in (self.stop_rollouts, self.runner.close, self.server.stop, self.engine.close):
             try:
                 await close()
             except Exception:  # teardown must reach every part
@@ -198,6 +216,8 @@ class TrainingRun:
     async def train_step(self, step: int) -> StepReport:
         cfg = self.cfg
         t0 = time.perf_counter()
+        if cfg.trainer.mode == "async":
+            return self._report(step, await self._async_rollouts().step(step), t0)
         tasks = tasks_for_step(self.train_tasks, step, cfg.rollout.batch_groups, cfg.tasks.seed)
         collected = await collect_groups(
             self.gateway,
@@ -209,17 +229,25 @@ class TrainingRun:
             tag=f"s{step}",
         )
         t_rollouts = time.perf_counter() - t0
-        groups = collected.groups()
+        m = await self.learn(collected.groups())
+        m["rollout_s"] = t_rollouts
+        m["gen_tokens_per_s"] = collected.completion_tokens / max(t_rollouts, 1e-9)
+        return self._report(step, m, t0)
+
+    async def learn(self, groups: list[list[RolloutOutcome]]) -> dict[str, float]:
+        """Grade-filter ``groups``, update the policy on them and push the weights to the engine.
+
+        Drops groups with any unusable reward (counted); returns the step's metrics.
+        """
+        cfg = self.cfg
         kept = [g for g in groups if all(o.usable for o in g)]
-        dropped = len(groups) - len(kept)
-        rewards_all = [o.reward for o in collected.outcomes if o.reward is not None]
+        outcomes = [o for g in groups for o in g]
+        rewards_all = [o.reward for o in outcomes if o.reward is not None]
         m: dict[str, float] = {
             "reward_mean": sum(rewards_all) / max(len(rewards_all), 1),
-            "success": _success(collected),
-            "groups_dropped": float(dropped),
-            "rollouts": float(len(collected.outcomes)),
-            "rollout_s": t_rollouts,
-            "gen_tokens_per_s": collected.completion_tokens / max(t_rollouts, 1e-9),
+            "success": _success(Collected(outcomes, 0.0, 0)),
+            "groups_dropped": float(len(groups) - len(kept)),
+            "rollouts": float(len(outcomes)),
         }
         version_before = self.engine.policy_version
         if kept:
@@ -242,12 +270,63 @@ class TrainingRun:
                         f"engine policy version went {version_before} -> {version}, expected +1"
                     )
         m["policy_version"] = float(self.engine.policy_version)
+        return m
+
+    def _report(self, step: int, m: dict[str, float], t0: float) -> StepReport:
         m["step_s"] = time.perf_counter() - t0
         self.store.log_metrics(self.run_record.id, step, m)
         report = StepReport(step, m)
         self.history.append(report)
         self.on_event("step", report)
         return report
+
+    # -- async mode (tether/trainer/_async.py) ------------------------------------
+
+    def _async_rollouts(self) -> AsyncRollouts:
+        if self._async is None:
+            cfg = self.cfg
+            running = cfg.groups_in_flight * cfg.rollout.n
+            if cfg.agent.concurrency < running:
+                log.warning(
+                    "agent.concurrency (%d) is below max_groups_in_flight × rollout.n (%d): "
+                    "at most %d rollouts run at once",
+                    cfg.agent.concurrency,
+                    running,
+                    cfg.agent.concurrency,
+                )
+            t = cfg.trainer
+            if t.lag_policy == "drop" and cfg.groups_in_flight > (t.max_policy_lag + 1) * (
+                cfg.rollout.batch_groups
+            ):
+                log.warning(
+                    "max_groups_in_flight (%d) is above (max_policy_lag + 1) × batch_groups "
+                    "(%d): many groups will finish too late and be dropped for lag",
+                    cfg.groups_in_flight,
+                    (t.max_policy_lag + 1) * cfg.rollout.batch_groups,
+                )
+            if cfg.trainer.hold_timeout_s is not None:
+                self.gateway.config.admission_timeout_s = cfg.trainer.hold_timeout_s
+            self._async = AsyncRollouts(
+                self.gateway,
+                self.runner,
+                lambda i: tasks_for_step(self.train_tasks, i, 1, cfg.tasks.seed)[0],
+                cfg.rollout.n,
+                grader=self.grader,
+                run_id=self.run_record.id,
+                batch_groups=cfg.rollout.batch_groups,
+                max_in_flight=cfg.groups_in_flight,
+                max_lag=cfg.trainer.max_policy_lag,
+                lag_policy=cfg.trainer.lag_policy,
+                learn=self.learn,
+                version=lambda: self.engine.policy_version,
+                first_group=self.start_step * cfg.rollout.batch_groups,
+            )
+        return self._async
+
+    async def stop_rollouts(self) -> None:
+        """Async mode: cancel the groups still running (before the final eval, and on exit)."""
+        if self._async is not None:
+            await self._async.stop()
 
     def _collapsed(self) -> bool:
         k = self.cfg.trainer.collapse_patience
@@ -275,6 +354,7 @@ class TrainingRun:
                 self.save(done)
             if cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.trainer.steps:
                 await self.evaluate(done)
+        await self.stop_rollouts()
         self.save(cfg.trainer.steps)
         await self.evaluate(cfg.trainer.steps)
         return self.evals

@@ -1,0 +1,291 @@
+"""Async mode: groups keep running while the trainer updates between them.
+
+:class:`AsyncRollouts` keeps up to ``max_in_flight`` groups (one task × ``n``
+rollouts each) running through the gateway and the runner, starting a new
+group whenever one finishes. Per update (:meth:`AsyncRollouts.step`):
+
+1. wait until ``batch_groups`` finished groups within the lag bound are ready
+   (``wait_s``);
+2. close admission at the gateway and wait until no model call is in flight
+   (``drain_s``); calls that arrive now are held, not refused;
+3. learn on the first ``batch_groups`` ready groups in the order they
+   finished: update, push the weights (the engine's version rises by one);
+4. reopen admission; the held calls run on the new weights
+   (``paused_s``, ``calls_held``, ``hold_s``).
+
+Ready groups beyond the batch and unfinished groups carry over; each group
+is trained at most once. A group's lag is the version of the weights it
+would train minus the oldest policy version among its calls. Beyond
+``max_lag``, ``lag_policy="drop"`` discards it as soon as it is seen
+(``groups_dropped_lag``); ``"reweight"`` keeps it, and the loss's ratio
+against the recorded engine logprobs (plus ``trainer.tis_cap``) accounts
+for the older behaviour policy. The version only changes at an update, so
+checking when a group is ready and again after each update is the same as
+checking when it is trained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tether.gateway import Gateway, OpenedRollout
+from tether.records import RewardSource, RolloutStatus, Task
+from tether.runner import AttemptResult, Runner
+from tether.trainer._collect import (
+    Grader,
+    RetryPolicy,
+    RolloutOutcome,
+    _clean,
+    _reward,
+    run_attempts,
+)
+from tether.trainer.errors import TrainerError
+
+__all__ = ["AsyncRollouts", "Group", "group_lag"]
+
+log = logging.getLogger(__name__)
+
+Learn = Callable[[list[list[RolloutOutcome]]], Awaitable[dict[str, float]]]
+
+
+@dataclass
+class Group:
+    """One finished group: ``index`` is its place in the data order."""
+
+    index: int
+    group_id: str
+    outcomes: list[RolloutOutcome]
+
+    @property
+    def oldest_version(self) -> int | None:
+        versions = [c.policy_version for o in self.outcomes for c in o.calls]
+        return min(versions) if versions else None
+
+
+def group_lag(group: Group, version: int) -> int:
+    """Policy versions between ``version`` and the group's oldest call (0 without calls)."""
+    oldest = group.oldest_version
+    return 0 if oldest is None else version - oldest
+
+
+def finish_outcome(
+    gw: Gateway,
+    opened: OpenedRollout,
+    task: Task,
+    result: AttemptResult,
+    grader: Grader | None,
+    group: int,
+) -> RolloutOutcome:
+    """Grade one attempt, end its rollout in the store, and read back its calls."""
+    reward: float | None = None
+    source = RewardSource.GRADER
+    if result.ok:
+        raw, source = _reward(result, task.data, grader, gw)
+        reward = _clean(raw)
+    error = result.error
+    if result.ok and reward is None:
+        error = "no usable reward (missing, NaN, inf or not a number)"
+    rollout = gw.finish_rollout(
+        opened.rollout_id,
+        result.status,
+        attempt=opened.attempt,
+        reward=reward,
+        source=source,
+        final_answer=result.final_answer,
+        error=error,
+    )
+    calls = gw.store.calls(opened.rollout_id, attempt=opened.attempt)
+    return RolloutOutcome(
+        opened.rollout_id,
+        group,
+        rollout.status,
+        reward if rollout.usable else None,
+        calls,
+        result.final_answer,
+        attempt=opened.attempt,
+    )
+
+
+class AsyncRollouts:
+    """The group scheduler and the pause → drain → update → resume step of async mode."""
+
+    def __init__(
+        self,
+        gw: Gateway,
+        runner: Runner,
+        task_at: Callable[[int], Task],
+        n: int,
+        *,
+        grader: Grader | None,
+        run_id: str,
+        batch_groups: int,
+        max_in_flight: int,
+        max_lag: int,
+        lag_policy: str,
+        learn: Learn,
+        version: Callable[[], int],
+        first_group: int = 0,
+        tag: str = "a",
+    ):
+        if max_in_flight < batch_groups:
+            raise TrainerError(
+                f"max_in_flight ({max_in_flight}) must be >= batch_groups ({batch_groups})"
+            )
+        self.gw, self.runner, self.task_at, self.n = gw, runner, task_at, n
+        self.grader, self.run_id, self.tag = grader, run_id, tag
+        self.batch_groups, self.max_in_flight = batch_groups, max_in_flight
+        self.max_lag, self.drop_stale = max_lag, lag_policy == "drop"
+        self.learn, self.version = learn, version
+        self.retry = RetryPolicy.of(runner)
+        self.first_group = self.next_index = first_group
+        self.running: dict[int, asyncio.Task[None]] = {}
+        self.ready: deque[Group] = deque()
+        self.dropped: list[Group] = []  # dropped for lag, in the order seen
+        self.trained: list[list[Group]] = []  # the batch of each step
+        self._changed = asyncio.Event()
+        self._error: BaseException | None = None
+        self._stopped = False
+
+    # -- the groups ----------------------------------------------------------------
+
+    def fill(self) -> None:
+        """Start groups until ``max_in_flight`` are running."""
+        while not self._stopped and self._error is None and len(self.running) < self.max_in_flight:
+            i = self.next_index
+            self.next_index += 1
+            self.running[i] = asyncio.create_task(self._group(i), name=f"tether-group-{i}")
+
+    async def _group(self, index: int) -> None:
+        gid = f"{self.run_id}-{self.tag}-g{index}"
+        try:
+            task = self.task_at(index)
+            opened = [
+                self.gw.open_rollout(
+                    task.data,
+                    rollout_id=f"{gid}-{k}",
+                    run_id=self.run_id,
+                    group_id=gid,
+                    task_id=task.id,
+                )
+                for k in range(self.n)
+            ]
+            outcomes = await asyncio.gather(*(self._rollout(index, task, o) for o in opened))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a store or gateway fault: stop the run, loudly
+            log.exception("group %s failed", gid)
+            self._error = exc
+        else:
+            self.ready.append(Group(index, gid, list(outcomes)))
+        finally:
+            self.running.pop(index, None)
+            self._changed.set()
+        self.fill()
+
+    async def _rollout(self, group: int, task: Task, opened: OpenedRollout) -> RolloutOutcome:
+        """Run the rollout's attempts (retried as in sync mode); grade the last one."""
+        try:
+            final, result = await run_attempts(
+                self.gw, self.runner, opened, task, self.retry, None, self.run_id
+            )
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):  # it may have ended meanwhile
+                self.gw.finish_rollout(  # its current attempt
+                    opened.rollout_id,
+                    RolloutStatus.CANCELLED,
+                    error="cancelled: training ended while the rollout ran",
+                )
+            raise
+        return finish_outcome(self.gw, final, task, result, self.grader, group)
+
+    def _drop_stale(self) -> int:
+        if not self.drop_stale:
+            return 0
+        version = self.version()
+        fresh = [g for g in self.ready if group_lag(g, version) <= self.max_lag]
+        stale = [g for g in self.ready if group_lag(g, version) > self.max_lag]
+        self.ready = deque(fresh)
+        self.dropped.extend(stale)
+        return len(stale)
+
+    async def wait_ready(self) -> int:
+        """Wait until ``batch_groups`` groups within the lag bound are ready; return the drops."""
+        dropped = 0
+        while True:
+            if self._error is not None:
+                raise TrainerError(f"a rollout group failed: {self._error!r}") from self._error
+            dropped += self._drop_stale()
+            if len(self.ready) >= self.batch_groups:
+                return dropped
+            if self._stopped:
+                raise TrainerError("async rollouts were stopped")
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def stop(self) -> int:
+        """Cancel the running groups (their rollouts end as cancelled); return how many."""
+        self._stopped = True
+        tasks = list(self.running.values())
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return len(tasks)
+
+    # -- one update ------------------------------------------------------------------
+
+    async def step(self, step: int) -> dict[str, float]:
+        """Wait for a batch, pause admission, drain, learn, resume; the step's metrics."""
+        gate = self.gw.gate
+        t0 = time.perf_counter()
+        self.fill()
+        dropped = await self.wait_ready()
+        t1 = time.perf_counter()
+        held0, hold0 = gate.held_total, gate.held_seconds
+        await gate.pause()
+        t2 = time.perf_counter()
+        try:
+            # Groups that finished during the drain; the version has not moved, so the
+            # batch_groups fresh ones found by wait_ready are still there.
+            dropped += self._drop_stale()
+            version = self.version()
+            batch = [self.ready.popleft() for _ in range(self.batch_groups)]
+            self.trained.append(batch)
+            lags = [group_lag(g, version) for g in batch]
+            m = await self.learn([g.outcomes for g in batch])
+        finally:
+            gate.resume()
+        t3 = time.perf_counter()
+        calls = [c for g in batch for o in g.outcomes for c in o.calls]
+        m.update(
+            {
+                "wait_s": t1 - t0,
+                "drain_s": t2 - t1,
+                "paused_s": t3 - t1,
+                "calls_held": float(gate.held_total - held0),
+                "hold_s": gate.held_seconds - hold0,
+                "groups_dropped_lag": float(dropped),
+                "groups_carried": float(len(self.ready) + len(self.running)),
+                "policy_lag_max": float(max(lags)),
+                "call_lag_mean": sum(version - c.policy_version for c in calls)
+                / max(len(calls), 1),
+                **{f"lag_hist/{k}": float(v) for k, v in sorted(Counter(lags).items())},
+            }
+        )
+        return m
+
+    def stats(self) -> dict[str, Any]:
+        """Totals: groups started, trained, dropped for lag, ready, running."""
+        return {
+            "started": self.next_index - self.first_group,
+            "trained": sum(len(b) for b in self.trained),
+            "dropped_lag": len(self.dropped),
+            "ready": len(self.ready),
+            "running": len(self.running),
+        }
