@@ -36,14 +36,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether.gateway import Gateway, OpenedRollout
-from tether.records import RewardSource, RolloutStatus, Task
-from tether.runner import AttemptResult, Runner
+from tether.records import RolloutStatus, Task
+from tether.runner import Runner
 from tether.trainer._collect import (
     Grader,
     RetryPolicy,
     RolloutOutcome,
-    _clean,
-    _reward,
+    finish_outcome,
     run_attempts,
 )
 from tether.trainer.errors import TrainerError
@@ -73,44 +72,6 @@ def group_lag(group: Group, version: int) -> int:
     """Policy versions between ``version`` and the group's oldest call (0 without calls)."""
     oldest = group.oldest_version
     return 0 if oldest is None else version - oldest
-
-
-def finish_outcome(
-    gw: Gateway,
-    opened: OpenedRollout,
-    task: Task,
-    result: AttemptResult,
-    grader: Grader | None,
-    group: int,
-) -> RolloutOutcome:
-    """Grade one attempt, end its rollout in the store, and read back its calls."""
-    reward: float | None = None
-    source = RewardSource.GRADER
-    if result.ok:
-        raw, source = _reward(result, task.data, grader, gw)
-        reward = _clean(raw)
-    error = result.error
-    if result.ok and reward is None:
-        error = "no usable reward (missing, NaN, inf or not a number)"
-    rollout = gw.finish_rollout(
-        opened.rollout_id,
-        result.status,
-        attempt=opened.attempt,
-        reward=reward,
-        source=source,
-        final_answer=result.final_answer,
-        error=error,
-    )
-    calls = gw.store.calls(opened.rollout_id, attempt=opened.attempt)
-    return RolloutOutcome(
-        opened.rollout_id,
-        group,
-        rollout.status,
-        reward if rollout.usable else None,
-        calls,
-        result.final_answer,
-        attempt=opened.attempt,
-    )
 
 
 class AsyncRollouts:

@@ -32,6 +32,7 @@ __all__ = [
     "RetryPolicy",
     "RolloutOutcome",
     "collect_groups",
+    "finish_outcome",
     "load_grader",
     "run_attempts",
 ]
@@ -187,6 +188,44 @@ async def run_attempts(
         o = gw.retry_rollout(o.rollout_id, sampling=sampling)
 
 
+def finish_outcome(
+    gw: Gateway,
+    opened: OpenedRollout,
+    task: Task,
+    result: AttemptResult,
+    grader: Grader | None,
+    group: int,
+) -> RolloutOutcome:
+    """Grade one attempt, end its rollout in the store, and read back its calls."""
+    reward: float | None = None
+    source = RewardSource.GRADER
+    if result.ok:
+        raw, source = _reward(result, task.data, grader, gw)
+        reward = _clean(raw)
+    error = result.error
+    if result.ok and reward is None:
+        error = "no usable reward (missing, NaN, inf or not a number)"
+    rollout = gw.finish_rollout(
+        opened.rollout_id,
+        result.status,
+        attempt=opened.attempt,
+        reward=reward,
+        source=source,
+        final_answer=result.final_answer,
+        error=error,
+    )
+    calls = gw.store.calls(opened.rollout_id, attempt=opened.attempt)
+    return RolloutOutcome(
+        opened.rollout_id,
+        group,
+        rollout.status,
+        reward if rollout.usable else None,
+        calls,
+        result.final_answer,
+        attempt=opened.attempt,
+    )
+
+
 async def collect_groups(
     gw: Gateway,
     runner: Runner,
@@ -223,34 +262,7 @@ async def collect_groups(
     outcomes = []
     tokens = 0
     for (g, task, _), (o, result) in zip(opened, finals, strict=True):
-        reward: float | None = None
-        source = RewardSource.GRADER
-        if result.ok:
-            raw, source = _reward(result, task.data, grader, gw)
-            reward = _clean(raw)
-        error = result.error
-        if result.ok and reward is None:
-            error = "no usable reward (missing, NaN, inf or not a number)"
-        rollout = gw.finish_rollout(
-            o.rollout_id,
-            result.status,
-            attempt=o.attempt,
-            reward=reward,
-            source=source,
-            final_answer=result.final_answer,
-            error=error,
-        )
-        calls = gw.store.calls(o.rollout_id, attempt=o.attempt)
-        tokens += sum(len(c.completion_ids) for c in calls)
-        outcomes.append(
-            RolloutOutcome(
-                o.rollout_id,
-                g,
-                rollout.status,
-                reward if rollout.usable else None,
-                calls,
-                result.final_answer,
-                o.attempt,
-            )
-        )
+        outcome = finish_outcome(gw, o, task, result, grader, g)
+        tokens += sum(len(c.completion_ids) for c in outcome.calls)
+        outcomes.append(outcome)
     return Collected(outcomes, time.perf_counter() - t0, tokens)
