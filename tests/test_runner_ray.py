@@ -140,3 +140,62 @@ async def test_killed_ray_worker_is_retried_not_lost_or_doubled(
     rollout = gw.store.get_rollout(outcome.rollout_id)
     assert rollout is not None and rollout.attempt == 2
     assert gw.store.calls(outcome.rollout_id, attempt=1) == []
+
+
+def test_one_training_step_with_rollouts_as_ray_tasks(
+    local_ray: None, starter_dir: Path, tmp_path: Path
+) -> None:
+    """A short training run whose rollouts are Ray tasks: the packaged calc agent, the
+    starter model behind the real gateway, one GRPO update on what the Ray workers did."""
+    from tests.test_trainer import alternating_grader  # noqa: F401 (the grader spec below)
+    from tether.trainer.config import (
+        CheckpointConfig,
+        EvalConfig,
+        RolloutConfig,
+        TasksConfig,
+        TrainConfig,
+        TrainerConfig,
+    )
+    from tether.trainer.loop import TrainingRun
+
+    agent = build(
+        RunnerConfig,
+        {
+            "runner": "ray",
+            "mode": "inprocess",
+            "agent": "tether.starter.calc:agent",
+            "concurrency": 4,
+            "timeout_s": 120,
+            "ray": {"num_cpus": 0.25},
+        },
+    )
+    cfg = TrainConfig(
+        name="ray-train",
+        dir=str(tmp_path),
+        tasks=TasksConfig(source="calc", train_size=20, val_size=2),
+        agent=agent,
+        rollout=RolloutConfig(n=2, batch_groups=2, grader="tests.test_trainer:alternating_grader"),
+        trainer=TrainerConfig(steps=1, lr=1e-3),
+        eval=EvalConfig(every=0, tasks=1, samples=2, greedy=False),
+        checkpoint=CheckpointConfig(every=0),
+    )
+    cfg.gateway.default_max_tokens = 24
+
+    async def go() -> TrainingRun:
+        async with TrainingRun(cfg, model_path=starter_dir) as run:
+            await run.train()
+        return run
+
+    run = asyncio.run(go())
+    [step] = run.history
+    assert step.metrics["rollouts"] == 4 and step.metrics["groups_dropped"] == 0
+    assert run.engine.policy_version == 1  # the update ran on the Ray workers' rollouts
+    from tether.store import Store
+
+    rid = run.run_record.id
+    with Store(tmp_path / "ray-train" / "traces.sqlite") as store:
+        rollouts = [r for g in (0, 1) for r in store.list_rollouts(group_id=f"{rid}-s0-g{g}")]
+        assert len(rollouts) == 4
+        assert all(r.status is RolloutStatus.SUCCEEDED and r.attempt == 1 for r in rollouts)
+        calls = [c for r in rollouts for c in store.calls(r.id)]
+    assert calls and all(len(c.logprobs) == len(c.completion_ids) > 0 for c in calls)
