@@ -120,3 +120,36 @@ def test_cli_errors_are_one_line_with_the_fix(args: list[str], needle: str) -> N
     r = _run(*args)
     assert r.returncode == 2
     assert needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_train_from_the_example_config_with_overrides(starter_dir: Path, tmp_path: Path) -> None:
+    """``tether train CONFIG key=value ...``: evaluates, trains, evaluates, and ends with the
+    summary line, the memory self-check and a checkpoint ``tether eval`` can load."""
+    root = Path(__file__).resolve().parents[1]
+    overrides = [
+        f"dir={tmp_path}",
+        f"model.path={starter_dir}",
+        "tasks.train_size=20",
+        "tasks.val_size=2",
+        "agent.mode=inprocess",
+        "agent.agent=tether.starter.calc:agent",
+        "rollout.n=2",
+        "rollout.batch_groups=2",
+        "trainer.steps=2",
+        "eval.tasks=2",
+        "eval.samples=2",
+        "eval.greedy=false",
+        "checkpoint.every=2",
+        "gateway.default_max_tokens=24",
+    ]
+    out = _run("train", str(root / "examples/calc/config.yaml"), *overrides, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "held-out success: before " in out.stdout and ", 2 steps, " in out.stdout
+    assert "memory: " in out.stdout and "after update 2" in out.stdout
+    ckpt = tmp_path / "calc" / "checkpoints" / "step-000002"
+    assert (ckpt / "model").is_dir()
+    evaluated = _run(
+        "eval", str(root / "examples/calc/config.yaml"), *overrides, "--checkpoint", str(ckpt)
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert "held-out success: sampled " in evaluated.stdout

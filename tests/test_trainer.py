@@ -226,6 +226,7 @@ def test_two_step_training_through_gateway_and_subprocess_agents(
         for r in steps:
             assert r.metrics["zero_variance_groups"] == 0
             assert r.metrics["logprob_gap"] < 1e-4  # engine and trainer agree token for token
+            assert 50 < r.metrics["rss_mb"] < 64_000  # this process's resident memory, in MiB
     assert (tmp_path / "e2e" / "checkpoints" / "step-000002" / "model").is_dir()
     assert len(run.evals) == 2
 

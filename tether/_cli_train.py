@@ -20,7 +20,7 @@ from tether.trainer.config import (
 )
 from tether.trainer.loop import EvalResult, TrainingRun
 
-__all__ = ["demo_config", "run_demo", "run_eval", "run_train", "summary_line"]
+__all__ = ["demo_config", "memory_line", "run_demo", "run_eval", "run_train", "summary_line"]
 
 
 def demo_config(seed: int = 0, steps: int = 50) -> TrainConfig:
@@ -73,6 +73,9 @@ def run_train(cfg: TrainConfig, console: Console) -> list[EvalResult]:
     png = plot_curve(run.history, evals, run.run_dir / "reward_curve.png")
     if png:
         console.print(f"reward curve: {png}")
+    memory = memory_line(run)
+    if memory:
+        console.print(memory, highlight=False)
     console.print(
         summary_line(evals, cfg.trainer.steps, (time.monotonic() - t0) / 60), highlight=False
     )
@@ -114,6 +117,18 @@ def run_demo(seed: int, steps: int, console: Console) -> str:
         f"3/3 done. traces: {run.run_dir / 'traces.sqlite'}"
         + (f"  reward curve: {png}" if png else "")
     )
+    memory = memory_line(run)
+    if memory:
+        console.print(memory, highlight=False)
     line = summary_line(evals, steps, (time.monotonic() - t0) / 60)
     console.print(line, highlight=False)
     return line
+
+
+def memory_line(run: TrainingRun) -> str | None:
+    """Resident memory after the first and the last update (a self-check for leaks)."""
+    rss = [r.metrics["rss_mb"] for r in run.history if "rss_mb" in r.metrics]
+    if len(rss) < 2:
+        return None
+    per_step = (rss[-1] - rss[0]) / (len(rss) - 1)
+    return f"memory: {rss[0]:.0f} MiB after update 1, {rss[-1]:.0f} MiB after update {len(rss)} ({per_step:+.2f} MiB per update)"

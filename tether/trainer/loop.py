@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import secrets
 import time
@@ -73,6 +74,15 @@ class StepReport:
 def _success(collected: Collected) -> float:
     outs = collected.outcomes
     return sum(1 for o in outs if o.reward is not None and o.reward > 0) / max(len(outs), 1)
+
+
+def resident_mb() -> float | None:
+    """This process's resident memory in MiB (Linux ``/proc``; None elsewhere)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def resolve_model_path(path: str) -> Path:
@@ -274,6 +284,9 @@ class TrainingRun:
 
     def _report(self, step: int, m: dict[str, float], t0: float) -> StepReport:
         m["step_s"] = time.perf_counter() - t0
+        rss = resident_mb()
+        if rss is not None:  # self-check: memory that grows step after step is a leak
+            m["rss_mb"] = rss
         self.store.log_metrics(self.run_record.id, step, m)
         report = StepReport(step, m)
         self.history.append(report)
