@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
 import secrets
 import time
@@ -34,6 +33,7 @@ from typing import Any
 
 import torch
 
+from tether._memory import resident_mb, trim_heap
 from tether.configio import dump
 from tether.engine import Engine, TransformersEngine
 from tether.gateway import Gateway, LoopServer, create_app
@@ -74,15 +74,6 @@ class StepReport:
 def _success(collected: Collected) -> float:
     outs = collected.outcomes
     return sum(1 for o in outs if o.reward is not None and o.reward > 0) / max(len(outs), 1)
-
-
-def resident_mb() -> float | None:
-    """This process's resident memory in MiB (Linux ``/proc``; None elsewhere)."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def resolve_model_path(path: str) -> Path:
@@ -218,6 +209,7 @@ class TrainingRun:
             },
         )
         self.evals.append(result)
+        trim_heap()
         self.on_event("eval", result)
         return result
 
@@ -284,6 +276,7 @@ class TrainingRun:
 
     def _report(self, step: int, m: dict[str, float], t0: float) -> StepReport:
         m["step_s"] = time.perf_counter() - t0
+        trim_heap()  # freed tensors' pages back to the OS (see tether/_memory.py)
         rss = resident_mb()
         if rss is not None:  # self-check: memory that grows step after step is a leak
             m["rss_mb"] = rss
