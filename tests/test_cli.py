@@ -153,3 +153,22 @@ def test_train_from_the_example_config_with_overrides(starter_dir: Path, tmp_pat
     )
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert "held-out success: sampled " in evaluated.stdout
+
+
+def test_demo_shows_warmup_progress_lines_only_while_building() -> None:
+    import io
+    import logging
+
+    from rich.console import Console
+
+    from tether._cli_train import _echo_logs
+
+    out = io.StringIO()
+    console = Console(file=out, width=200)
+    warmup = logging.getLogger("tether.starter._warmup")
+    with _echo_logs("tether.starter", console):
+        warmup.info("warm-up step %d  copy acc %.3f", 50, 0.25)
+    warmup.info("after the build")
+    assert "warm-up step 50  copy acc 0.250" in out.getvalue()
+    assert "after the build" not in out.getvalue()
+    assert not logging.getLogger("tether.starter").handlers

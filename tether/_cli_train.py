@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from rich.console import Console
@@ -36,6 +39,27 @@ def demo_config(seed: int = 0, steps: int = 50) -> TrainConfig:
         eval=EvalConfig(every=0, tasks=100, samples=4, greedy=True),
         checkpoint=CheckpointConfig(every=0, keep=1),
     )
+
+
+@contextlib.contextmanager
+def _echo_logs(name: str, console: Console) -> Iterator[None]:
+    """Show logger ``name``'s INFO lines on ``console`` for the duration."""
+
+    class Echo(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            console.print(f"  {record.getMessage()}", highlight=False)
+
+    logger, handler = logging.getLogger(name), Echo(logging.INFO)
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def _quiet_loading() -> None:
@@ -105,7 +129,8 @@ def run_demo(seed: int, steps: int, console: Console) -> str:
         "[bold]tether demo[/]: the starter model learns the calc task with GRPO, on this CPU"
     )
     console.print("1/3 starter model: build and supervised warm-up (cached after the first run)")
-    model_path = Path(build_starter(warm=True))
+    with _echo_logs("tether.starter", console):  # the warm-up's progress, every 50 steps
+        model_path = Path(build_starter(warm=True))
     cfg = demo_config(seed, steps)
     console.print(
         f"2/3 GRPO through the gateway: {cfg.rollout.batch_groups} tasks x {cfg.rollout.n} rollouts "
