@@ -51,34 +51,12 @@ from typing import Any
 
 import httpx
 import psutil
+from _calls import ANSWER, KEY_ENV, SYSTEM, TOOLS, USER, pct
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-SYSTEM = (
-    "You are a careful calculator agent. Use the calculator tool for every computation "
-    "and answer with the final number only."
-)
-USER = "Ana buys {n} pencils at 17 cents each and pays with 5 dollars. How much change, in cents?"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate an arithmetic expression; returns the number.",
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": {"type": "string"}},
-                "required": ["expression"],
-            },
-        },
-    }
-]
-ANSWER = (
-    '<tool_call>\n{"name": "calculator", "arguments": {"expression": "500-17*25"}}\n</tool_call>'
-)
 EXPECT = b'"finish_reason":"tool_calls"'
 LOCKED = "database is locked"
-KEY_ENV = "TETHER_BENCH_ADMIN_KEY"
 
 
 # -- the server processes ----------------------------------------------------------
@@ -172,11 +150,6 @@ def server_process(kind: str, starter: Path, tmp: Path, key: str) -> Any:
 
 
 # -- the load ------------------------------------------------------------------------
-
-
-def pct(sorted_s: list[float], q: float) -> float:
-    """Nearest-rank percentile of sorted seconds, in ms."""
-    return 1e3 * sorted_s[min(len(sorted_s) - 1, max(0, round(q / 100 * len(sorted_s)) - 1))]
 
 
 class Load:

@@ -39,33 +39,10 @@ from typing import Any
 
 import httpx
 import psutil
+from _calls import ANSWER, KEY_ENV, SYSTEM, TOOLS, USER, pct
 
-SYSTEM = (
-    "You are a careful calculator agent. Use the calculator tool for every computation "
-    "and answer with the final number only."
-)
-# Each call asks about a different number of pencils, so no two prompts are the same.
-USER = "Ana buys {n} pencils at 17 cents each and pays with 5 dollars. How much change, in cents?"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate an arithmetic expression; returns the number.",
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": {"type": "string"}},
-                "required": ["expression"],
-            },
-        },
-    }
-]
 MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER.format(n=25)}]
-ANSWER = (
-    '<tool_call>\n{"name": "calculator", "arguments": {"expression": "500-17*25"}}\n</tool_call>'
-)
 MAX_TOKENS = 64
-KEY_ENV = "TETHER_BENCH_ADMIN_KEY"
 LOOP_ENV = "TETHER_BENCH_LOOP"
 
 
@@ -145,11 +122,6 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 
 # -- measuring -------------------------------------------------------------------
-
-
-def pct(sorted_s: list[float], q: float) -> float:
-    """Nearest-rank percentile of sorted seconds, in ms."""
-    return 1e3 * sorted_s[min(len(sorted_s) - 1, max(0, round(q / 100 * len(sorted_s)) - 1))]
 
 
 async def drive(call: Any, workers: int, calls: int) -> tuple[list[float], float]:
