@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
+import collections
 import random
 import sys
 from pathlib import Path
@@ -171,12 +171,18 @@ def test_config_file_with_overrides_and_clear_errors(tmp_path: Path) -> None:
         load_config(TrainConfig, None, ["trainer.lr=fast"])
 
 
-_graded = itertools.count()
+_graded: collections.Counter[str] = collections.Counter()
 
 
 def alternating_grader(task: dict, answer: str | None) -> float:
-    """Rewards 0, 1, 0, 1, ... in grading order: every group of even size has variance."""
-    return float(next(_graded) % 2)
+    """Rewards 0, 1, 0, 1, ... per task in grading order: every group of even size has variance.
+
+    Counted per task, not globally: rollouts of concurrent groups finish interleaved, and a
+    global count could hand one group 0, 0 (no variance, so no update).
+    """
+    n = _graded[task["id"]]
+    _graded[task["id"]] += 1
+    return float(n % 2)
 
 
 def test_two_step_training_through_gateway_and_subprocess_agents(
