@@ -68,6 +68,46 @@ def test_one_update_changes_parameters_and_loss_is_finite(starter_dir: Path) -> 
     assert "model.layers.0.self_attn.q_proj.weight" in changed
 
 
+def test_zero_advantage_samples_are_skipped_without_changing_the_gradient(
+    starter_dir: Path,
+) -> None:
+    """The update leaves samples with advantage 0 out of the forward pass; the gradient
+    must still be the one of the token-mean loss over *all* samples (plain reference)."""
+    model = load_model(starter_dir)
+    samples = _samples(model) + _samples(model, seed=1)
+    for s in samples[2:]:
+        s.advantage = 0.0  # a zero-variance group
+    trainer = PolicyTrainer(model, TrainerConfig(lr=1e-3, grad_clip=0))  # raw gradients
+    seen: dict[str, torch.Tensor] = {}
+    forwards: list[int] = []
+    step, forward = trainer.optimizer.step, trainer._forward_logprobs
+
+    def capture(*args: Any, **kwargs: Any) -> Any:
+        seen.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        return step(*args, **kwargs)
+
+    def count(m: Any, batch: dict) -> torch.Tensor:
+        forwards.append(int(batch["input_ids"].shape[0]))
+        return forward(m, batch)
+
+    reference = load_model(starter_dir)  # same weights, plain loop over every sample
+    total = sum(sum(s.loss_mask) for s in samples)
+    loss = torch.zeros(())
+    for s in samples:
+        ids = torch.tensor([s.input_ids])
+        logp = torch.log_softmax(reference(ids).logits[0, :-1].float(), -1)
+        token_logp = logp.gather(-1, ids[0, 1:, None])[:, 0]
+        mask = torch.tensor(s.loss_mask[1:], dtype=torch.float32)
+        loss = loss - s.advantage * (token_logp * mask).sum() / total  # ratio 1: -A·logp
+    loss.backward()
+
+    trainer.optimizer.step, trainer._forward_logprobs = capture, count  # type: ignore[method-assign]
+    trainer.update(samples)
+    assert sum(forwards) == 2  # only the two samples with an advantage ran
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(seen[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
 def test_lora_update_trains_only_adapters(starter_dir: Path) -> None:
     from tether.trainer.config import LoraConfig
 

@@ -131,14 +131,16 @@ class PolicyTrainer:
         PPO ratio against the engine's logprobs is what gets clipped.
         """
         cfg = self.cfg
-        batches = make_micro_batches(samples, cfg.max_tokens_per_micro_batch)
+        # The loss is divided by counts over every sample, but a sample whose advantage
+        # is 0 adds nothing to it or its gradient (no KL term: every policy loss is
+        # advantage × something), so only the others need a forward and backward pass.
+        stats = _aggregate_stats(samples)
+        active = samples if self.ref_model is not None else [s for s in samples if s.advantage]
+        batches = make_micro_batches(active, cfg.max_tokens_per_micro_batch)
         collated = [
             {k: v.to(self.device) for k, v in collate(b, pad_id=self.pad_id).items()}
             for b in batches
         ]
-        stats = A.AggregateStats.merge(
-            A.AggregateStats.of(b["loss_mask"], b["rollout_index"]) for b in collated
-        )
         first: dict[str, float] = {}
         for k in range(cfg.updates_per_batch):
             metrics = self._step(collated, stats)
@@ -153,6 +155,7 @@ class PolicyTrainer:
         loss_fn = A.POLICY_LOSSES[cfg.policy_loss]
         totals: dict[str, float] = {}
         gap_sum, gap_max, n_tokens = 0.0, 0.0, 0
+        active_tokens = sum(int(b["loss_mask"].sum().item()) for b in collated)
         self.optimizer.zero_grad(set_to_none=True)
         total_loss = 0.0
         for batch in collated:
@@ -188,7 +191,7 @@ class PolicyTrainer:
             )
             loss.backward()
             total_loss += loss.item()
-            share = mask.sum().item() / max(stats.num_tokens, 1)
+            share = mask.sum().item() / max(active_tokens, 1)
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + float(v) * share
         grad_norm = 0.0
@@ -210,6 +213,16 @@ class PolicyTrainer:
             "trained_tokens": float(n_tokens),
             **totals,
         }
+
+
+def _aggregate_stats(samples: list[Sample]) -> A.AggregateStats:
+    """The counts :func:`algorithms.aggregate` divides by, over all ``samples``."""
+    tokens, seqs, per_rollout = 0, 0, dict[int, int]()
+    for s in samples:
+        n = sum(1 for m in s.loss_mask if m)
+        tokens, seqs = tokens + n, seqs + int(n > 0)
+        per_rollout[s.rollout_index] = per_rollout.get(s.rollout_index, 0) + n
+    return A.AggregateStats(tokens, seqs, per_rollout)
 
 
 def shared_prefix(ids: torch.Tensor, loss_mask: torch.Tensor) -> int:
