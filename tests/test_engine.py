@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import time
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from tether.engine import (
     SamplingParams,
     TransformersEngine,
 )
+from tether.engine._prefix import PrefixCache
 from tether.engine.testing import FaultyEngine, NullEngine, ScriptedEngine
 from tether.errors import UserError
 
@@ -288,6 +290,59 @@ async def test_prefix_cache_is_exact_and_dropped_on_update(model):
         comp = (await eng.generate(prompts[2], params)).completions[0]  # no stale KV
         ref = reference_logprobs(m, prompts[2], comp.token_ids, 0.8)
         assert max(abs(a - b) for a, b in zip(ref, comp.logprobs, strict=True)) < 1e-4
+    finally:
+        await eng.close()
+
+
+def test_prefix_cache_finds_the_longest_stored_run_and_evicts_by_tokens():
+    def kv(n: int, fill: float) -> list:
+        return [(torch.full((1, 2, n, 4), fill), torch.full((1, 2, n, 4), -fill))]
+
+    cache = PrefixCache(max_tokens=100, min_tokens=4, block=4)
+    a = list(range(100, 130))  # 30 tokens
+    cache.store(a, kv(30, 1.0))
+    assert cache.lookup(a) is not None and len(cache.lookup(a).tokens) == 29  # proper prefix
+    hit = cache.lookup([*a[:17], 7, 8, 9])  # the front of an entry, beyond a block boundary
+    assert hit.tokens == tuple(a[:17]) and hit.layers[0][0].shape == (1, 2, 17, 4)
+    assert cache.lookup([*a, 1, 2]).tokens == tuple(a)  # the whole entry, and more to prefill
+    assert cache.lookup(a[:3] + [0] * 10) is None  # shorter than min_tokens
+    assert cache.lookup([5] * 40) is None
+    b = a[:8] + list(range(500, 560))  # 68 tokens: 98 held
+    cache.store(b, kv(68, 2.0))
+    assert cache.lookup([*b, 1]).layers[0][0][0, 0, 0, 0] == 2.0
+    cache.store(list(range(900, 910)), kv(10, 3.0))  # 108 > 100: the least recently used goes
+    assert cache.size == 78 and cache.lookup([*a, 1]).tokens == tuple(a[:8])  # only via b
+    cache.clear()
+    assert cache.lookup([*b, 1]) is None and cache.size == 0
+
+
+async def test_batched_prefill_on_different_prefixes_is_exact(model):
+    """Prompts on different cached prefixes (and none) prefill in one forward; identical
+    prompts once; an agent's next call reuses the KV of the previous prompt + completion."""
+    m = copy.deepcopy(model)
+    eng = TransformersEngine(m, prefix_cache_tokens=8192)
+    system = list(range(100, 140))
+    params = SamplingParams(temperature=0.8, max_tokens=8, ignore_eos=True)
+    try:
+        first = await eng.generate([*system, 7, 8], params)  # cached: the prompt, the completion
+        done = first.completions[0].token_ids
+        prompts = [
+            [*system, 7, 8, *done, 50, 51, 52],  # an agent's next call
+            [*system, 9, 9, 9],  # the system prompt only
+            [*system, 9, 9, 9],  # the same prompt again: one prefill row
+            list(range(200, 230)),  # nothing cached
+        ]
+        prefills, hits = eng.stats.prefills, eng.stats.prefix_hits
+        loop = asyncio.get_running_loop()  # keep the worker busy while all four queue up
+        eng._worker.inbox.put((time.sleep, 0.3, loop.create_future(), loop))
+        results = await asyncio.gather(*(eng.generate(p, params) for p in prompts))
+        assert eng.stats.prefills - prefills == 1  # one forward for all four
+        assert eng.stats.prefix_hits - hits == 3
+        assert eng.stats.prefix_tokens >= 42 + 7 + 2 * 40  # the completion's KV was reused
+        for prompt, res in zip(prompts, results, strict=True):
+            comp = res.completions[0]
+            ref = reference_logprobs(m, prompt, comp.token_ids, 0.8)
+            assert max(abs(a - b) for a, b in zip(ref, comp.logprobs, strict=True)) < 1e-4
     finally:
         await eng.close()
 

@@ -11,6 +11,7 @@ computes the same logits as the row alone (up to float rounding).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -35,6 +36,32 @@ def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     if hasattr(cache, "layers"):
         return [(layer.keys, layer.values) for layer in cache.layers]
     return list(zip(cache.key_cache, cache.value_cache, strict=True))  # transformers < 4.56
+
+
+def _prefix_cache(
+    prefixes: list[Prefix | None], rows: int, device: Any
+) -> tuple[DynamicCache, torch.Tensor]:
+    """The rows' prefixes as one cache, each left-padded to the longest, and its mask [B, P]."""
+    given = [p for p in prefixes if p is not None]
+    width = max((len(p.tokens) for p in given), default=0)
+    head = torch.zeros((rows, width), dtype=torch.long, device=device)
+    if not width:
+        return DynamicCache(), head
+    for b, p in enumerate(prefixes):
+        if p is not None:
+            head[b, width - len(p.tokens) :] = 1
+    if all(p is not None and p.tokens == given[0].tokens for p in prefixes):  # broadcast
+        layers = [
+            (k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in given[0].layers
+        ]
+        return DynamicCache(layers), head
+    layers = []
+    for i, (k0, _) in enumerate(given[0].layers):
+        empty = k0.new_zeros((1, k0.shape[1], width, k0.shape[3]))
+        keys = [_left_pad(p.layers[i][0], width, 2) if p else empty for p in prefixes]
+        values = [_left_pad(p.layers[i][1], width, 2) if p else empty for p in prefixes]
+        layers.append((torch.cat(keys), torch.cat(values)))
+    return DynamicCache(layers), head
 
 
 def _left_pad(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
@@ -68,32 +95,29 @@ class KVBatch:
         kwarg: str,
         prompts: list[list[int]],
         pad_id: int = 0,
-        prefix: Prefix | None = None,
+        prefixes: Sequence[Prefix | None] | None = None,
     ) -> tuple[KVBatch, torch.Tensor]:
         """Run the prompts as one batch; return it and the next-token logits [B, V].
 
-        With a ``prefix`` (a proper prefix of every prompt) only the suffixes
-        are computed; the rows are laid out ``[prefix | padding | suffix]``.
+        With ``prefixes`` (per row a proper prefix of its prompt, or None) only the
+        suffixes are computed; rows are laid out ``[padding | prefix | padding | suffix]``,
+        each prefix left-padded to the longest one.
         """
-        device = model.device
-        start = len(prefix.tokens) if prefix else 0
-        suffixes = [p[start:] for p in prompts]
+        device, rows = model.device, len(prompts)
+        prefixes = list(prefixes) if prefixes is not None else [None] * rows
+        starts = [len(p.tokens) if p else 0 for p in prefixes]
+        suffixes = [p[start:] for p, start in zip(prompts, starts, strict=True)]
         length = max(len(p) for p in suffixes)
-        ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), length), dtype=torch.long)
+        ids = torch.full((rows, length), pad_id, dtype=torch.long)
+        mask = torch.zeros((rows, length), dtype=torch.long)
         for b, suffix in enumerate(suffixes):
             ids[b, length - len(suffix) :] = torch.tensor(suffix, dtype=torch.long)
             mask[b, length - len(suffix) :] = 1
         ids, mask = ids.to(device), mask.to(device)
-        positions = start + (mask.cumsum(-1) - 1).clamp(min=0)
-        if prefix is None:
-            cache = DynamicCache()
-        else:
-            rows = len(prompts)
-            cache = DynamicCache(
-                [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in prefix.layers]
-            )
-            mask = torch.cat([torch.ones((rows, start), dtype=mask.dtype, device=device), mask], 1)
+        offsets = torch.tensor(starts, dtype=torch.long, device=device)[:, None]
+        positions = offsets + (mask.cumsum(-1) - 1).clamp(min=0)
+        cache, head = _prefix_cache(prefixes, rows, device)
+        mask = torch.cat([head.to(mask.dtype), mask], 1)
         keep = {"logits_to_keep": 1} if _takes(model, "logits_to_keep") else {}
         out = model(
             input_ids=ids,
@@ -104,6 +128,14 @@ class KVBatch:
             **{kwarg: cache},
         )
         return cls(cache, mask, mask.sum(-1)), out.logits[:, -1, :]
+
+    def row_layers(self, b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Row ``b``'s KV without padding, per layer ``[1, H, n, D]``, in memory of its own."""
+        real = self.mask[b].nonzero().flatten()
+        return [
+            (k[b : b + 1].index_select(2, real), v[b : b + 1].index_select(2, real))
+            for k, v in self.layers()
+        ]
 
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The cache's per-layer ``(keys, values)``, each [B, H, L, D]."""

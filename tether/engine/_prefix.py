@@ -1,20 +1,27 @@
-"""Prefix caching: compute a shared prompt prefix once, reuse its KV.
+"""Prefix caching: keep the KV of what was computed, reuse it for what repeats.
 
 Agent traffic repeats itself: every rollout of a task starts with the same
-system + tools prompt, and each call of a rollout extends the previous
-call's prompt. :class:`PrefixCache` keeps the KV of such prefixes (per
-layer ``[1, H, P, D]``, positions ``0..P-1``) in an LRU bounded by tokens.
-For a new prompt it returns the longest stored entry that is a proper
-prefix of it; when the prompt shares a longer prefix with a recently seen
-prompt, it first extends the best entry to that prefix (prefilling only the
-new tokens) and stores the result. The engine then prefills only the
-prompt's suffix on top of the entry (see :meth:`KVBatch.prefill`).
+system + tools prompt, the ``n`` rollouts of a group send the same first
+prompt, and each call of a rollout extends the previous call's prompt and
+completion. After a prefill the scheduler stores each prompt's KV here, and
+when a row finishes, the KV of its prompt and completion; nothing is ever
+computed only to be cached. :meth:`PrefixCache.lookup` returns the longest
+run of tokens that a new prompt starts with and some entry holds — a whole
+entry or the front of one, since with causal attention the KV of a
+sequence's first ``k`` tokens is the first ``k`` positions of its KV — and
+the engine prefills only the rest (see :meth:`KVBatch.prefill`).
+
+Entries are found through chained hashes of their ``block``-token blocks
+(as vLLM's automatic prefix caching does), so a lookup costs one dict probe
+per block plus one comparison of tokens; a hash collision is caught by that
+comparison. The store is an LRU bounded by tokens; :meth:`clear` drops it
+when the weights change.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,18 +33,19 @@ Layers = list[tuple[torch.Tensor, torch.Tensor]]
 
 @dataclass(eq=False)
 class Prefix:
-    """The KV of ``tokens`` (one row, no padding)."""
+    """The KV of ``tokens``: per layer ``(keys, values)``, each ``[1, H, len(tokens), D]``."""
 
     tokens: tuple[int, ...]
     layers: Layers
 
 
-def common_prefix_len(a: list[int] | tuple[int, ...], b: list[int] | tuple[int, ...]) -> int:
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix (binary search on slice equality, done in C)."""
+    a, b = tuple(a), tuple(b)
     lo, hi = 0, min(len(a), len(b))
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if list(a[:mid]) == list(b[:mid]):
+        if a[:mid] == b[:mid]:
             lo = mid
         else:
             hi = mid - 1
@@ -45,66 +53,76 @@ def common_prefix_len(a: list[int] | tuple[int, ...], b: list[int] | tuple[int, 
 
 
 class PrefixCache:
-    """An LRU of prefix KVs holding at most ``max_tokens`` tokens in all.
+    """An LRU of computed KVs holding at most ``max_tokens`` tokens in all.
 
-    ``compute(tokens, base)`` builds the KV of ``tokens`` given ``base``, the
-    Prefix it extends (or None); the scheduler supplies it. Prefixes shorter
-    than ``min_tokens`` are not worth a forward pass of their own.
+    A match shorter than ``min_tokens`` is not returned (it saves less than it costs).
     """
 
-    def __init__(
-        self,
-        compute: Callable[[list[int], Prefix | None], Layers],
-        *,
-        max_tokens: int = 32_768,
-        min_tokens: int = 16,
-        history: int = 64,
-    ):
-        self.compute = compute
+    def __init__(self, *, max_tokens: int = 32_768, min_tokens: int = 16, block: int = 16):
         self.max_tokens = max_tokens
         self.min_tokens = min_tokens
+        self.block = block
         self.entries: OrderedDict[tuple[int, ...], Prefix] = OrderedDict()
-        self.recent: deque[list[int]] = deque(maxlen=history)
+        self._index: dict[int, Prefix] = {}  # chained block hash → an entry holding those blocks
+        self.size = 0  # tokens held
         self.hits = 0
         self.tokens_saved = 0
 
-    @property
-    def size(self) -> int:
-        return sum(len(key) for key in self.entries)
+    def _hashes(self, tokens: Sequence[int]) -> list[int]:
+        """The chained hash of each complete block of ``tokens``."""
+        out, h, b = [], 0, self.block
+        for i in range(0, len(tokens) - b + 1, b):
+            h = hash((h, tuple(tokens[i : i + b])))
+            out.append(h)
+        return out
 
-    def lookup(self, prompt: list[int]) -> Prefix | None:
-        """The prefix to prefill ``prompt`` on (proper prefix, so the suffix is not empty)."""
-        best = self._stored(prompt)
-        shared = max((common_prefix_len(prompt, p) for p in self.recent), default=0)
-        shared = min(shared, len(prompt) - 1)
-        self.recent.append(prompt)
-        have = len(best.tokens) if best else 0
-        if shared >= self.min_tokens and shared - have >= self.min_tokens:
-            tokens = tuple(prompt[:shared])
-            best = Prefix(tokens, self.compute(list(tokens), best))
-            self._store(best)
-        if best is not None:
-            self.entries.move_to_end(best.tokens)
-            self.hits += 1
-            self.tokens_saved += len(best.tokens)
-        return best
+    def lookup(self, prompt: Sequence[int]) -> Prefix | None:
+        """The longest cached proper prefix of ``prompt`` (at least one token is left to
+        prefill), or None when it is shorter than ``min_tokens``."""
+        limit = len(prompt) - 1
+        hashes = self._hashes(prompt[:limit])
+        entry, blocks = None, len(hashes)
+        while blocks and entry is None:
+            entry = self._index.get(hashes[blocks - 1])
+            blocks -= entry is None
+        if entry is None:
+            return None
+        head = blocks * self.block
+        if entry.tokens[:head] != tuple(prompt[:head]):  # a hash collision
+            return None
+        n = head + common_prefix_len(entry.tokens[head:limit], prompt[head:limit])
+        if n < self.min_tokens:
+            return None
+        self.entries.move_to_end(entry.tokens)
+        for h in hashes[:blocks]:  # the blocks now point at the entry used last
+            self._index[h] = entry
+        self.hits += 1
+        self.tokens_saved += n
+        layers = [(k[:, :, :n], v[:, :, :n]) for k, v in entry.layers]
+        return Prefix(tuple(prompt[:n]), layers)
+
+    def store(self, tokens: Sequence[int], layers: Layers) -> None:
+        """Keep ``layers`` (their own memory, not views of a batch) as the KV of ``tokens``."""
+        key = tuple(tokens)
+        if not self.min_tokens <= len(key) <= self.max_tokens:
+            return
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            return
+        entry = Prefix(key, layers)
+        self.entries[key] = entry
+        self.size += len(key)
+        for h in self._hashes(key):
+            self._index[h] = entry  # the newest holder; older ones are evicted first
+        while self.size > self.max_tokens:
+            _, old = self.entries.popitem(last=False)
+            self.size -= len(old.tokens)
+            for h in self._hashes(old.tokens):
+                if self._index.get(h) is old:
+                    del self._index[h]
 
     def clear(self) -> None:
         """Forget everything (the weights changed, so every stored KV is stale)."""
         self.entries.clear()
-        self.recent.clear()
-
-    def _stored(self, prompt: list[int]) -> Prefix | None:
-        best = None
-        for key, entry in self.entries.items():
-            longer = best is None or len(key) > len(best.tokens)
-            if longer and len(key) < len(prompt) and tuple(prompt[: len(key)]) == key:
-                best = entry
-        return best
-
-    def _store(self, entry: Prefix) -> None:
-        if len(entry.tokens) > self.max_tokens:
-            return
-        self.entries[entry.tokens] = entry
-        while self.size > self.max_tokens:
-            self.entries.popitem(last=False)
+        self._index.clear()
+        self.size = 0

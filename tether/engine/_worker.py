@@ -2,9 +2,11 @@
 
 Each loop the worker takes what the asyncio side queued (requests, weight
 updates, the stop signal), admits waiting requests up to ``max_batch_size``
-rows (``n`` samples of a prompt are ``n`` rows sharing one prefill),
-prefills them as one left-padded batch, merges them into the running batch,
-decodes one token for every row and retires finished rows. Requests that
+rows (``n`` samples of a prompt, and identical prompts, are rows sharing one
+prefill), prefills them as one left-padded batch — each prompt on the longest
+prefix the prefix cache holds for it (``_prefix.py``) — merges them into the
+running batch, decodes one token for every row and retires finished rows,
+caching their KV for the agent's next call. Requests that
 arrive mid-generation thus join at the next step. Results go back to the
 callers' event loops with ``loop.call_soon_threadsafe``; any failure fails
 the affected futures with :class:`EngineFailed`, so none hangs.
@@ -111,11 +113,7 @@ class Scheduler(threading.Thread):
         self._batch: KVBatch | None = None
         self._rows: list[_Row] = []
         self._admitting: list[Request] = []
-        self.prefix = (
-            PrefixCache(self._compute_prefix, max_tokens=prefix_cache_tokens)
-            if prefix_cache_tokens > 0
-            else None
-        )
+        self.prefix = PrefixCache(max_tokens=prefix_cache_tokens) if prefix_cache_tokens else None
 
     def run(self) -> None:
         waiting: deque[Request] = deque()
@@ -170,45 +168,49 @@ class Scheduler(threading.Thread):
             self._admitting = []
 
     def _prefill(self, group: list[Request]) -> None:
-        """Prefill ``group``, one forward per distinct cached prefix."""
-        parts: dict[int, tuple[Prefix | None, list[Request]]] = {}
+        """Prefill ``group`` in one forward: identical prompts once, each on its longest
+        cached prefix; then remember each prompt's KV."""
+        same: dict[tuple[int, ...], list[Request]] = {}
         for req in group:
+            same.setdefault(tuple(req.prompt_ids), []).append(req)
+        parts = list(same.values())
+        prefixes: list[Prefix | None] = []
+        for reqs in parts:
             prefix = None
             if self.prefix is not None:
                 with contextlib.suppress(Exception):  # a bad prompt fails in its own prefill
-                    prefix = self.prefix.lookup(req.prompt_ids)
-            parts.setdefault(id(prefix), (prefix, []))[1].append(req)
-        for prefix, reqs in parts.values():
-            self._prefill_part(reqs, prefix)
+                    prefix = self.prefix.lookup(reqs[0].prompt_ids)
+            prefixes.append(prefix)
+        self._prefill_parts(parts, prefixes)
 
-    def _compute_prefix(self, tokens: list[int], base: Prefix | None) -> list[Any]:
-        batch, _ = KVBatch.prefill(self.model, self._kwarg, [tokens], self.pad_id, base)
-        return batch.layers()
-
-    def _prefill_part(self, group: list[Request], prefix: Prefix | None) -> None:
+    def _prefill_parts(self, parts: list[list[Request]], prefixes: list[Prefix | None]) -> None:
+        """Prefill ``parts`` (requests sharing one prompt), the rows of a part on ``prefixes``."""
         try:
-            prompts = [r.prompt_ids for r in group]
-            batch, logits = KVBatch.prefill(self.model, self._kwarg, prompts, self.pad_id, prefix)
+            prompts = [reqs[0].prompt_ids for reqs in parts]
+            batch, logits = KVBatch.prefill(self.model, self._kwarg, prompts, self.pad_id, prefixes)
         except Exception as exc:
-            if len(group) > 1:  # find the culprit: retry one by one
-                for req in group:
-                    self._prefill_part([req], prefix)
+            if len(parts) > 1:  # find the culprit: retry one by one
+                for reqs, prefix in zip(parts, prefixes, strict=True):
+                    self._prefill_parts([reqs], [prefix])
                 return
-            return self._fail(group, exc)
-        if prefix is not None:
-            self.stats.prefix_hits += len(group)
-            self.stats.prefix_tokens += len(prefix.tokens) * len(group)
-        counts = [r.params.n for r in group]
+            return self._fail(parts[0], exc)
+        if self.prefix is not None:
+            for b, (reqs, prefix) in enumerate(zip(parts, prefixes, strict=True)):
+                self.prefix.store(reqs[0].prompt_ids, batch.row_layers(b))
+                if prefix is not None:
+                    self.stats.prefix_hits += len(reqs)
+                    self.stats.prefix_tokens += len(prefix.tokens) * len(reqs)
+        counts = [sum(r.params.n for r in reqs) for reqs in parts]
         batch.repeat(counts)
         logits = logits.repeat_interleave(torch.tensor(counts, device=logits.device), dim=0)
         rows = []
-        for req in group:
+        for req in (r for reqs in parts for r in reqs):
             req.version = self.version
             req.completions = [None] * req.params.n
             for i in range(req.params.n):
                 rows.append(self._new_row(req, i))
         self.stats.prefills += 1
-        self.stats.prefill_sizes.append(len(group))
+        self.stats.prefill_sizes.append(sum(len(reqs) for reqs in parts))
         if self._batch is None:
             self._batch = batch
         else:
@@ -265,6 +267,7 @@ class Scheduler(threading.Thread):
                 keep.append(i)
             else:
                 done = True
+                self._remember(i, row)
                 self._complete(row, reason)
         if done and keep:
             assert self._batch is not None
@@ -283,6 +286,13 @@ class Scheduler(threading.Thread):
         ):
             return "length"
         return None
+
+    def _remember(self, b: int, row: _Row) -> None:
+        """Cache batch row ``b``'s KV: its prompt and all but the last sampled token (whose
+        KV was never computed) — the next call of an agent usually starts with them."""
+        if self.prefix is None or self._batch is None or len(row.tokens) < 2:
+            return
+        self.prefix.store(row.req.prompt_ids + row.tokens[:-1], self._batch.row_layers(b))
 
     def _complete(self, row: _Row, reason: str) -> None:
         req = row.req
