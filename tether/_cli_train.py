@@ -129,6 +129,7 @@ def run_demo(seed: int, steps: int, console: Console) -> str:
         "[bold]tether demo[/]: the starter model learns the calc task with GRPO, on this CPU"
     )
     console.print("1/3 starter model: build and supervised warm-up (cached after the first run)")
+    _quiet_loading()
     with _echo_logs("tether.starter", console):  # the warm-up's progress, every 50 steps
         model_path = Path(build_starter(warm=True))
     cfg = demo_config(seed, steps)

@@ -41,7 +41,7 @@ class WarmupRecipe:
     """Hyper-parameters of the warm-up (part of the warm cache key)."""
 
     seed: int = 0
-    batch_size: int = 16
+    batch_size: int = 32
     lr: float = 1e-3
     weight_decay: float = 0.01
     warmup_steps: int = 50
@@ -58,7 +58,7 @@ class WarmupRecipe:
         ("wrong_expression", 0.20),
         ("miscopy", 0.20),
     )
-    bf16: bool = True
+    bf16: bool = False  # autocast is slower than fp32 here (301 vs 232 ms a step of 16)
 
     def __post_init__(self) -> None:
         kinds = {k for k, _ in self.mix}
