@@ -73,6 +73,12 @@ def reference_logprobs(model, prompt: list[int], completion: list[int], t: float
     return torch.log_softmax(rows, -1)[range(len(completion)), completion].tolist()
 
 
+def assert_token_exact(model, prompt: list[int], completion, t: float) -> None:
+    """The engine's logprobs of ``completion`` match a plain forward pass."""
+    ref = reference_logprobs(model, prompt, completion.token_ids, t)
+    assert max(abs(a - b) for a, b in zip(ref, completion.logprobs, strict=True)) < 1e-4
+
+
 def greedy(n: int = 12, **kw) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, **kw)
 
@@ -163,8 +169,7 @@ async def test_logprobs_token_exact_in_mixed_batches(model, engine, temperature)
     for prompt, res in zip(PROMPTS, results, strict=True):
         comp = res.completions[0]
         assert len(comp.token_ids) == 16 and comp.finish_reason == "length"
-        ref = reference_logprobs(model, prompt, comp.token_ids, temperature)
-        assert max(abs(a - b) for a, b in zip(ref, comp.logprobs, strict=True)) < 1e-4
+        assert_token_exact(model, prompt, comp, temperature)
 
 
 async def test_top_p_truncates_sampling_not_logprobs(model, engine):
@@ -174,8 +179,7 @@ async def test_top_p_truncates_sampling_not_logprobs(model, engine):
     comp = res.completions[0]
     want = await engine.generate(PROMPTS[0], greedy(len(comp.token_ids)))
     assert comp.token_ids == want.completions[0].token_ids  # top_p → 0 is greedy
-    ref = reference_logprobs(model, PROMPTS[0], comp.token_ids, 0.7)
-    assert max(abs(a - b) for a, b in zip(ref, comp.logprobs, strict=True)) < 1e-4
+    assert_token_exact(model, PROMPTS[0], comp, 0.7)
 
 
 async def test_greedy_matches_model_generate(model, engine):
@@ -282,14 +286,11 @@ async def test_prefix_cache_is_exact_and_dropped_on_update(model):
         results = await asyncio.gather(*(eng.generate(p, params) for p in prompts[1:]))
         assert eng.stats.prefix_hits >= 5 and eng.stats.prefix_tokens >= 5 * len(system)
         for prompt, res in zip(prompts[1:], results, strict=True):
-            comp = res.completions[0]
-            ref = reference_logprobs(m, prompt, comp.token_ids, 0.8)
-            assert max(abs(a - b) for a, b in zip(ref, comp.logprobs, strict=True)) < 1e-4
+            assert_token_exact(m, prompt, res.completions[0], 0.8)
         state = {k: v + 0.05 * torch.randn_like(v) for k, v in m.state_dict().items()}
         await eng.update_weights(state)
         comp = (await eng.generate(prompts[2], params)).completions[0]  # no stale KV
-        ref = reference_logprobs(m, prompts[2], comp.token_ids, 0.8)
-        assert max(abs(a - b) for a, b in zip(ref, comp.logprobs, strict=True)) < 1e-4
+        assert_token_exact(m, prompts[2], comp, 0.8)
     finally:
         await eng.close()
 
@@ -340,9 +341,7 @@ async def test_batched_prefill_on_different_prefixes_is_exact(model):
         assert eng.stats.prefix_hits - hits == 3
         assert eng.stats.prefix_tokens >= 42 + 7 + 2 * 40  # the completion's KV was reused
         for prompt, res in zip(prompts, results, strict=True):
-            comp = res.completions[0]
-            ref = reference_logprobs(m, prompt, comp.token_ids, 0.8)
-            assert max(abs(a - b) for a, b in zip(ref, comp.logprobs, strict=True)) < 1e-4
+            assert_token_exact(m, prompt, res.completions[0], 0.8)
     finally:
         await eng.close()
 
@@ -419,9 +418,7 @@ async def test_cuda_logprobs_token_exact(model):
         params = SamplingParams(temperature=0.7, max_tokens=16, ignore_eos=True)
         results = await asyncio.gather(*(eng.generate(p, params) for p in PROMPTS))
         for prompt, res in zip(PROMPTS, results, strict=True):
-            comp = res.completions[0]
-            ref = reference_logprobs(model, prompt, comp.token_ids, 0.7)
-            assert max(abs(a - b) for a, b in zip(ref, comp.logprobs, strict=True)) < 1e-4
+            assert_token_exact(model, prompt, res.completions[0], 0.7)
     finally:
         await eng.close()
 
