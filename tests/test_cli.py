@@ -138,13 +138,14 @@ def test_train_from_the_example_config_with_overrides(starter_dir: Path, tmp_pat
         "trainer.steps=2",
         "eval.tasks=2",
         "eval.samples=2",
-        "eval.greedy=false",
+        "eval.greedy=true",
         "checkpoint.every=2",
         "gateway.default_max_tokens=24",
     ]
     out = _run("train", str(root / "examples/calc/config.yaml"), *overrides, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "held-out success: before " in out.stdout and ", 2 steps, " in out.stdout
+    assert "  [greedy: " in out.stdout  # printed as text, not swallowed as console markup
     assert "memory: " in out.stdout and "after update 2" in out.stdout
     ckpt = tmp_path / "calc" / "checkpoints" / "step-000002"
     assert (ckpt / "model").is_dir()

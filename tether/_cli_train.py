@@ -100,9 +100,8 @@ def run_train(cfg: TrainConfig, console: Console) -> list[EvalResult]:
     memory = memory_line(run)
     if memory:
         console.print(memory, highlight=False)
-    console.print(
-        summary_line(evals, cfg.trainer.steps, (time.monotonic() - t0) / 60), highlight=False
-    )
+    line = summary_line(evals, cfg.trainer.steps, (time.monotonic() - t0) / 60)
+    console.print(line, highlight=False, markup=False)  # "[greedy: …]" is text, not markup
     return evals
 
 
@@ -147,7 +146,7 @@ def run_demo(seed: int, steps: int, console: Console) -> str:
     if memory:
         console.print(memory, highlight=False)
     line = summary_line(evals, steps, (time.monotonic() - t0) / 60)
-    console.print(line, highlight=False)
+    console.print(line, highlight=False, markup=False)
     return line
 
 
