@@ -26,7 +26,7 @@ from tether.trainer.loop import EvalResult, TrainingRun
 __all__ = ["demo_config", "memory_line", "run_demo", "run_eval", "run_train", "summary_line"]
 
 
-def demo_config(seed: int = 0, steps: int = 50) -> TrainConfig:
+def demo_config(seed: int = 0, steps: int = 150) -> TrainConfig:
     """The embedded default: the warmed-up starter model learning the calc task on CPU."""
     return TrainConfig(
         name=f"demo-seed{seed}",
@@ -35,7 +35,9 @@ def demo_config(seed: int = 0, steps: int = 50) -> TrainConfig:
             mode="inprocess", agent="tether.starter.calc:agent", concurrency=64, timeout_s=120
         ),
         rollout=RolloutConfig(n=8, batch_groups=8),
-        trainer=TrainerConfig(steps=steps, lr=2e-4, clip_low=0.2, clip_high=0.28, seed=seed),
+        trainer=TrainerConfig(
+            steps=steps, lr=2e-4, clip_low=0.2, clip_high=0.28, kl_coef=0.05, seed=seed
+        ),
         eval=EvalConfig(every=0, tasks=100, samples=4, greedy=True),
         checkpoint=CheckpointConfig(every=0, keep=1),
     )

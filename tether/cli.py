@@ -137,7 +137,7 @@ def _load_engine(model: str | None, *, device: str, max_batch_size: int):
 @app.command()
 def demo(
     seed: Annotated[int, typer.Option(help="Seed of the tasks, sampling and training.")] = 0,
-    steps: Annotated[int, typer.Option(help="GRPO updates.")] = 50,
+    steps: Annotated[int, typer.Option(help="GRPO updates.")] = 150,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
 ) -> None:
     """The CPU demo: the starter model learns the calc task with GRPO; prints before/after success."""
