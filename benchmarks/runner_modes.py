@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -75,11 +79,39 @@ class _Canned(BaseHTTPRequestHandler):
         pass
 
 
-def serve(port_file: str) -> None:
+def serve(port_file: str, handler: type[BaseHTTPRequestHandler] = _Canned) -> None:
     """Run the canned server (in its own process) and write its port to ``port_file``."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Canned)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     Path(port_file).write_text(str(server.server_address[1]))
     server.serve_forever()
+
+
+@dataclass
+class Setup:
+    """What a runner benchmark runs against: the agent file, the canned server, shared config."""
+
+    agent: Path
+    gateway: str
+    server_pid: int
+    common: dict[str, Any]
+
+
+@contextlib.asynccontextmanager
+async def canned_setup(script: str, concurrency: int) -> AsyncIterator[Setup]:
+    """Write the agent to a temp dir and start ``script --serve`` (the canned server)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        agent = Path(tmp, "bench_agent.py")
+        agent.write_text(textwrap.dedent(AGENT))
+        port_file = Path(tmp, "port")
+        server = subprocess.Popen([sys.executable, script, "--serve", str(port_file)])
+        try:
+            while not port_file.exists() or not port_file.read_text():
+                await asyncio.sleep(0.05)
+            common = {"concurrency": concurrency, "cwd": tmp, "timeout_s": 120.0}
+            yield Setup(agent, f"http://127.0.0.1:{port_file.read_text()}", server.pid, common)
+        finally:
+            server.terminate()
+            server.wait()
 
 
 def cpu_seconds(exclude: set[int]) -> float:
@@ -130,27 +162,16 @@ async def measure(config: RunnerConfig, gateway: str, n: int, server_pid: int) -
 
 
 async def main(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        agent = Path(tmp, "bench_agent.py")
-        agent.write_text(textwrap.dedent(AGENT))
-        port_file = Path(tmp, "port")
-        server = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file)])
-        try:
-            while not port_file.exists() or not port_file.read_text():
-                await asyncio.sleep(0.05)
-            gateway = f"http://127.0.0.1:{port_file.read_text()}"
-            common = {"concurrency": args.concurrency, "cwd": tmp, "timeout_s": 120.0}
-            configs = [
-                RunnerConfig(mode="process", command=[sys.executable, str(agent)], **common),
-                RunnerConfig(mode="pool", agent=f"{agent}:main", **common),
-                RunnerConfig(mode="inprocess", agent=f"{agent}:agent", **common),
-            ]
-            rows = []
-            for config in configs:
-                rows += await measure(config, gateway, args.rollouts, server.pid)
-        finally:
-            server.terminate()
-            server.wait()
+    async with canned_setup(__file__, args.concurrency) as setup:
+        agent, common = setup.agent, setup.common
+        configs = [
+            RunnerConfig(mode="process", command=[sys.executable, str(agent)], **common),
+            RunnerConfig(mode="pool", agent=f"{agent}:main", **common),
+            RunnerConfig(mode="inprocess", agent=f"{agent}:agent", **common),
+        ]
+        rows = []
+        for config in configs:
+            rows += await measure(config, setup.gateway, args.rollouts, setup.server_pid)
     load = ", ".join(f"{x:.1f}" for x in psutil.getloadavg())
     print(
         f"{args.rollouts} rollouts per batch, concurrency {args.concurrency}, "

@@ -20,17 +20,12 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
-import textwrap
 import time
 import urllib.request
-from http.server import ThreadingHTTPServer
-from pathlib import Path
 
 import psutil
-from runner_modes import AGENT, _Canned
+from runner_modes import _Canned, canned_setup, serve
 
 from tether.runner import Launch, Runner, RunnerConfig, make_runner
 
@@ -50,12 +45,6 @@ class _Noting(_Canned):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
-
-
-def serve(port_file: str) -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Noting)
-    Path(port_file).write_text(str(server.server_address[1]))
-    server.serve_forever()
 
 
 def first_calls(gateway: str) -> dict[str, float]:
@@ -89,42 +78,31 @@ async def measure(name: str, config: RunnerConfig, gateway: str, n: int) -> list
 
 
 async def main(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        agent = Path(tmp, "bench_agent.py")
-        agent.write_text(textwrap.dedent(AGENT))
-        port_file = Path(tmp, "port")
-        server = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file)])
-        try:
-            while not port_file.exists() or not port_file.read_text():
-                await asyncio.sleep(0.05)
-            gateway = f"http://127.0.0.1:{port_file.read_text()}"
-            common = {"concurrency": args.concurrency, "cwd": tmp, "timeout_s": 120.0}
-            command = [sys.executable, str(agent)]
-            configs = [
-                ("inprocess", RunnerConfig(mode="inprocess", agent=f"{agent}:agent", **common)),
-                ("pool", RunnerConfig(mode="pool", agent=f"{agent}:main", **common)),
-                ("process", RunnerConfig(mode="process", command=command, **common)),
-            ]
-            ray_init = None
-            if not args.no_ray:
-                import ray
+    async with canned_setup(__file__, args.concurrency) as setup:
+        agent, common, gateway = setup.agent, setup.common, setup.gateway
+        command = [sys.executable, str(agent)]
+        configs = [
+            ("inprocess", RunnerConfig(mode="inprocess", agent=f"{agent}:agent", **common)),
+            ("pool", RunnerConfig(mode="pool", agent=f"{agent}:main", **common)),
+            ("process", RunnerConfig(mode="process", command=command, **common)),
+        ]
+        ray_init = None
+        if not args.no_ray:
+            import ray
 
-                t0 = time.perf_counter()
-                ray.init(num_cpus=args.concurrency, include_dashboard=False, log_to_driver=False)
-                ray_init = time.perf_counter() - t0
-                ray_cfg = {"runner": "ray", "ray": {"num_cpus": 1}, **common}
-                configs += [
-                    ("ray inprocess", _build(mode="inprocess", agent=f"{agent}:agent", **ray_cfg)),
-                    ("ray process", _build(mode="process", command=command, **ray_cfg)),
-                ]
-            rows = []
-            for name, config in configs:
-                rows += await measure(name, config, gateway, args.rollouts)
-            if ray_init is not None:
-                ray.shutdown()
-        finally:
-            server.terminate()
-            server.wait()
+            t0 = time.perf_counter()
+            ray.init(num_cpus=args.concurrency, include_dashboard=False, log_to_driver=False)
+            ray_init = time.perf_counter() - t0
+            ray_cfg = {"runner": "ray", "ray": {"num_cpus": 1}, **common}
+            configs += [
+                ("ray inprocess", _build(mode="inprocess", agent=f"{agent}:agent", **ray_cfg)),
+                ("ray process", _build(mode="process", command=command, **ray_cfg)),
+            ]
+        rows = []
+        for name, config in configs:
+            rows += await measure(name, config, gateway, args.rollouts)
+        if ray_init is not None:
+            ray.shutdown()
     load = ", ".join(f"{x:.1f}" for x in psutil.getloadavg())
     print(
         f"{args.rollouts} rollouts per batch, concurrency {args.concurrency}, "
@@ -152,7 +130,7 @@ def _build(**data: object) -> RunnerConfig:
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--serve":
-        serve(sys.argv[2])
+        serve(sys.argv[2], _Noting)
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=16)
