@@ -40,29 +40,15 @@ LATENCY_ENV = "TETHER_BENCH_TOOL_LATENCY"
 
 async def agent(task: dict[str, Any], client: Any) -> str:
     """``tether.starter.calc.agent``, with ``$TETHER_BENCH_TOOL_LATENCY`` s per tool call."""
-    from tether.starter.calc import CALCULATOR_TOOL, MAX_CALLS, MODEL, SYSTEM_PROMPT, run_tool_call
+    from tether.starter import calc
 
     latency = float(os.environ.get(LATENCY_ENV, "0"))
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": task["question"]},
-    ]
-    answer = ""
-    for _ in range(MAX_CALLS):
-        response = await client.chat.completions.create(
-            model=MODEL, messages=messages, tools=[CALCULATOR_TOOL], max_tokens=128
-        )
-        message = response.choices[0].message
-        answer = message.content or ""
-        if not message.tool_calls:
-            break
-        messages.append(message.model_dump(exclude_none=True))
-        for call in message.tool_calls:
-            if latency:
-                await asyncio.sleep(latency)
-            result = run_tool_call(call.function.name, call.function.arguments)
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-    return answer.strip()
+
+    async def slow_tool(name: str, arguments: str) -> str:
+        await asyncio.sleep(latency)  # as a remote tool would take
+        return calc.run_tool_call(name, arguments)
+
+    return await calc.agent(task, client, slow_tool if latency else calc.run_tool_call)
 
 
 def config(args: argparse.Namespace, mode: str, out: Path) -> Any:

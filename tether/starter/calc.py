@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import inspect
 import json
 import math
 import operator
 import random
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -416,12 +417,17 @@ def run_tool_call(name: str, arguments: str) -> str:
         return f"error: bad arguments: {exc}"
 
 
-async def agent(task: dict[str, Any], client: Any) -> str:
+async def agent(
+    task: dict[str, Any],
+    client: Any,
+    run_tool: Callable[[str, str], str | Awaitable[str]] = run_tool_call,
+) -> str:
     """The calc agent as an in-process callable (``examples/calc/agent_async.py``).
 
     ``client`` is an ``openai.AsyncOpenAI`` pointed at the rollout. At most
-    :data:`MAX_CALLS` model calls; calculator calls run locally; returns the
-    final answer text (the grader turns it into the reward).
+    :data:`MAX_CALLS` model calls; tool calls go to ``run_tool(name, arguments)``
+    (the local calculator; a coroutine function stands in for a remote tool);
+    returns the final answer text (the grader turns it into the reward).
     """
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM_PROMPT},
@@ -438,6 +444,8 @@ async def agent(task: dict[str, Any], client: Any) -> str:
             break
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls:
-            result = run_tool_call(call.function.name, call.function.arguments)
+            result = run_tool(call.function.name, call.function.arguments)
+            if inspect.isawaitable(result):
+                result = await result
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
     return answer.strip()
