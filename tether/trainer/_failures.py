@@ -31,8 +31,8 @@ log = logging.getLogger(__name__)
 
 #: The share of failed rollouts in one collection from which a warning is logged.
 FAIL_SHARE = 0.5
-_TAIL_LINES = 3
-_TAIL_CHARS = 300
+_TAIL_LINES = 5
+_TAIL_CHARS = 400
 
 
 def _short_tail(text: str) -> str:
