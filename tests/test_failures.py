@@ -116,6 +116,53 @@ def test_half_broken_agent_warns_once_per_collection_and_claims_no_gain(
     assert summary and "(no update happened)" in summary[0] and "points" not in summary[0]
 
 
+# Half the rollouts answer "7", half "8"; the model is never called (fast).
+ANSWERING_AGENT = """\
+import os
+print("7" if os.environ["TETHER_ROLLOUT_ID"].endswith("-0") else "8")
+"""
+GRADERS = """\
+def flagged(task, answer):
+    return {"reward": 0.5, "success": answer == "7"}
+
+
+def scored(task, answer):
+    return 0.5 if answer == "7" else 0.25
+"""
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        ["rollout.grader={g}:flagged"],
+        ["rollout.grader={g}:scored", "rollout.success_threshold=0.4"],
+    ],
+)
+def test_success_is_the_graders_flag_or_the_threshold_in_steps_evals_and_store(
+    starter_dir: Path, tmp_path: Path, settings: list[str]
+) -> None:
+    """Every reward is > 0, so the old rule would say 100%; the flag or threshold says 50%."""
+    from tether.store import Store
+
+    agent, graders = tmp_path / "agent.py", tmp_path / "graders.py"
+    agent.write_text(ANSWERING_AGENT)
+    graders.write_text(GRADERS)
+    extra = [x.format(g=graders) for x in settings]
+    out = _train(tmp_path, starter_dir, f"agent.command={sys.executable} {agent}", *extra)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "eval @ step 0: sampled success 50%" in out.stdout
+    assert "eval @ step 1: sampled success 50%" in out.stdout
+    with Store(tmp_path / "calc" / "traces.sqlite") as store:
+        (run,) = store.list_runs()
+        step = {m.name: m.value for m in store.metrics(run.id) if m.step == 0}
+        assert step["success"] == 0.5 and step["reward_mean"] > 0
+        flags = {
+            r.final_answer: [a.success for a in store.attempts(r.id)]
+            for r in store.list_rollouts(run_id=run.id)
+        }
+    assert flags == {"7": [True], "8": [False]}
+
+
 # -- grader results and the success rule ------------------------------------------------
 
 
