@@ -317,7 +317,9 @@ async def test_agent_failures_are_not_retried_unless_configured(
     tmp_path: Path, served: Gateway
 ) -> None:
     gw = served
-    agent = script(tmp_path, "agent.py", "import sys\nsys.exit(3)\n")
+    agent = script(
+        tmp_path, "agent.py", "import sys\nsys.stderr.write('no luck\\n')\nsys.exit(3)\n"
+    )
     run = gw.store.create_run({}, run_id="run2")
     for retry_agent_failures, attempts in ((False, 1), (True, 2)):
         runner = make_runner(
@@ -330,3 +332,9 @@ async def test_agent_failures_are_not_retried_unless_configured(
         )
         assert [o.attempt for o in collected.outcomes] == [attempts, attempts]
         assert all(o.status is RolloutStatus.FAILED for o in collected.outcomes)
+        ends = gw.store.attempts(collected.outcomes[0].rollout_id)  # every attempt, kept
+        assert [(a.attempt, a.status, a.exit_code) for a in ends] == [
+            (i, RolloutStatus.FAILED, 3) for i in range(1, attempts + 1)
+        ]
+        assert all(a.output_tail == "no luck\n" for a in ends)
+        assert ("; retried" in (ends[0].error or "")) == (attempts == 2)

@@ -212,3 +212,15 @@ def test_worker_script_runs_without_tether_on_path(tmp_path: Path) -> None:
     )
     hello, reply = (json.loads(line) for line in out.stdout.splitlines())
     assert hello["ready"] and reply["final_answer"] == "hi" and reply["exit_code"] == 0
+
+
+async def test_inprocess_failure_keeps_the_traceback_as_output_tail() -> None:
+    """What the store keeps and ``tether rollouts show`` prints for an in-process agent."""
+    config = RunnerConfig(mode="inprocess", agent="unused:agent", max_output_bytes=512)
+    runner = InProcessRunner(config, agent=_raises)
+    result = await runner.run(Launch("r0", 1, "http://127.0.0.1:9/v1", "tok", {}))
+    await runner.close()
+    assert result.status is RolloutStatus.FAILED
+    tail = result.output_tail
+    assert tail.rstrip().endswith("KeyError: 'missing'") and "in _raises" in tail
+    assert len(tail.encode()) <= 512 + 40  # bounded by max_output_bytes (plus the cut marker)

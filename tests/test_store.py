@@ -105,6 +105,8 @@ SCHEMA = {
                 "created_at"],
     "metrics": ["id", "run_id", "step", "name", "value", "created_at"],
     "checkpoints": ["id", "run_id", "step", "path", "created_at"],
+    "attempts": ["rollout_id", "attempt", "status", "error", "exit_code", "output_tail",
+                 "success", "finished_at"],
 }  # fmt: skip
 INDEXES = {
     "tasks": {"tasks_run_split": 0, "sqlite_autoindex_tasks_1": 1},
@@ -115,6 +117,7 @@ INDEXES = {
     "rewards": {"rewards_rollout": 0, "rewards_final": 1},
     "metrics": {"metrics_run_name_step": 0},
     "checkpoints": {"checkpoints_run_step": 0},
+    "attempts": {"sqlite_autoindex_attempts_1": 1},
 }  # fmt: skip
 
 
@@ -130,6 +133,9 @@ def test_schema_after_migrating(tmp_path):
         assert indexes == INDEXES[table], table
     assert [r[2] for r in conn.execute("PRAGMA index_info(sqlite_autoindex_calls_1)")] == [
         "rollout_id", "attempt", "seq",
+    ]  # fmt: skip
+    assert [r[2] for r in conn.execute("PRAGMA index_info(sqlite_autoindex_attempts_1)")] == [
+        "rollout_id", "attempt",
     ]  # fmt: skip
     assert conn.execute("PRAGMA user_version").fetchone()[0] == len(_migrations.MIGRATIONS)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -153,6 +159,22 @@ def test_reopen_does_not_rerun_migrations(tmp_path, monkeypatch):
     monkeypatch.setattr(_migrations, "MIGRATIONS", [])  # a file newer than this tether
     with pytest.raises(StoreError, match="newer"):
         Store(path)
+
+
+def test_migration_2_adds_attempts_to_an_existing_file(tmp_path, monkeypatch):
+    """A file made before migration 2 keeps its rollouts and gains the attempts table."""
+    path = tmp_path / "v1.db"
+    with monkeypatch.context() as m:
+        m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:1])
+        with Store(path) as old:
+            old.create_rollout(Rollout(id="r-old"))
+            assert old.schema_version() == 1
+    with Store(path) as store:
+        assert store._db.migrations_run == 1 and store.schema_version() == 2
+        assert store.get_rollout("r-old") is not None and store.attempts("r-old") == []
+        attempt = store.start_attempt("r-old")
+        store.finish_rollout("r-old", "failed", attempt=attempt, output_tail="boom\n")
+        assert [a.output_tail for a in store.attempts("r-old")] == ["boom\n"]
 
 
 @pytest.mark.parametrize(("mode", "level"), [("NORMAL", 1), ("full", 2)])
@@ -297,6 +319,33 @@ def test_data_survives_close_and_reopen(tmp_path):
 
 
 # -- the rollout state machine --------------------------------------------------------
+
+
+def test_every_attempt_keeps_its_end_and_output_tail(db):
+    """A retry clears the rollout's error, not the failed attempt's record; tails are bounded."""
+    db.create_rollout(Rollout(id="r1"))
+    first = db.start_attempt("r1")
+    flood = "x" * 10_000 + "\nImportError: no module named 'openai'\n"
+    db.finish_rollout(
+        "r1", "failed", attempt=first, error="agent exited with code 1; retried", exit_code=1,
+        output_tail=flood,
+    )  # fmt: skip
+    second = db.start_attempt("r1")
+    assert db.get_rollout("r1").error is None
+    db.finish_rollout(
+        "r1", "succeeded", attempt=second, reward=0.5, output_tail="ok", success=False
+    )
+    one, two = db.attempts("r1")
+    assert (one.attempt, one.status, one.exit_code, one.success) == (
+        1, RolloutStatus.FAILED, 1, None,
+    )  # fmt: skip
+    assert one.error == "agent exited with code 1; retried"
+    assert one.output_tail.endswith("ImportError: no module named 'openai'\n")
+    assert one.output_tail.startswith("[... ") and len(one.output_tail.encode()) < 4096 + 40
+    assert (two.attempt, two.status, two.output_tail, two.success) == (
+        2, RolloutStatus.SUCCEEDED, "ok", False,
+    )  # fmt: skip
+    assert db.attempts("ghost") == []
 
 
 def test_state_machine_and_retry(db):

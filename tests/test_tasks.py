@@ -110,7 +110,7 @@ def test_agent_solves_a_task_through_the_gateway(
     finally:
         server.stop()
     answer = capsys.readouterr().out.strip().splitlines()[-1]
-    reward = load(task_name, "grader").grade(task, answer)
+    reward = real_reward(task_name, task, answer)
     assert reward == 1.0, answer
     rollout = gw.finish_rollout(
         opened.rollout_id,
@@ -141,9 +141,15 @@ def test_agent_solves_a_task_through_the_gateway(
 GRADED: list[dict[str, Any]] = []
 
 
+def real_reward(task_name: str, task: dict[str, Any], answer: str | None) -> float:
+    """The example grader's reward (coding's grader returns {"reward", "success"})."""
+    graded = load(task_name, "grader").grade(task, answer)
+    return graded["reward"] if isinstance(graded, dict) else graded
+
+
 def _spread(task_name: str, task: dict[str, Any], answer: str | None) -> float:
     """The task's real grade plus 0 or 1 in turn (so each group of 2 has variance)."""
-    real = load(task_name, "grader").grade(task, answer)
+    real = real_reward(task_name, task, answer)
     GRADED.append({"task": task["id"], "answer": answer, "real": real})
     return real + (len(GRADED) % 2)
 
@@ -203,7 +209,7 @@ def test_one_training_step(task: str, starter_dir: Path, tmp_path: Path) -> None
         for rollout in rollouts:
             assert rollout.status.value == "succeeded" and rollout.reward is not None
             assert rollout.reward_source.value == "grader"
-            real = load(task, "grader").grade(rollout.task, rollout.final_answer)
+            real = real_reward(task, rollout.task, rollout.final_answer)
             spread = rollout.reward - real  # the real grade, plus 0 or 1
             assert math.isclose(spread, 0.0, abs_tol=1e-9) or math.isclose(spread, 1.0)
             if task == "coding":

@@ -166,14 +166,16 @@ def test_coding_tasks_are_the_generators() -> None:
 @pytest.mark.parametrize("repo", sorted(coding_tasks()))
 def test_coding_reference_fix_passes_every_hidden_test(repo: str) -> None:
     grade = load("coding", "grader").grade
-    assert grade(coding_tasks()[repo], json.dumps({"files": {f"{repo}.py": fix_of(repo)}})) == 1.0
+    fixed = grade(coding_tasks()[repo], json.dumps({"files": {f"{repo}.py": fix_of(repo)}}))
+    assert fixed == {"reward": 1.0, "success": True}
 
 
 def test_coding_grader_partial_credit_and_ignores_test_edits() -> None:
     grader = load("coding", "grader")
     task = coding_tasks()["roman"]
     unchanged = grader.grade(task, json.dumps({"files": {}}))
-    assert 0.0 < unchanged < 1.0  # the bug fails some hidden tests, not all
+    assert 0.0 < unchanged["reward"] < 1.0  # the bug fails some hidden tests, not all
+    assert unchanged["success"] is False  # a partial reward is not a fix
     cheat = {
         "tests_hidden/test_roman_hidden.py": "def test_ok():\n    pass\n",
         "conftest.py": "import pytest\n",
@@ -184,15 +186,16 @@ def test_coding_grader_partial_credit_and_ignores_test_edits() -> None:
         "/tmp/roman.py": fix_of("roman"),
     }
     assert grader.grade(task, json.dumps({"files": cheat})) == unchanged
-    assert grader.grade(task, "I fixed it") == 0.0
-    assert grader.grade(task, None) == 0.0
+    assert grader.grade(task, "I fixed it") == {"reward": 0.0, "success": False}
+    assert grader.grade(task, None) == {"reward": 0.0, "success": False}
 
 
 def test_coding_grader_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     grader = load("coding", "grader")
     monkeypatch.setattr(grader, "GRADE_TIMEOUT_S", 2.0)
     hang = "import time\nwhile True:\n    time.sleep(0.05)\n"
-    assert grader.grade(coding_tasks()["roman"], json.dumps({"files": {"roman.py": hang}})) == 0.0
+    hung = grader.grade(coding_tasks()["roman"], json.dumps({"files": {"roman.py": hang}}))
+    assert hung == {"reward": 0.0, "success": False}
 
 
 def test_coding_workspace_tools_stay_inside(

@@ -71,12 +71,17 @@ def _quiet_loading() -> None:
     hf_logging.disable_progress_bar()
 
 
-def summary_line(evals: list[EvalResult], steps: int, minutes: float) -> str:
+def summary_line(
+    evals: list[EvalResult], steps: int, minutes: float, updates: int | None = None
+) -> str:
+    """The run's last line. ``updates`` (policy updates made; None = not counted): with 0,
+    a difference between the evals is sampling noise, so no gain is claimed."""
     before, after = evals[0], evals[-1]
     points = (after.sampled - before.sampled) * 100
+    change = "no update happened" if updates == 0 else f"{points:+.0f} points"
     line = (
         f"held-out success: before {before.sampled:.0%} -> after {after.sampled:.0%} "
-        f"({points:+.0f} points), {steps} steps, {minutes:.1f} min"
+        f"({change}), {steps} steps, {minutes:.1f} min"
     )
     if before.greedy is not None and after.greedy is not None:
         line += f"  [greedy: {before.greedy:.0%} -> {after.greedy:.0%}]"
@@ -102,7 +107,7 @@ def run_train(cfg: TrainConfig, console: Console) -> list[EvalResult]:
     memory = memory_line(run)
     if memory:
         console.print(memory, highlight=False)
-    line = summary_line(evals, cfg.trainer.steps, (time.monotonic() - t0) / 60)
+    line = summary_line(evals, cfg.trainer.steps, (time.monotonic() - t0) / 60, _updates(run))
     console.print(line, highlight=False, markup=False)  # "[greedy: …]" is text, not markup
     return evals
 
@@ -147,9 +152,14 @@ def run_demo(seed: int, steps: int, console: Console) -> str:
     memory = memory_line(run)
     if memory:
         console.print(memory, highlight=False)
-    line = summary_line(evals, steps, (time.monotonic() - t0) / 60)
+    line = summary_line(evals, steps, (time.monotonic() - t0) / 60, _updates(run))
     console.print(line, highlight=False, markup=False)
     return line
+
+
+def _updates(run: TrainingRun) -> int:
+    """Policy updates this run made (a step with nothing to learn from makes none)."""
+    return sum(1 for r in run.history if "update_s" in r.metrics)
 
 
 def memory_line(run: TrainingRun) -> str | None:

@@ -16,6 +16,8 @@ from tether.records import RolloutStatus
 __all__ = ["print_rollout", "print_rollouts"]
 
 out = Console()
+#: Lines of an attempt's output tail that ``rollouts show`` prints (the store keeps 4 KiB).
+TAIL_LINES = 40
 
 
 def _when(ts: float | None) -> str:
@@ -94,7 +96,9 @@ def print_rollout(store: Any, rollout_id: str, *, tokens: bool, tokenizer: Any =
     if r.final_answer:
         out.print(f"final answer: {r.final_answer!r}")
     if r.error:
-        out.print(f"[red]error:[/] {r.error}")
+        out.print(f"[red]error:[/] {r.error}", highlight=False)
+    for a in store.attempts(rollout_id):
+        _print_attempt(a)
     for c in store.calls(rollout_id):
         out.rule(
             f"call {c.seq}  policy v{c.policy_version}  {c.status.value}  finish={c.finish_reason}  "
@@ -123,3 +127,25 @@ def print_rollout(store: Any, rollout_id: str, *, tokens: bool, tokenizer: Any =
                 )
                 table.add_row(str(i), text, str(tid), f"{lp:.4f}", f"{math.exp(lp):.3f}")
             out.print(table)
+
+
+def _print_attempt(a: Any) -> None:
+    """One attempt's end: status, success, exit code, error, then its output tail."""
+    parts = [f"attempt {a.attempt}: {a.status.value}"]
+    if a.success is not None:
+        parts.append("success" if a.success else "not a success")
+    if a.exit_code is not None:
+        parts.append(f"exit code {a.exit_code}")
+    out.print("  ".join(parts), highlight=False, markup=False)
+    if a.error:
+        out.print(f"  error: {a.error}", highlight=False, markup=False)
+    lines = a.output_tail.rstrip("\n").splitlines()
+    if lines:
+        cut = len(lines) > TAIL_LINES
+        out.print(
+            f"  output{f' (last {TAIL_LINES} lines)' if cut else ''}:",
+            highlight=False,
+            markup=False,
+        )
+        for line in lines[-TAIL_LINES:]:
+            out.print(f"  | {line}", highlight=False, markup=False, soft_wrap=True)

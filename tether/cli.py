@@ -34,10 +34,24 @@ DEFAULT_STORE = Path(".tether/traces.sqlite")
 StoreOpt = Annotated[Path, typer.Option("--store", help="SQLite trace store file.")]
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time, so warnings logged while the live
+    progress display runs (rich redirects stderr then) print above it, not under it."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
 def _setup_logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=[_StderrHandler()],
     )
 
 

@@ -9,6 +9,7 @@ nothing else of tether. See DESIGN.md, "Records".
                       the ``n`` rollouts of one task in one step
 - :class:`Call`       one model call of a rollout, ``seq`` gap-free from 0
 - :class:`Reward`     a float64 reward with its source
+- :class:`AttemptEnd` how one attempt of a rollout ended: status, error, output tail
 - :class:`Metric`, :class:`Checkpoint`  per run and step
 """
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "AttemptEnd",
     "Call",
     "CallStatus",
     "Checkpoint",
@@ -183,6 +185,26 @@ class Reward:
     attempt: int = 1
     call_seq: int | None = None  # an intermediate reward for one call; None = final
     created_at: float = field(default_factory=_now)
+
+
+@dataclass
+class AttemptEnd:
+    """How one attempt of a rollout ended, kept for every attempt (retried ones too).
+
+    ``output_tail`` is the end of what the agent printed (stdout and stderr
+    interleaved; the traceback for an in-process agent), the last 4 KiB as
+    the store keeps it. ``success`` is the task's own verdict
+    (the grader's, or the run's success threshold); None when not graded.
+    """
+
+    rollout_id: str
+    attempt: int
+    status: RolloutStatus
+    error: str | None = None
+    exit_code: int | None = None
+    output_tail: str = ""
+    success: bool | None = None
+    finished_at: float = field(default_factory=_now)
 
 
 @dataclass

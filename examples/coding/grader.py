@@ -5,9 +5,12 @@ the files it changed. ``grade(task, answer)`` rebuilds the repository from
 the task's files in a fresh temporary directory, applies the changed source
 files, adds the repository's hidden tests (``repos/NAME/hidden/``, which the
 agent never saw) and runs them with pytest in a subprocess with a time limit.
-The reward is the fraction of hidden tests that pass (0.0 when the answer is
-not that JSON, when the run times out, or when the tests cannot even be
-collected).
+It returns ``{"reward": float, "success": bool}``: the reward is the
+fraction of hidden tests that pass (0.0 when the answer is not that JSON,
+when the run times out, or when the tests cannot even be collected); success
+means every hidden test passes, so the tests the bug made fail now pass. The
+unchanged repository already passes a third to two thirds of its hidden
+tests: that partial reward is a signal to learn from, not a success.
 
 Only changes to the repository's own ``.py`` source files count: new files
 (a ``conftest.py``, a ``pytest.py`` that would shadow pytest, a
@@ -72,7 +75,14 @@ def changed_files(answer: str | None) -> dict[str, str] | None:
     return files
 
 
-def grade(task: dict[str, Any], answer: str | None) -> float:
+def grade(task: dict[str, Any], answer: str | None) -> dict[str, Any]:
+    """``{"reward": fraction of task's hidden tests passing with the agent's changes,
+    "success": whether all of them pass}`` (tether's grader result with a success flag)."""
+    reward = hidden_pass_rate(task, answer)
+    return {"reward": reward, "success": reward == 1.0}
+
+
+def hidden_pass_rate(task: dict[str, Any], answer: str | None) -> float:
     """The fraction of ``task``'s hidden tests that pass with the agent's changes."""
     changes = changed_files(answer)
     if changes is None:

@@ -180,8 +180,14 @@ class Gateway:
         source: RewardSource = RewardSource.GRADER,
         final_answer: str | None = None,
         error: str | None = None,
+        exit_code: int | None = None,
+        output_tail: str = "",
+        success: bool | None = None,
     ) -> Rollout:
-        """End a rollout's attempt (its token stops working) with an optional final reward."""
+        """End a rollout's attempt (its token stops working) with an optional final reward.
+
+        ``exit_code``, ``output_tail`` (what the agent printed) and ``success``
+        are kept with the attempt (:meth:`Store.attempts`)."""
         self._sampling.pop(rollout_id, None)
         self._draws.pop(rollout_id, None)
         if attempt is None:
@@ -197,6 +203,9 @@ class Gateway:
             reward_source=source if reward is not None else None,
             final_answer=final_answer,
             error=error,
+            exit_code=exit_code,
+            output_tail=output_tail,
+            success=success,
         )
 
     def record_agent_reward(

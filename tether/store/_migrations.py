@@ -10,7 +10,8 @@ the list; an old one never changes.
 Column conventions (see ``_codec``): ``*_ids`` are little-endian int32 blobs,
 ``logprobs`` little-endian float32 blobs, rewards REAL (float64, NULL when the
 given value was not a finite number), ``config``/``data``/``task``/
-``request``/``response`` JSON text, times Unix seconds as REAL.
+``request``/``response`` JSON text, times Unix seconds as REAL, flags
+(``success``) INTEGER 0/1 or NULL.
 """
 
 from __future__ import annotations
@@ -116,7 +117,25 @@ def _m001_initial(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_m001_initial]
+def _m002_attempts(conn: sqlite3.Connection) -> None:
+    """How each attempt ended (retried ones too): status, error, exit code, output tail,
+    success. ``rollouts`` keeps only the current attempt's state; this keeps them all."""
+    conn.execute(
+        """CREATE TABLE attempts (
+            rollout_id TEXT NOT NULL REFERENCES rollouts(id),
+            attempt INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            error TEXT,
+            exit_code INTEGER,
+            output_tail TEXT NOT NULL DEFAULT '',
+            success INTEGER,
+            finished_at REAL NOT NULL,
+            PRIMARY KEY (rollout_id, attempt)
+        )"""
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_m001_initial, _m002_attempts]
 
 
 def migrate(conn: sqlite3.Connection) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tether.records import (
+    AttemptEnd,
     Call,
     CallStatus,
     Checkpoint,
@@ -25,6 +26,7 @@ from tether.records import (
 from tether.store._codec import load_json, reward_value, unpack_floats, unpack_ids
 
 __all__ = [
+    "ATTEMPT_COLUMNS",
     "CALL_COLUMNS",
     "CHECKPOINT_COLUMNS",
     "METRIC_COLUMNS",
@@ -32,6 +34,7 @@ __all__ = [
     "ROLLOUT_COLUMNS",
     "RUN_COLUMNS",
     "TASK_COLUMNS",
+    "attempt_from_row",
     "call_from_row",
     "checkpoint_from_row",
     "metric_from_row",
@@ -53,6 +56,7 @@ CALL_COLUMNS = (
     "rollout_id, seq, prompt_ids, completion_ids, logprobs, policy_version, attempt, "
     "request, response, finish_reason, temperature, status, error, latency_s, created_at"
 )
+ATTEMPT_COLUMNS = "rollout_id, attempt, status, error, exit_code, output_tail, success, finished_at"
 REWARD_COLUMNS = "rollout_id, value, given, source, attempt, call_seq, created_at"
 METRIC_COLUMNS = "run_id, step, name, value, created_at"
 CHECKPOINT_COLUMNS = "run_id, step, path, created_at"
@@ -81,6 +85,19 @@ def rollout_from_row(row: Row) -> Rollout:
         error=row[10],
         created_at=row[11],
         finished_at=row[12],
+    )
+
+
+def attempt_from_row(row: Row) -> AttemptEnd:
+    return AttemptEnd(
+        rollout_id=row[0],
+        attempt=row[1],
+        status=RolloutStatus(row[2]),
+        error=row[3],
+        exit_code=row[4],
+        output_tail=row[5],
+        success=None if row[6] is None else bool(row[6]),
+        finished_at=row[7],
     )
 
 

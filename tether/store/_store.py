@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.records import (
+    AttemptEnd,
     Call,
     CallStatus,
     IllegalTransition,
@@ -49,6 +50,8 @@ _NEXT_SEQ = "SELECT COALESCE(MAX(seq) + 1, 0) FROM calls WHERE rollout_id = ? AN
 _STATE = "SELECT status, attempt FROM rollouts WHERE id = ?"
 # Appends the bound reason to ``error`` ("a; b"); binds the reason twice.
 _ADD_ERROR = "error = CASE WHEN ? IS NULL THEN error ELSE COALESCE(error || '; ', '') || ? END"
+#: The end of an attempt's output the store keeps (the runner may capture more).
+TAIL_BYTES = 4096
 _RUNNING = RolloutStatus.RUNNING.value
 _QUEUED = RolloutStatus.QUEUED.value
 
@@ -58,6 +61,15 @@ def _state(conn: sqlite3.Connection, rollout_id: str) -> tuple[str, int]:
     if row is None:
         raise NotFound(f"rollout {rollout_id!r} not found")
     return row
+
+
+def keep_tail(text: str, limit: int = TAIL_BYTES) -> str:
+    """The last ``limit`` bytes of ``text`` (UTF-8), marked when cut."""
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= limit:
+        return text
+    cut = len(data) - limit
+    return f"[... {cut} bytes cut ...]\n" + data[cut:].decode("utf-8", errors="ignore")
 
 
 def _check_attempt(rollout_id: str, given: int, current: int) -> None:
@@ -219,8 +231,15 @@ class Store(RunLog):
         reward_source: RewardSource | str | None = None,
         final_answer: str | None = None,
         error: str | None = None,
+        exit_code: int | None = None,
+        output_tail: str = "",
+        success: bool | None = None,
     ) -> Rollout:
         """End the current attempt with a final status; return the stored rollout.
+
+        The attempt's end (status, ``error``, ``exit_code``, the last
+        :data:`TAIL_BYTES` of ``output_tail``, ``success``) is also kept in its
+        own row, which a retry does not clear (:meth:`attempts`).
 
         A ``reward`` is stored as the attempt's final reward (source defaults to
         ``admin``); one that is not a finite number is stored as NULL, the reason
@@ -245,11 +264,18 @@ class Store(RunLog):
                 raise IllegalRolloutTransition(f"rollout {rollout_id!r}: {e}") from e
             if reward is not None:
                 _insert_final_reward(conn, Reward(rollout_id, reward, source, attempt))
+            now = time.time()
             conn.execute(
                 f"UPDATE rollouts SET status = ?, finished_at = ?, "
                 f"final_answer = COALESCE(?, final_answer), {_ADD_ERROR} WHERE id = ?",
-                (new.value, time.time(), final_answer, error, error, rollout_id),
+                (new.value, now, final_answer, error, error, rollout_id),
             )
+            conn.execute(
+                "INSERT OR REPLACE INTO attempts (rollout_id, attempt, status, error, exit_code, "
+                "output_tail, success, finished_at) VALUES (?,?,?,?,?,?,?,?)",
+                (rollout_id, attempt, new.value, error, exit_code, keep_tail(output_tail or ""),
+                 None if success is None else int(bool(success)), now),
+            )  # fmt: skip
             row = conn.execute(
                 f"SELECT {rows.ROLLOUT_COLUMNS} FROM rollouts WHERE id = ?", (rollout_id,)
             ).fetchone()
@@ -341,6 +367,16 @@ class Store(RunLog):
                 (reward.rollout_id, current, reward.call_seq, stored, given,
                  RewardSource(reward.source).value, reward.created_at),
             )  # fmt: skip
+
+    def attempts(self, rollout_id: str) -> list[AttemptEnd]:
+        """How each finished attempt of the rollout ended, oldest first."""
+        with self._db.read() as conn:
+            found = conn.execute(
+                f"SELECT {rows.ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id = ? "
+                "ORDER BY attempt",
+                (rollout_id,),
+            ).fetchall()
+        return [rows.attempt_from_row(r) for r in found]
 
     def rewards(self, rollout_id: str) -> list[Reward]:
         """Every reward of the rollout (all attempts), in the order they were stored."""

@@ -94,6 +94,7 @@ class AsyncRollouts:
         version: Callable[[], int],
         first_group: int = 0,
         tag: str = "a",
+        success_threshold: float | None = None,
     ):
         if max_in_flight < batch_groups:
             raise TrainerError(
@@ -101,6 +102,7 @@ class AsyncRollouts:
             )
         self.gw, self.runner, self.task_at, self.n = gw, runner, task_at, n
         self.grader, self.run_id, self.tag = grader, run_id, tag
+        self.success_threshold = success_threshold
         self.batch_groups, self.max_in_flight = batch_groups, max_in_flight
         self.max_lag, self.drop_stale = max_lag, lag_policy == "drop"
         self.learn, self.version = learn, version
@@ -164,7 +166,9 @@ class AsyncRollouts:
                     error="cancelled: training ended while the rollout ran",
                 )
             raise
-        return finish_outcome(self.gw, final, task, result, self.grader, group)
+        return finish_outcome(
+            self.gw, final, task, result, self.grader, group, self.success_threshold
+        )
 
     def _drop_stale(self) -> int:
         if not self.drop_stale:

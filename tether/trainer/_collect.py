@@ -8,6 +8,14 @@ to the runner config's ``max_attempts``; the agent's own failures and
 timeouts are retried only with ``retry_agent_failures``. Whatever happens,
 the trainer sees exactly one attempt per rollout: the last one, its calls
 and its reward; writes still arriving from an older attempt are refused.
+Every attempt's end (status, error, exit code, output tail) is kept in the
+store, retried ones too.
+
+Success: a grader returns the reward as a float, or ``{"reward": float,
+"success": bool}`` to say itself whether the task was solved (a coding task:
+the failing tests now pass, not merely a partial reward). Without that
+flag a usable reward counts as a success when it is above 0, or at least
+``rollout.success_threshold`` when that is set (:func:`is_success`).
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import importlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,13 +41,17 @@ __all__ = [
     "RolloutOutcome",
     "collect_groups",
     "finish_outcome",
+    "is_success",
     "load_grader",
+    "read_grade",
     "run_attempts",
 ]
 
 log = logging.getLogger(__name__)
 
-Grader = Callable[[dict[str, Any], str | None], float]
+#: ``grade(task, final_answer)`` -> the reward, or ``{"reward": float, "success": bool}``.
+Grader = Callable[[dict[str, Any], str | None], float | Mapping[str, Any]]
+GRADE_SHAPE = 'a float (the reward) or {"reward": float, "success": bool}'
 
 
 def load_grader(spec: str) -> Grader | None:
@@ -73,6 +85,9 @@ class RolloutOutcome:
     calls: list[Call] = field(default_factory=list)
     final_answer: str | None = None
     attempt: int = 1  # the attempt whose calls and reward these are (the last one)
+    success: bool = False  # usable and solved (the grader's flag, or the threshold)
+    error: str | None = None  # why the attempt failed or is unusable
+    output_tail: str = ""  # what the agent printed last (see AttemptResult.output_tail)
 
     @property
     def usable(self) -> bool:
@@ -92,24 +107,49 @@ class Collected:
         return [by[k] for k in sorted(by)]
 
 
+def read_grade(value: Any) -> tuple[Any, bool | None]:
+    """A grader's return value as ``(reward, success flag or None)``.
+
+    A float is the reward (checked later: NaN, inf or a non-number make the
+    rollout unusable). A mapping must be exactly ``{"reward": ..., "success":
+    bool}``; any other shape is a bug in the grader and raises :class:`UserError`.
+    """
+    if not isinstance(value, Mapping):
+        return value, None
+    if set(value) != {"reward", "success"} or not isinstance(value["success"], bool):
+        shown = repr(dict(value))[:120]
+        raise UserError(f"rollout.grader returned {shown}; it must return {GRADE_SHAPE}")
+    return value["reward"], value["success"]
+
+
+def is_success(reward: float | None, flag: bool | None, threshold: float | None) -> bool:
+    """Whether a graded rollout solved its task: the grader's ``flag`` when given, else
+    ``reward > 0`` (``threshold`` None) or ``reward >= threshold``; never without a reward."""
+    if reward is None:
+        return False
+    if flag is not None:
+        return flag
+    return reward > 0 if threshold is None else reward >= threshold
+
+
 def _reward(
     result: AttemptResult, task: dict[str, Any], grader: Grader | None, gw: Gateway
-) -> tuple[float | None, RewardSource]:
+) -> tuple[Any, bool | None, RewardSource]:
     if grader is not None:
         try:
             value = grader(task, result.final_answer)
         except Exception as exc:  # a grader bug makes this rollout unusable, not the run
             log.warning("grader raised on rollout %s: %s", result.rollout_id, exc)
-            return None, RewardSource.GRADER
-        return value, RewardSource.GRADER
+            return None, None, RewardSource.GRADER
+        return *read_grade(value), RewardSource.GRADER
     if result.agent_value is not None:
-        return result.agent_value, RewardSource.AGENT
+        return result.agent_value, None, RewardSource.AGENT
     finals = [
         r
         for r in gw.store.rewards(result.rollout_id)
         if r.call_seq is None and r.attempt == result.attempt
     ]
-    return (finals[-1].value if finals else None), RewardSource.AGENT
+    return (finals[-1].value if finals else None), None, RewardSource.AGENT
 
 
 def _clean(value: Any) -> float | None:
@@ -183,7 +223,12 @@ async def run_attempts(
         )
         status = result.status if result.status is RolloutStatus.TIMEOUT else RolloutStatus.FAILED
         gw.finish_rollout(
-            o.rollout_id, status, attempt=o.attempt, error=f"{why}: {result.error}; retried"
+            o.rollout_id,
+            status,
+            attempt=o.attempt,
+            error=f"{why}: {result.error}; retried",
+            exit_code=result.exit_code,
+            output_tail=result.output_tail,
         )
         o = gw.retry_rollout(o.rollout_id, sampling=sampling)
 
@@ -195,16 +240,20 @@ def finish_outcome(
     result: AttemptResult,
     grader: Grader | None,
     group: int,
+    success_threshold: float | None = None,
 ) -> RolloutOutcome:
-    """Grade one attempt, end its rollout in the store, and read back its calls."""
+    """Grade one attempt, end its rollout in the store (with the attempt's output tail
+    and success), and read back its calls."""
     reward: float | None = None
+    flag: bool | None = None
     source = RewardSource.GRADER
     if result.ok:
-        raw, source = _reward(result, task.data, grader, gw)
+        raw, flag, source = _reward(result, task.data, grader, gw)
         reward = _clean(raw)
     error = result.error
     if result.ok and reward is None:
         error = "no usable reward (missing, NaN, inf or not a number)"
+    success = result.ok and is_success(reward, flag, success_threshold)
     rollout = gw.finish_rollout(
         opened.rollout_id,
         result.status,
@@ -213,6 +262,9 @@ def finish_outcome(
         source=source,
         final_answer=result.final_answer,
         error=error,
+        exit_code=result.exit_code,
+        output_tail=result.output_tail,
+        success=success if result.ok else None,
     )
     calls = gw.store.calls(opened.rollout_id, attempt=opened.attempt)
     return RolloutOutcome(
@@ -223,6 +275,9 @@ def finish_outcome(
         calls,
         result.final_answer,
         attempt=opened.attempt,
+        success=success and rollout.usable,
+        error=error,
+        output_tail=result.output_tail,
     )
 
 
@@ -237,6 +292,7 @@ async def collect_groups(
     tag: str,
     sampling: dict[str, float] | None = None,
     retry: RetryPolicy | None = None,
+    success_threshold: float | None = None,
 ) -> Collected:
     """Run ``n`` rollouts of every task (one group per task), grade them, return their calls.
 
@@ -262,7 +318,7 @@ async def collect_groups(
     outcomes = []
     tokens = 0
     for (g, task, _), (o, result) in zip(opened, finals, strict=True):
-        outcome = finish_outcome(gw, o, task, result, grader, g)
+        outcome = finish_outcome(gw, o, task, result, grader, g, success_threshold)
         tokens += sum(len(c.completion_ids) for c in outcome.calls)
         outcomes.append(outcome)
     return Collected(outcomes, time.perf_counter() - t0, tokens)

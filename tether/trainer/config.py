@@ -7,6 +7,7 @@ names the value, the rule and the fix.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,8 +66,12 @@ class RolloutConfig:
     n: int = 8
     #: Groups (tasks) per update; a batch is batch_groups × n rollouts.
     batch_groups: int = 8
-    #: "module:function" grading (task, final_answer) -> float; empty = the agent's own reward.
+    #: "module:function" grading (task, final_answer) -> float, or -> {"reward": float,
+    #: "success": bool} to say itself what counts as solved; empty = the agent's own reward.
     grader: str = "tether.starter.calc:grade"
+    #: When a rollout counts as a success (the success rate of train steps and evals), unless
+    #: the grader says so itself: None = reward > 0; a number = reward >= success_threshold.
+    success_threshold: float | None = None
     #: Trainer and engine use the temperature recorded per call; this one is for the report.
     temperature: float = 1.0
 
@@ -76,6 +81,11 @@ class RolloutConfig:
                 f"rollout.n ({self.n}) must be >= 2: group advantages need 2 samples or more per task"
             )
         _positive("rollout", batch_groups=self.batch_groups)
+        t = self.success_threshold
+        if t is not None and (isinstance(t, bool) or not math.isfinite(t)):
+            raise UserError(
+                f"rollout.success_threshold ({t}) must be a finite number, or null for reward > 0"
+            )
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 TrainerError
 ├── PolicyCollapsed   the reward stayed at 0 for trainer.collapse_patience updates
+├── AgentsFailing     every rollout of the run's first collection failed (agent broken)
 └── (configuration mistakes are tether.errors.UserError)
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from tether.errors import TetherError
 
-__all__ = ["PolicyCollapsed", "TrainerError"]
+__all__ = ["AgentsFailing", "PolicyCollapsed", "TrainerError"]
 
 
 class TrainerError(TetherError):
@@ -18,3 +19,10 @@ class TrainerError(TetherError):
 
 class PolicyCollapsed(TrainerError):
     """The policy stopped getting any reward; more updates would teach it nothing."""
+
+
+class AgentsFailing(TrainerError):
+    """Every rollout of the run's first collection failed: the agent itself is broken.
+
+    The message carries the first failure's error and the end of its output.
+    """

@@ -14,6 +14,12 @@ Per update ``step`` (0-based):
 4. push the weights to the engine; its policy version must rise by one;
 5. metrics to the store (and the progress display); eval and checkpoint every K.
 
+After each collection (an eval, a step's rollouts) ``_failures`` says on one
+line when most rollouts failed, and stops the run when every rollout of its
+first collection failed. "Success" is each rollout's own verdict (the
+grader's flag or ``rollout.success_threshold``, see ``_collect``), so train
+steps and evals count it the same way.
+
 That is sync mode. In async mode (``trainer.mode: async``, ``_async.py``)
 groups keep running across updates, and steps 1 and 4 become: wait for
 ``batch_groups`` finished groups, pause admission at the gateway, drain,
@@ -43,6 +49,7 @@ from tether.store import Store
 from tether.trainer import algorithms as A
 from tether.trainer._async import AsyncRollouts
 from tether.trainer._collect import Collected, RolloutOutcome, collect_groups, load_grader
+from tether.trainer._failures import check_collection
 from tether.trainer._tasks import load_tasks, tasks_for_step
 from tether.trainer._update import PolicyTrainer
 from tether.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -73,7 +80,7 @@ class StepReport:
 
 def _success(collected: Collected) -> float:
     outs = collected.outcomes
-    return sum(1 for o in outs if o.reward is not None and o.reward > 0) / max(len(outs), 1)
+    return sum(1 for o in outs if o.success) / max(len(outs), 1)
 
 
 def resolve_model_path(path: str) -> Path:
@@ -108,6 +115,7 @@ class TrainingRun:
         self.evals: list[EvalResult] = []
         self.start_step = 0
         self._async: AsyncRollouts | None = None
+        self._collections = 0  # checked so far (the first one stops the run if all fail)
 
     # -- set-up and teardown ---------------------------------------------------
 
@@ -181,9 +189,10 @@ class TrainingRun:
             run_id=self.run_record.id,
             tag=f"eval{step}-s",
             sampling={"temperature": e.temperature},
+            success_threshold=self.cfg.rollout.success_threshold,
         )
         greedy = None
-        rollouts = len(sampled.outcomes)
+        outcomes = list(sampled.outcomes)
         if e.greedy:
             g = await collect_groups(
                 self.gateway,
@@ -194,11 +203,13 @@ class TrainingRun:
                 run_id=self.run_record.id,
                 tag=f"eval{step}-g",
                 sampling={"temperature": 0.0},
+                success_threshold=self.cfg.rollout.success_threshold,
             )
             greedy = _success(g)
-            rollouts += len(g.outcomes)
+            outcomes += g.outcomes
+        self._check(outcomes, f"the step-{step} eval")
         result = EvalResult(
-            step, _success(sampled), greedy, len(tasks), rollouts, time.perf_counter() - t0
+            step, _success(sampled), greedy, len(tasks), len(outcomes), time.perf_counter() - t0
         )
         self.store.log_metrics(
             self.run_record.id,
@@ -229,6 +240,7 @@ class TrainingRun:
             grader=self.grader,
             run_id=self.run_record.id,
             tag=f"s{step}",
+            success_threshold=cfg.rollout.success_threshold,
         )
         t_rollouts = time.perf_counter() - t0
         m = await self.learn(collected.groups())
@@ -244,6 +256,7 @@ class TrainingRun:
         cfg = self.cfg
         kept = [g for g in groups if all(o.usable for o in g)]
         outcomes = [o for g in groups for o in g]
+        self._check(outcomes, f"step {self.start_step + len(self.history) + 1}")
         rewards_all = [o.reward for o in outcomes if o.reward is not None]
         m: dict[str, float] = {
             "reward_mean": sum(rewards_all) / max(len(rewards_all), 1),
@@ -273,6 +286,12 @@ class TrainingRun:
                     )
         m["policy_version"] = float(self.engine.policy_version)
         return m
+
+    def _check(self, outcomes: list[RolloutOutcome], what: str) -> None:
+        """Say loudly when most rollouts failed; stop when all of the first collection did."""
+        first = self._collections == 0
+        self._collections += 1
+        check_collection(outcomes, what, first=first)
 
     def _report(self, step: int, m: dict[str, float], t0: float) -> StepReport:
         m["step_s"] = time.perf_counter() - t0
@@ -326,6 +345,7 @@ class TrainingRun:
                 learn=self.learn,
                 version=lambda: self.engine.policy_version,
                 first_group=self.start_step * cfg.rollout.batch_groups,
+                success_threshold=cfg.rollout.success_threshold,
             )
         return self._async
 
