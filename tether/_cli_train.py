@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,8 @@ from rich.console import Console
 
 from tether._progress import Progress, plot_curve
 from tether.runner import RunnerConfig
+from tether.trainer._rundir import check_new_run
+from tether.trainer.checkpoint import checkpoint_state
 from tether.trainer.config import (
     CheckpointConfig,
     EvalConfig,
@@ -72,6 +75,8 @@ def _quiet_loading() -> None:
 
 
 def summary_line(evals: list[EvalResult], steps: int, minutes: float) -> str:
+    if not evals:
+        return f"no held-out eval (eval.enabled is false), {steps} steps, {minutes:.1f} min"
     before, after = evals[0], evals[-1]
     points = (after.sampled - before.sampled) * 100
     line = (
@@ -94,7 +99,11 @@ async def _train(
 
 
 def run_train(cfg: TrainConfig, console: Console) -> list[EvalResult]:
+    """``tether train``: a new run (refused when its folder holds one) or, with
+    ``extra.resume``, the continuation of the run of that name."""
     t0 = time.monotonic()
+    if not cfg.extra.get("resume"):
+        check_new_run(Path(cfg.dir), cfg.name)
     evals, run = asyncio.run(_train(cfg, console))
     png = plot_curve(run.history, evals, run.run_dir / "reward_curve.png")
     if png:
@@ -108,7 +117,10 @@ def run_train(cfg: TrainConfig, console: Console) -> list[EvalResult]:
 
 
 def run_eval(cfg: TrainConfig, checkpoint: Path | None, console: Console) -> EvalResult:
+    """``tether eval``: the config's model or a checkpoint, reported at the checkpoint's step."""
     _quiet_loading()
+    cfg.extra["command"] = "eval"  # its store record is not a training run (see _rundir.py)
+    step = int(checkpoint_state(checkpoint).get("step", 0)) if checkpoint else 0
 
     async def go() -> EvalResult:
         model_path = (
@@ -117,7 +129,7 @@ def run_eval(cfg: TrainConfig, checkpoint: Path | None, console: Console) -> Eva
         async with TrainingRun(
             cfg, on_event=Progress(0, console, live=False), model_path=model_path
         ) as run:
-            return await run.evaluate(0)
+            return await run.evaluate(step)
 
     return asyncio.run(go())
 
@@ -134,6 +146,10 @@ def run_demo(seed: int, steps: int, console: Console) -> str:
     with _echo_logs("tether.starter", console):  # the warm-up's progress, every 50 steps
         model_path = Path(build_starter(warm=True))
     cfg = demo_config(seed, steps)
+    run_dir = Path(cfg.dir) / cfg.name
+    if run_dir.exists():  # the demo's own folder: `make demo` twice replaces the first run
+        shutil.rmtree(run_dir)
+        console.print(f"replacing the previous demo run in {run_dir}")
     console.print(
         f"2/3 GRPO through the gateway: {cfg.rollout.batch_groups} tasks x {cfg.rollout.n} rollouts "
         f"per update, {steps} updates; agent = the calc agent (official openai SDK, in-process)"

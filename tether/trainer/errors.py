@@ -2,6 +2,7 @@
 
 TrainerError
 ├── PolicyCollapsed   the reward stayed at 0 for trainer.collapse_patience updates
+├── CheckpointConflict a checkpoint of that step already belongs to another run
 └── (configuration mistakes are tether.errors.UserError)
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from tether.errors import TetherError
 
-__all__ = ["PolicyCollapsed", "TrainerError"]
+__all__ = ["CheckpointConflict", "PolicyCollapsed", "TrainerError"]
 
 
 class TrainerError(TetherError):
@@ -18,3 +19,7 @@ class TrainerError(TetherError):
 
 class PolicyCollapsed(TrainerError):
     """The policy stopped getting any reward; more updates would teach it nothing."""
+
+
+class CheckpointConflict(TrainerError):
+    """A checkpoint folder of the same step already belongs to another run."""
