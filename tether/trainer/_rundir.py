@@ -87,13 +87,17 @@ def resume_point(directory: Path, name: str, steps: int) -> ResumePoint:
     run_dir = directory / name
     ckpt = latest_checkpoint(run_dir / "checkpoints")
     if ckpt is None:
-        where = "no run folder" if not run_dir.is_dir() else "no checkpoint"
+        where = (
+            f"no checkpoint in {run_dir / 'checkpoints'}"
+            if run_dir.is_dir()
+            else f"no run folder {run_dir}"
+        )
         fix = (
             "drop --resume to start it"
             if not holds_run(run_dir)
             else f"drop --resume and start a new run with name={free_name(directory, name)}"
         )
-        raise UserError(f"cannot resume run {name!r}: {where} in {run_dir / 'checkpoints'}; {fix}")
+        raise UserError(f"cannot resume run {name!r}: {where}; {fix}")
     state = checkpoint_state(ckpt)
     step = int(state.get("step", int(ckpt.name.removeprefix("step-"))))
     if step >= steps:
