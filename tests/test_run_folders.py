@@ -243,3 +243,22 @@ def test_eval_tasks_zero_points_to_eval_enabled() -> None:
     with pytest.raises(UserError, match=r"eval\.enabled=false"):
         load_config(TrainConfig, None, ["eval.tasks=0"])
     assert load_config(TrainConfig, None, ["eval.enabled=false"]).eval.enabled is False
+
+
+def test_the_demo_replaces_its_own_previous_run_and_says_so(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from tether._cli_train import demo_config, replace_demo_run
+
+    cfg = demo_config(seed=3)
+    run_dir = tmp_path / cfg.name
+    _fake_ckpt(run_dir / "checkpoints", 150, "earlier-demo")
+    out = io.StringIO()
+    replace_demo_run(run_dir, Console(file=out, width=200))
+    assert (
+        not run_dir.exists() and f"replacing the previous demo run in {run_dir}" in out.getvalue()
+    )
+    replace_demo_run(run_dir, Console(file=out, width=200))  # nothing there: nothing to say
+    assert out.getvalue().count("replacing") == 1

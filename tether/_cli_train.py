@@ -26,7 +26,15 @@ from tether.trainer.config import (
 )
 from tether.trainer.loop import EvalResult, TrainingRun
 
-__all__ = ["demo_config", "memory_line", "run_demo", "run_eval", "run_train", "summary_line"]
+__all__ = [
+    "demo_config",
+    "memory_line",
+    "replace_demo_run",
+    "run_demo",
+    "run_eval",
+    "run_train",
+    "summary_line",
+]
 
 
 def demo_config(seed: int = 0, steps: int = 150) -> TrainConfig:
@@ -146,10 +154,7 @@ def run_demo(seed: int, steps: int, console: Console) -> str:
     with _echo_logs("tether.starter", console):  # the warm-up's progress, every 50 steps
         model_path = Path(build_starter(warm=True))
     cfg = demo_config(seed, steps)
-    run_dir = Path(cfg.dir) / cfg.name
-    if run_dir.exists():  # the demo's own folder: `make demo` twice replaces the first run
-        shutil.rmtree(run_dir)
-        console.print(f"replacing the previous demo run in {run_dir}")
+    replace_demo_run(Path(cfg.dir) / cfg.name, console)
     console.print(
         f"2/3 GRPO through the gateway: {cfg.rollout.batch_groups} tasks x {cfg.rollout.n} rollouts "
         f"per update, {steps} updates; agent = the calc agent (official openai SDK, in-process)"
@@ -166,6 +171,13 @@ def run_demo(seed: int, steps: int, console: Console) -> str:
     line = summary_line(evals, steps, (time.monotonic() - t0) / 60)
     console.print(line, highlight=False, markup=False)
     return line
+
+
+def replace_demo_run(run_dir: Path, console: Console) -> None:
+    """The demo's own folder is replaced, not refused: ``make demo`` twice just works."""
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+        console.print(f"replacing the previous demo run in {run_dir}", highlight=False)
 
 
 def memory_line(run: TrainingRun) -> str | None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.errors import UserError
-from tether.store import Store
+from tether.store import NotFound, Store
 from tether.trainer.checkpoint import checkpoint_state, latest_checkpoint
 
 __all__ = ["ResumePoint", "check_new_run", "free_name", "holds_run", "past_metrics", "resume_point"]
@@ -125,7 +125,7 @@ def _chain(store: Store, run_id: str) -> list[tuple[str, int]]:
         seen.add(current)
         try:
             config = store.get_run(current).config
-        except Exception:  # a record that is not there (another store): stop here
+        except NotFound:  # a record that is not there (the store was replaced): stop here
             break
         extra = config.get("extra") if isinstance(config.get("extra"), dict) else {}
         chain.append((current, int(extra.get("resumed_at") or 0)))
