@@ -180,6 +180,7 @@ def test_checkpoint_write_is_atomic(starter_dir: Path, tokenizer: Any, tmp_path:
             base_model_dir=starter_dir,
             config={},
             keep=2,
+            run="r1",
         )
     assert [p.name for p in sorted(d.iterdir())] == ["step-000002", "step-000003"]
 

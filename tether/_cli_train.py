@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,8 @@ from rich.console import Console
 
 from tether._progress import Progress, plot_curve
 from tether.runner import RunnerConfig
+from tether.trainer._rundir import check_new_run
+from tether.trainer.checkpoint import checkpoint_state
 from tether.trainer.config import (
     CheckpointConfig,
     EvalConfig,
@@ -23,7 +26,15 @@ from tether.trainer.config import (
 )
 from tether.trainer.loop import EvalResult, TrainingRun
 
-__all__ = ["demo_config", "memory_line", "run_demo", "run_eval", "run_train", "summary_line"]
+__all__ = [
+    "demo_config",
+    "memory_line",
+    "replace_demo_run",
+    "run_demo",
+    "run_eval",
+    "run_train",
+    "summary_line",
+]
 
 
 def demo_config(seed: int = 0, steps: int = 150) -> TrainConfig:
@@ -76,6 +87,8 @@ def summary_line(
 ) -> str:
     """The run's last line. ``updates`` (policy updates made; None = not counted): with 0,
     a difference between the evals is sampling noise, so no gain is claimed."""
+    if not evals:
+        return f"no held-out eval (eval.enabled is false), {steps} steps, {minutes:.1f} min"
     before, after = evals[0], evals[-1]
     points = (after.sampled - before.sampled) * 100
     change = "no update happened" if updates == 0 else f"{points:+.0f} points"
@@ -99,7 +112,11 @@ async def _train(
 
 
 def run_train(cfg: TrainConfig, console: Console) -> list[EvalResult]:
+    """``tether train``: a new run (refused when its folder holds one) or, with
+    ``extra.resume``, the continuation of the run of that name."""
     t0 = time.monotonic()
+    if not cfg.extra.get("resume"):
+        check_new_run(Path(cfg.dir), cfg.name)
     evals, run = asyncio.run(_train(cfg, console))
     png = plot_curve(run.history, evals, run.run_dir / "reward_curve.png")
     if png:
@@ -113,7 +130,10 @@ def run_train(cfg: TrainConfig, console: Console) -> list[EvalResult]:
 
 
 def run_eval(cfg: TrainConfig, checkpoint: Path | None, console: Console) -> EvalResult:
+    """``tether eval``: the config's model or a checkpoint, reported at the checkpoint's step."""
     _quiet_loading()
+    cfg.extra["command"] = "eval"  # its store record is not a training run (see _rundir.py)
+    step = int(checkpoint_state(checkpoint).get("step", 0)) if checkpoint else 0
 
     async def go() -> EvalResult:
         model_path = (
@@ -122,7 +142,7 @@ def run_eval(cfg: TrainConfig, checkpoint: Path | None, console: Console) -> Eva
         async with TrainingRun(
             cfg, on_event=Progress(0, console, live=False), model_path=model_path
         ) as run:
-            return await run.evaluate(0)
+            return await run.evaluate(step)
 
     return asyncio.run(go())
 
@@ -139,6 +159,7 @@ def run_demo(seed: int, steps: int, console: Console) -> str:
     with _echo_logs("tether.starter", console):  # the warm-up's progress, every 50 steps
         model_path = Path(build_starter(warm=True))
     cfg = demo_config(seed, steps)
+    replace_demo_run(Path(cfg.dir) / cfg.name, console)
     console.print(
         f"2/3 GRPO through the gateway: {cfg.rollout.batch_groups} tasks x {cfg.rollout.n} rollouts "
         f"per update, {steps} updates; agent = the calc agent (official openai SDK, in-process)"
@@ -160,6 +181,13 @@ def run_demo(seed: int, steps: int, console: Console) -> str:
 def _updates(run: TrainingRun) -> int:
     """Policy updates this run made (a step with nothing to learn from makes none)."""
     return sum(1 for r in run.history if "update_s" in r.metrics)
+
+
+def replace_demo_run(run_dir: Path, console: Console) -> None:
+    """The demo's own folder is replaced, not refused: ``make demo`` twice just works."""
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+        console.print(f"replacing the previous demo run in {run_dir}", highlight=False)
 
 
 def memory_line(run: TrainingRun) -> str | None:

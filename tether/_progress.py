@@ -55,6 +55,11 @@ class Progress:
             (self._live.console if self._live else self.console).print(
                 msg, highlight=False, soft_wrap=True
             )
+        elif kind == "resume":
+            (self._live.console if self._live else self.console).print(
+                f"resumed from {payload.path}: step {payload.step + 1}/{self.total} next",
+                highlight=False,
+            )
         elif kind == "checkpoint":
             (self._live.console if self._live else self.console).print(
                 f"checkpoint: {payload}", highlight=False
@@ -66,7 +71,7 @@ class Progress:
         if not self.step_times:
             return "-"
         recent = self.step_times[-5:]
-        left = (self.total - len(self.rows)) * sum(recent) / len(recent)
+        left = (self.total - self.rows[-1].step - 1) * sum(recent) / len(recent)  # resume-proof
         return f"{left / 60:.1f} min"
 
     def _line(self, r: Any) -> str:

@@ -168,7 +168,8 @@ def train(
         list[str] | None, typer.Argument(help="dotted.key=value overrides, e.g. trainer.lr=3e-5")
     ] = None,
     resume: Annotated[
-        bool, typer.Option(help="Continue from the run's latest checkpoint.")
+        bool,
+        typer.Option(help="Continue run NAME from its latest checkpoint (step, policy, curve)."),
     ] = False,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
 ) -> None:

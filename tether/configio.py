@@ -5,6 +5,11 @@ Each component keeps its own dataclass and validates itself in
 ``__post_init__``; this module only builds them::
 
     cfg = load_config(TrainConfig, "examples/calc/config.yaml", ["trainer.lr=3e-5", "rollout.n=8"])
+
+A class may define ``resolve_file_paths(data, folder) -> data`` (a classmethod
+or staticmethod): it gets the mapping read from the file, before the
+overrides, and the file's folder, so that paths written in a file can be
+relative to the file while overrides stay relative to the current directory.
 """
 
 from __future__ import annotations
@@ -149,6 +154,9 @@ def load_config(cls: type[T], path: str | Path | None, overrides: list[str] = ()
         if not isinstance(loaded, dict):
             raise UserError(f"{p} must hold a mapping at the top level")
         data = loaded
+        hook = getattr(cls, "resolve_file_paths", None)
+        if hook is not None:
+            data = hook(data, p.resolve().parent)
     return build(cls, apply_overrides(data, list(overrides)))
 
 

@@ -131,8 +131,14 @@ class Engine(Protocol):
         """Start generating again."""
         ...
 
-    async def update_weights(self, state_dict: dict[str, Any]) -> int:
-        """Load new weights (pausing around the swap) and return the new policy version."""
+    async def update_weights(
+        self, state_dict: dict[str, Any], *, version: int | None = None
+    ) -> int:
+        """Load new weights (pausing around the swap) and return the new policy version.
+
+        The version rises by one, or becomes ``version`` when given (a run resumed from a
+        checkpoint continues at the checkpoint's version).
+        """
         ...
 
     async def close(self) -> None: ...

@@ -14,6 +14,7 @@ is no per-request seed, stop string or top-logprobs.
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any
 
 import torch
@@ -141,20 +142,23 @@ class TransformersEngine:
     async def resume(self) -> None:
         self._gate.resume()
 
-    async def update_weights(self, state_dict: dict[str, Any]) -> int:
-        """Pause, load ``state_dict`` (keys may be a subset of the model's), bump the version."""
+    async def update_weights(
+        self, state_dict: dict[str, Any], *, version: int | None = None
+    ) -> int:
+        """Pause, load ``state_dict`` (keys may be a subset of the model's), bump the version
+        (or set it to ``version``: resuming from a checkpoint)."""
         was_paused = self._gate.paused
         await self._gate.pause()
         try:
             loop = asyncio.get_running_loop()
             fut: asyncio.Future[int] = loop.create_future()
-            self._worker.inbox.put((self._load, state_dict, fut, loop))
+            self._worker.inbox.put((partial(self._load, version=version), state_dict, fut, loop))
             return await fut
         finally:
             if not was_paused:
                 self._gate.resume()
 
-    def _load(self, state_dict: dict[str, Any]) -> int:
+    def _load(self, state_dict: dict[str, Any], version: int | None = None) -> int:
         unexpected = sorted(set(state_dict) - set(self.model.state_dict()))
         if unexpected:
             raise UserError(f"state_dict has keys the model lacks: {unexpected[:5]}")
@@ -162,7 +166,7 @@ class TransformersEngine:
             self.model.load_state_dict(state_dict, strict=False)
         if self._worker.prefix is not None:
             self._worker.prefix.clear()  # cached KVs belong to the old weights
-        self._worker.version += 1
+        self._worker.version = self._worker.version + 1 if version is None else int(version)
         return self._worker.version
 
     async def close(self) -> None:

@@ -111,11 +111,13 @@ class FakeEngine:
     async def resume(self) -> None:
         self._gate.resume()
 
-    async def update_weights(self, state_dict: dict[str, Any]) -> int:
+    async def update_weights(
+        self, state_dict: dict[str, Any], *, version: int | None = None
+    ) -> int:
         was_paused = self._gate.paused
         await self._gate.pause()
         self.weights.append(state_dict)
-        self._version += 1
+        self._version = self._version + 1 if version is None else int(version)
         if not was_paused:
             self._gate.resume()
         return self._version
@@ -267,12 +269,14 @@ class FaultyEngine(FakeEngine):
                 raise EngineFailed(f"injected fault: {err!r}") from err
             return await self.inner.generate(prompt_ids, params)
 
-    async def update_weights(self, state_dict: dict[str, Any]) -> int:
+    async def update_weights(
+        self, state_dict: dict[str, Any], *, version: int | None = None
+    ) -> int:
         was_paused = self._gate.paused
         await self._gate.pause()
         try:
             self.weights.append(state_dict)
-            return await self.inner.update_weights(state_dict)
+            return await self.inner.update_weights(state_dict, version=version)
         finally:
             if not was_paused:
                 self._gate.resume()

@@ -6,7 +6,14 @@ A checkpoint folder ``step-000010/`` holds
                   its tokenizer: ``tether serve --model .../model`` serves it;
 - ``trainer.pt``  trainable weights, optimizer state and RNG states — what
                   resuming needs to continue exactly as if never stopped;
-- ``state.json``  the step and the run's config (secret-named values redacted).
+- ``state.json``  the step, the engine's policy version, the run it belongs to
+                  (``run``: the id of the run's first record, the same across
+                  ``--resume``; ``run_id``: the record that wrote it) and the
+                  run's config (secret-named values redacted).
+
+Pruning (``keep``) only ever removes checkpoints of the same ``run``: another
+run's checkpoint in the same folder, or one without a ``run`` (written before
+tether recorded it), is never deleted.
 
 A crash mid-write leaves only a ``*.tmp-*`` folder, which is ignored and
 removed by the next save.
@@ -31,8 +38,15 @@ from typing import Any
 import torch
 
 from tether.store._codec import redact_secrets
+from tether.trainer.errors import CheckpointConflict
 
-__all__ = ["latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "checkpoint_state",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "prune_checkpoints",
+    "save_checkpoint",
+]
 
 KILL_ENV = "TETHER_TEST_KILL_IN_CHECKPOINT"
 
@@ -59,12 +73,23 @@ def save_checkpoint(
     base_model_dir: Path | None,
     config: dict[str, Any],
     keep: int = 2,
+    run: str | None = None,
+    run_id: str | None = None,
+    policy_version: int | None = None,
 ) -> Path:
-    """Write ``directory/step-{step:06d}`` atomically and keep the newest ``keep``."""
+    """Write ``directory/step-{step:06d}`` atomically and keep run ``run``'s newest ``keep``.
+
+    Refuses (:class:`CheckpointConflict`) to replace another run's checkpoint of the same step.
+    """
     directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"step-{step:06d}"
+    if final.is_dir() and checkpoint_state(final).get("run") not in (None, run):
+        raise CheckpointConflict(
+            f"{final} belongs to another run ({checkpoint_state(final)['run']}): "
+            "give this run its own name, or continue that one with --resume"
+        )
     for stale in directory.glob("*.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
-    final = directory / f"step-{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f"step-{step:06d}.tmp-", dir=directory))
     model = trainer.model
     if trainer.cfg.lora is not None:
@@ -88,7 +113,17 @@ def save_checkpoint(
         tmp / "trainer.pt",
     )
     (tmp / "state.json").write_text(
-        json.dumps({"step": step, "config": redact_secrets(config)}, indent=2, default=str)
+        json.dumps(
+            {
+                "step": step,
+                "run": run,
+                "run_id": run_id,
+                "policy_version": policy_version,
+                "config": redact_secrets(config),
+            },
+            indent=2,
+            default=str,
+        )
     )
     _fsync_tree(tmp)
     if os.environ.get(KILL_ENV) == str(step):  # test-only, see the module docstring
@@ -105,17 +140,45 @@ def save_checkpoint(
         os.close(fd)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    done = sorted(p for p in directory.glob("step-*") if p.is_dir() and ".tmp-" not in p.name)
-    for old in done[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+    prune_checkpoints(directory, run, keep)
     return final
 
 
-def latest_checkpoint(directory: Path) -> Path | None:
+def _complete(directory: Path) -> list[Path]:
+    """The finished checkpoint folders in ``directory``, by step."""
     if not directory.is_dir():
-        return None
-    done = sorted(p for p in directory.glob("step-*") if p.is_dir() and ".tmp-" not in p.name)
+        return []
+    return sorted(p for p in directory.glob("step-*") if p.is_dir() and ".tmp-" not in p.name)
+
+
+def prune_checkpoints(directory: Path, run: str | None, keep: int) -> list[Path]:
+    """Delete run ``run``'s checkpoints but its newest ``keep``; return what was deleted.
+
+    Only folders whose ``state.json`` names ``run`` count: another run's checkpoints, and
+    any without a recorded run, are left alone. ``keep`` <= 0 or ``run`` None deletes nothing.
+    """
+    if keep <= 0 or run is None:
+        return []
+    mine = [p for p in _complete(directory) if checkpoint_state(p).get("run") == run]
+    gone = mine[:-keep]
+    for old in gone:
+        shutil.rmtree(old, ignore_errors=True)
+    return gone
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    """The checkpoint with the highest step in ``directory`` (temporary folders ignored)."""
+    done = _complete(directory)
     return done[-1] if done else None
+
+
+def checkpoint_state(path: Path) -> dict[str, Any]:
+    """A checkpoint's ``state.json`` (``{}`` when missing or unreadable)."""
+    try:
+        state = json.loads((Path(path) / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
 
 
 def load_checkpoint(path: Path, trainer: Any) -> int:

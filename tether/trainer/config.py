@@ -3,6 +3,13 @@
 Every field is documented here; ``tether train CONFIG key.sub=value`` overrides
 any of them. Validation happens when a dataclass is built, and every error
 names the value, the rule and the fix.
+
+Paths: a relative path written in a config file (``agent.agent: agent.py:main``,
+the words of ``agent.command``, ``agent.cwd``, ``tasks.source``, a grader
+``file.py:fn``) is relative to the file's folder; one given as a command-line
+override is relative to the current directory; ``dir`` and ``model.path`` are
+always relative to the current directory. The exact rules are in
+``tether/trainer/_paths.py``.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from typing import Any
 from tether.errors import UserError
 from tether.gateway import GatewayConfig
 from tether.runner import RunnerConfig
+from tether.trainer._paths import resolve_file_paths
 
 __all__ = [
     "CheckpointConfig",
@@ -53,7 +61,7 @@ class ModelConfig:
 @dataclass
 class TasksConfig:
     #: "calc" (generated arithmetic tasks) or a JSONL file with one task object per line
-    #: and a "split" field ("train"/"val") on each.
+    #: and a "split" field ("train"/"val") on each; in a config file, relative to its folder.
     source: str = "calc"
     train_size: int = 2000
     val_size: int = 100
@@ -66,8 +74,9 @@ class RolloutConfig:
     n: int = 8
     #: Groups (tasks) per update; a batch is batch_groups × n rollouts.
     batch_groups: int = 8
-    #: "module:function" grading (task, final_answer) -> float, or -> {"reward": float,
-    #: "success": bool} to say itself what counts as solved; empty = the agent's own reward.
+    #: "module:function" or "path/file.py:function" grading (task, final_answer) -> float,
+    #: or -> {"reward": float, "success": bool} to say itself what counts as solved (a file
+    #: path in a config file is relative to its folder); empty = the agent's own reward.
     grader: str = "tether.starter.calc:grade"
     #: When a rollout counts as a success (the success rate of train steps and evals), unless
     #: the grader says so itself: None = reward > 0; a number = reward >= success_threshold.
@@ -194,6 +203,8 @@ class TrainerConfig:
 
 @dataclass
 class EvalConfig:
+    #: False: no held-out evaluation at all during training (``tether eval`` still evaluates).
+    enabled: bool = True
     #: Evaluate on the val split every this many updates (and before the first and after the last); 0 = only then.
     every: int = 0
     #: Val tasks used (the first ones of the split).
@@ -203,6 +214,15 @@ class EvalConfig:
     #: Also one greedy (temperature 0) rollout per task.
     greedy: bool = True
     temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.every < 0:
+            raise UserError(f"eval.every ({self.every}) must be >= 0 (0: only before and after)")
+        if self.tasks < 1 or self.samples < 1:
+            raise UserError(
+                f"eval.tasks ({self.tasks}) and eval.samples ({self.samples}) must be >= 1; "
+                "to skip held-out evaluation set eval.enabled=false"
+            )
 
 
 @dataclass
@@ -215,12 +235,18 @@ class CheckpointConfig:
 
 @dataclass
 class TrainConfig:
-    #: Name of the run; its files go to {dir}/{name}.
+    #: Name of the run; its files go to {dir}/{name}. One run per name: a new run under
+    #: a name whose folder holds one is refused (continue it with --resume, or rename).
     name: str = "calc"
+    #: Where run folders go, relative to the current directory.
     dir: str = "runs"
     model: ModelConfig = field(default_factory=ModelConfig)
     tasks: TasksConfig = field(default_factory=TasksConfig)
     #: How agents start; default: the calc agent in-process (tether.starter.calc:agent).
+    #: In a config file, agent.agent "path/file.py:fn" and agent.cwd are relative to the
+    #: file's folder, and each word of agent.command that names a file or folder there
+    #: (agent.py, ./run.sh) becomes its absolute path; the agent still starts in the
+    #: current directory (or agent.cwd, and then agent.command is left as written).
     agent: RunnerConfig = field(
         default_factory=lambda: RunnerConfig(mode="inprocess", agent="tether.starter.calc:agent")
     )
@@ -238,6 +264,8 @@ class TrainConfig:
                 f"trainer.max_groups_in_flight ({t.max_groups_in_flight}) must be >= "
                 f"rollout.batch_groups ({b}); raise it (e.g. {2 * b}) or set 0 for 2 × batch_groups"
             )
+
+    resolve_file_paths = staticmethod(resolve_file_paths)  # the load_config hook (configio)
 
     @property
     def groups_in_flight(self) -> int:

@@ -2,7 +2,8 @@
 
 TrainerError
 ├── PolicyCollapsed   the reward stayed at 0 for trainer.collapse_patience updates
-├── AgentsFailing     every rollout of the run's first collection failed (agent broken)
+├── AgentsFailing      every rollout of the run's first collection failed (agent broken)
+├── CheckpointConflict a checkpoint of that step already belongs to another run
 └── (configuration mistakes are tether.errors.UserError)
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from tether.errors import TetherError
 
-__all__ = ["AgentsFailing", "PolicyCollapsed", "TrainerError"]
+__all__ = ["AgentsFailing", "CheckpointConflict", "PolicyCollapsed", "TrainerError"]
 
 
 class TrainerError(TetherError):
@@ -26,3 +27,7 @@ class AgentsFailing(TrainerError):
 
     The message carries the first failure's error and the end of its output.
     """
+
+
+class CheckpointConflict(TrainerError):
+    """A checkpoint folder of the same step already belongs to another run."""

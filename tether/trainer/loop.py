@@ -20,6 +20,12 @@ first collection failed. "Success" is each rollout's own verdict (the
 grader's flag or ``rollout.success_threshold``, see ``_collect``), so train
 steps and evals count it the same way.
 
+With ``extra.resume`` (``tether train --resume``) the run continues from its
+newest checkpoint (``_rundir.py``): at the checkpoint's step, with the
+engine at the checkpoint's policy version, in a new store record linked to
+the one it continues, and with the earlier sessions' metrics and evals in
+``history`` and ``evals`` (the step-0 eval is not repeated).
+
 That is sync mode. In async mode (``trainer.mode: async``, ``_async.py``)
 groups keep running across updates, and steps 1 and 4 become: wait for
 ``batch_groups`` finished groups, pause admission at the gateway, drain,
@@ -50,9 +56,10 @@ from tether.trainer import algorithms as A
 from tether.trainer._async import AsyncRollouts
 from tether.trainer._collect import Collected, RolloutOutcome, collect_groups, load_grader
 from tether.trainer._failures import check_collection
+from tether.trainer._rundir import ResumePoint, past_metrics, resume_point
 from tether.trainer._tasks import load_tasks, tasks_for_step
 from tether.trainer._update import PolicyTrainer
-from tether.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from tether.trainer.checkpoint import load_checkpoint, save_checkpoint
 from tether.trainer.config import TrainConfig
 from tether.trainer.errors import PolicyCollapsed, TrainerError
 from tether.trainer.samples import build_samples
@@ -70,6 +77,18 @@ class EvalResult:
     tasks: int
     rollouts: int
     wall_s: float
+
+    @classmethod
+    def from_metrics(cls, step: int, m: dict[str, float]) -> EvalResult:
+        """Rebuilt from the ``eval/*`` metrics that :meth:`TrainingRun.evaluate` stores."""
+        return cls(
+            step,
+            m.get("eval/sampled_success", float("nan")),
+            m.get("eval/greedy_success"),
+            int(m.get("eval/tasks", 0)),
+            int(m.get("eval/rollouts", 0)),
+            m.get("eval/wall_s", 0.0),
+        )
 
 
 @dataclass
@@ -114,6 +133,9 @@ class TrainingRun:
         self.history: list[StepReport] = []
         self.evals: list[EvalResult] = []
         self.start_step = 0
+        #: The id of the run's first store record: the same across --resume, and the
+        #: ``run`` its checkpoints carry (pruning only touches this run's checkpoints).
+        self.lineage: str | None = None
         self._async: AsyncRollouts | None = None
         self._collections = 0  # checked so far (the first one stops the run if all fail)
 
@@ -123,6 +145,11 @@ class TrainingRun:
         from tether.starter import load_model, load_tokenizer
 
         cfg = self.cfg
+        resume = (  # before the slow part: "nothing to resume" is a one-line error at once
+            resume_point(Path(cfg.dir), cfg.name, cfg.trainer.steps)
+            if cfg.extra.get("resume", False)
+            else None
+        )
         torch.manual_seed(cfg.trainer.seed)
         random.seed(cfg.trainer.seed)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -144,9 +171,12 @@ class TrainingRun:
             seed=cfg.trainer.seed,
         )
         self.store = Store(self.run_dir / "traces.sqlite")
+        if resume is not None and resume.run_id is not None:
+            cfg.extra.update(resumed_from=resume.run_id, resumed_at=resume.step)
         self.run_record = self.store.create_run(
             dump(cfg), run_id=f"{cfg.name}-{secrets.token_hex(4)}"
         )
+        self.lineage = (resume.run if resume else None) or self.run_record.id
         self.train_tasks, self.val_tasks = load_tasks(cfg.tasks)
         self.grader = load_grader(cfg.rollout.grader)
         gcfg = cfg.gateway
@@ -158,12 +188,22 @@ class TrainingRun:
         if not gcfg.public_url:
             gcfg.public_url = self.server.url
         self.runner = make_runner(cfg.agent)
-        ckpt = latest_checkpoint(self.run_dir / "checkpoints")
-        if ckpt is not None and cfg.extra.get("resume", False):
-            self.start_step = load_checkpoint(ckpt, self.trainer)
-            await self.engine.update_weights(self.trainer.state_dict())
-            log.info("resumed from %s at step %d", ckpt, self.start_step)
+        if resume is not None:
+            await self._resume(resume)
         return self
+
+    async def _resume(self, at: ResumePoint) -> None:
+        self.start_step = load_checkpoint(at.path, self.trainer)
+        version = await self.engine.update_weights(
+            self.trainer.state_dict(),
+            **({} if at.policy_version is None else {"version": at.policy_version}),
+        )
+        if at.run_id is not None:
+            steps, evals = past_metrics(self.store, at.run_id, self.start_step)
+            self.history = [StepReport(s, m) for s, m in steps.items()]
+            self.evals = [EvalResult.from_metrics(s, m) for s, m in evals.items()]
+        log.info("resumed from %s at step %d, policy v%d", at.path, self.start_step, version)
+        self.on_event("resume", at)
 
     async def __aexit__(self, *exc: object) -> None:
         for close in (self.stop_rollouts, self.runner.close, self.server.stop, self.engine.close):
@@ -217,6 +257,9 @@ class TrainingRun:
             {
                 "eval/sampled_success": result.sampled,
                 **({"eval/greedy_success": greedy} if greedy is not None else {}),
+                "eval/tasks": float(result.tasks),
+                "eval/rollouts": float(result.rollouts),
+                "eval/wall_s": result.wall_s,
             },
         )
         self.evals.append(result)
@@ -362,7 +405,9 @@ class TrainingRun:
     async def train(self) -> list[EvalResult]:
         """Evaluate, train ``trainer.steps`` updates (evaluating/checkpointing every K), evaluate."""
         cfg = self.cfg
-        if self.start_step == 0:
+        evals_on = cfg.eval.enabled
+        every = cfg.eval.every if evals_on else 0
+        if self.start_step == 0 and evals_on:
             await self.evaluate(0)
         for step in range(self.start_step, cfg.trainer.steps):
             await self.train_step(step)
@@ -378,11 +423,12 @@ class TrainingRun:
                 and done < cfg.trainer.steps
             ):
                 self.save(done)
-            if cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.trainer.steps:
+            if every and done % every == 0 and done < cfg.trainer.steps:
                 await self.evaluate(done)
         await self.stop_rollouts()
         self.save(cfg.trainer.steps)
-        await self.evaluate(cfg.trainer.steps)
+        if evals_on:
+            await self.evaluate(cfg.trainer.steps)
         return self.evals
 
     def save(self, step: int) -> Path:
@@ -394,6 +440,9 @@ class TrainingRun:
             base_model_dir=self.model_path,
             config=dump(self.cfg),
             keep=self.cfg.checkpoint.keep,
+            run=self.lineage,
+            run_id=self.run_record.id,
+            policy_version=self.engine.policy_version,
         )
         self.store.add_checkpoint(Checkpoint(run_id=self.run_record.id, step=step, path=str(path)))
         self.on_event("checkpoint", path)

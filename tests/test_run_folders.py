@@ -1,0 +1,264 @@
+"""Run folders: checkpoints belong to their run, names are not reused, resume points, and
+config-file paths relative to the file (the rules; the CLI end to end is in test_cli_runs.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tether.configio import load_config
+from tether.errors import UserError
+from tether.store import Store
+from tether.trainer._rundir import (
+    check_new_run,
+    free_name,
+    holds_run,
+    past_metrics,
+    resume_point,
+)
+from tether.trainer.checkpoint import (
+    checkpoint_state,
+    latest_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+)
+from tether.trainer.config import TrainConfig
+from tether.trainer.errors import CheckpointConflict
+
+
+def _fake_ckpt(d: Path, step: int, run: str | None, version: int | None = None) -> Path:
+    p = d / f"step-{step:06d}"
+    p.mkdir(parents=True)
+    state = {"step": step, "run": run, "run_id": run and f"{run}-rec", "policy_version": version}
+    (p / "state.json").write_text(json.dumps(state))
+    return p
+
+
+# -- pruning -----------------------------------------------------------------------------
+
+
+def test_pruning_keeps_the_newest_of_its_own_run_and_never_touches_another(tmp_path: Path) -> None:
+    for step in (1, 2, 3, 4):
+        _fake_ckpt(tmp_path, step, "old")
+    _fake_ckpt(tmp_path, 7, None)  # written before checkpoints named their run
+    for step in (10, 11, 12):
+        _fake_ckpt(tmp_path, step, "new")
+    gone = prune_checkpoints(tmp_path, "new", keep=1)
+    assert [p.name for p in gone] == ["step-000010", "step-000011"]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == [f"step-{s:06d}" for s in (1, 2, 3, 4, 7, 12)]
+    # keep <= 0 keeps everything; an unnamed run prunes nothing
+    assert prune_checkpoints(tmp_path, "old", keep=0) == []
+    assert prune_checkpoints(tmp_path, None, keep=1) == []
+    assert [p.name for p in prune_checkpoints(tmp_path, "old", keep=2)] == [
+        "step-000001",
+        "step-000002",
+    ]
+
+
+def test_a_new_one_step_run_keeps_its_checkpoint_beside_an_older_runs_higher_steps(
+    starter_dir: Path, tokenizer: Any, tmp_path: Path
+) -> None:
+    """The bug: keep=1 kept the highest step of the folder, deleting the new run's step-1."""
+    from tether.starter import load_model
+    from tether.trainer._update import PolicyTrainer
+    from tether.trainer.config import TrainerConfig
+
+    trainer = PolicyTrainer(load_model(starter_dir), TrainerConfig())
+    _fake_ckpt(tmp_path, 20, "earlier-run")
+
+    def save(step: int, run: str) -> Path:
+        return save_checkpoint(
+            tmp_path,
+            step,
+            trainer=trainer,
+            tokenizer=tokenizer,
+            base_model_dir=starter_dir,
+            config={},
+            keep=1,
+            run=run,
+            run_id=f"{run}-rec",
+            policy_version=step,
+        )
+
+    mine = save(1, "this-run")
+    assert mine.is_dir() and (tmp_path / "step-000020").is_dir()
+    assert checkpoint_state(mine) == {
+        "step": 1,
+        "run": "this-run",
+        "run_id": "this-run-rec",
+        "policy_version": 1,
+        "config": {},
+    }
+    save(2, "this-run")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000002", "step-000020"]
+    with pytest.raises(CheckpointConflict, match="belongs to another run"):
+        save(20, "this-run")  # never replaces another run's checkpoint of the same step
+    assert checkpoint_state(tmp_path / "step-000020")["run"] == "earlier-run"
+
+
+# -- names and resume points ---------------------------------------------------------------
+
+
+def test_a_name_that_holds_a_run_is_refused_with_both_fixes(tmp_path: Path) -> None:
+    assert not holds_run(tmp_path / "calc")
+    check_new_run(tmp_path, "calc")  # nothing there yet
+    _fake_ckpt(tmp_path / "calc" / "checkpoints", 1, "r")
+    _fake_ckpt(tmp_path / "calc-2" / "checkpoints", 1, "r2")
+    with pytest.raises(UserError) as err:
+        check_new_run(tmp_path, "calc")
+    msg = str(err.value)
+    assert "run 'calc' already exists in" in msg and "--resume" in msg and "name=calc-3" in msg
+    assert free_name(tmp_path, "calc-2") == "calc-3" and free_name(tmp_path, "x") == "x-2"
+
+
+def test_an_eval_record_is_not_a_run_but_a_training_record_is(tmp_path: Path) -> None:
+    (tmp_path / "calc").mkdir()
+    with Store(tmp_path / "calc" / "traces.sqlite") as store:
+        store.create_run({"name": "calc", "extra": {"command": "eval"}})
+    assert not holds_run(tmp_path / "calc")
+    with Store(tmp_path / "calc" / "traces.sqlite") as store:
+        store.create_run({"name": "calc", "extra": {}})  # a run killed before its checkpoint
+    assert holds_run(tmp_path / "calc")
+    with pytest.raises(
+        UserError, match=r"no checkpoint in .*; drop --resume and start a new run with name=calc-2"
+    ):
+        resume_point(tmp_path, "calc", 10)
+
+
+def test_resume_point_is_the_newest_checkpoint_and_says_when_there_is_none_or_nothing_left(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(
+        UserError, match=r"cannot resume run 'calc': no run folder .*; drop --resume to start it"
+    ):
+        resume_point(tmp_path, "calc", 10)
+    d = tmp_path / "calc" / "checkpoints"
+    _fake_ckpt(d, 2, "r", version=2)
+    _fake_ckpt(d, 4, "r", version=3)
+    (d / "step-000006.tmp-x").mkdir()  # a crash mid-write: ignored
+    at = resume_point(tmp_path, "calc", 10)
+    assert (at.path.name, at.step, at.policy_version, at.run, at.run_id) == (
+        "step-000004",
+        4,
+        3,
+        "r",
+        "r-rec",
+    )
+    with pytest.raises(
+        UserError, match=r"run 'calc' is finished: .* step 4 of trainer.steps=4; .* trainer.steps=8"
+    ):
+        resume_point(tmp_path, "calc", 4)
+    assert latest_checkpoint(d).name == "step-000004"
+
+
+def test_past_metrics_follow_the_resume_links_and_a_redone_step_is_the_later_sessions(
+    tmp_path: Path,
+) -> None:
+    with Store(tmp_path / "t.sqlite") as store:
+        store.create_run({"extra": {}}, run_id="a")
+        store.create_run({"extra": {"resumed_from": "a", "resumed_at": 2}}, run_id="b")
+        store.create_run({"extra": {"resumed_from": "b", "resumed_at": 3}}, run_id="c")
+        store.log_metrics("a", 0, {"eval/sampled_success": 0.1})
+        for s in range(3):  # a finished steps 0-2, checkpointed after 2, was killed after 3
+            store.log_metrics("a", s, {"reward_mean": 10 + s})
+        store.log_metrics("a", 2, {"eval/sampled_success": 0.2})
+        store.log_metrics("b", 2, {"reward_mean": 22})  # b redid step index 2
+        store.log_metrics("b", 3, {"reward_mean": 23})
+        store.log_metrics("c", 3, {"reward_mean": 33})  # c's own step: not "past"
+        steps, evals = past_metrics(store, "b", 3)
+    assert {s: m["reward_mean"] for s, m in steps.items()} == {0: 10, 1: 11, 2: 22}
+    assert {s: m["eval/sampled_success"] for s, m in evals.items()} == {0: 0.1, 2: 0.2}
+
+
+# -- config paths ---------------------------------------------------------------------
+
+
+def test_paths_in_a_config_file_are_relative_to_its_folder_overrides_to_the_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proj = tmp_path / "proj"
+    (proj / "data").mkdir(parents=True)
+    for name in ("agent.py", "grader.py", "run.sh", "data/tasks.jsonl"):
+        (proj / name).write_text("")
+    (proj / "config.yaml").write_text(
+        "agent:\n"
+        "  mode: process\n"
+        "  command: python -u agent.py --tasks data/tasks.jsonl --name calc\n"
+        "tasks:\n  source: data/tasks.jsonl\n"
+        "rollout:\n  grader: grader.py:grade\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(TrainConfig, "../proj/config.yaml")
+    p = proj.resolve()
+    assert cfg.agent.command == [
+        "python",
+        "-u",
+        str(p / "agent.py"),
+        "--tasks",
+        str(p / "data/tasks.jsonl"),
+        "--name",
+        "calc",
+    ]
+    assert cfg.tasks.source == str(p / "data/tasks.jsonl")
+    assert cfg.rollout.grader == f"{p / 'grader.py'}:grade"
+    assert cfg.dir == "runs"  # where runs go stays relative to the current directory
+    # command-line overrides are what the user typed here: relative to the current directory
+    cfg = load_config(
+        TrainConfig,
+        proj / "config.yaml",
+        [
+            "tasks.source=mine.jsonl",
+            "rollout.grader=tether.starter.calc:grade",
+            "agent.command=./run.sh",
+        ],
+    )
+    assert (cfg.tasks.source, cfg.rollout.grader) == ("mine.jsonl", "tether.starter.calc:grade")
+    assert cfg.agent.command == ["./run.sh"]
+
+
+def test_a_pool_agent_file_with_a_cwd_is_relative_to_that_cwd(tmp_path: Path) -> None:
+    (tmp_path / "work").mkdir()
+    (tmp_path / "config.yaml").write_text(
+        "agent:\n  mode: pool\n  cwd: work\n  agent: agent.py:main\n  command: [python, agent.py]\n"
+    )
+    cfg = load_config(TrainConfig, tmp_path / "config.yaml")
+    work = (tmp_path / "work").resolve()
+    assert cfg.agent.cwd == str(work) and cfg.agent.agent == f"{work / 'agent.py'}:main"
+    assert cfg.agent.command == ["python", "agent.py"]  # runs in cwd: left as written
+    # module specs and the built-in task set are not paths
+    (tmp_path / "c2.yaml").write_text(
+        "agent:\n  mode: inprocess\n  agent: tether.starter.calc:agent\ntasks:\n  source: calc\n"
+    )
+    cfg = load_config(TrainConfig, tmp_path / "c2.yaml")
+    assert (cfg.agent.agent, cfg.tasks.source) == ("tether.starter.calc:agent", "calc")
+
+
+def test_eval_tasks_zero_points_to_eval_enabled() -> None:
+    with pytest.raises(UserError, match=r"eval\.enabled=false"):
+        load_config(TrainConfig, None, ["eval.tasks=0"])
+    assert load_config(TrainConfig, None, ["eval.enabled=false"]).eval.enabled is False
+
+
+def test_the_demo_replaces_its_own_previous_run_and_says_so(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from tether._cli_train import demo_config, replace_demo_run
+
+    cfg = demo_config(seed=3)
+    run_dir = tmp_path / cfg.name
+    _fake_ckpt(run_dir / "checkpoints", 150, "earlier-demo")
+    out = io.StringIO()
+    replace_demo_run(run_dir, Console(file=out, width=200))
+    assert (
+        not run_dir.exists() and f"replacing the previous demo run in {run_dir}" in out.getvalue()
+    )
+    replace_demo_run(run_dir, Console(file=out, width=200))  # nothing there: nothing to say
+    assert out.getvalue().count("replacing") == 1
