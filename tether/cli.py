@@ -42,7 +42,11 @@ def _setup_logging(level: str) -> None:
 
 
 def _admin_key(store: Path, host: str) -> tuple[str, Path | None]:
-    """TETHER_ADMIN_KEY, or on loopback a new key written to a file only the user can read."""
+    """TETHER_ADMIN_KEY, or on loopback the key in ``admin_key`` next to the store.
+
+    The file is made once (mode 600) and reused at every later start, so the key
+    stays the same across restarts of the same store; a file others can read is refused.
+    """
     key = os.environ.get("TETHER_ADMIN_KEY")
     if key:
         return key, None
@@ -54,6 +58,16 @@ def _admin_key(store: Path, host: str) -> tuple[str, Path | None]:
             "(e.g. export TETHER_ADMIN_KEY=$(openssl rand -hex 32)) or bind 127.0.0.1"
         )
     path = store.parent / "admin_key"
+    if path.exists():
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise UserError(
+                f"admin key file {path} is readable by others (mode {mode:o}): "
+                f"run chmod 600 {path}, or delete it to get a new key"
+            )
+        key = path.read_text().strip()
+        if key:
+            return key, path
     path.parent.mkdir(parents=True, exist_ok=True)
     key = secrets.token_urlsafe(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -83,6 +97,13 @@ def serve(
     allow_agent_rewards: Annotated[
         bool, typer.Option(help="Let agents post their own reward.")
     ] = False,
+    record_key: Annotated[
+        list[str] | None,
+        typer.Option(
+            envvar="TETHER_RECORD_KEYS",
+            help="A key for record mode (POST /v1/chat/completions); repeat for more.",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
 ) -> None:
     """Serve a model behind the gateway and record every call."""
@@ -97,6 +118,7 @@ def serve(
         admin_key=key,
         tool_parser=tool_parser,
         allow_agent_rewards=allow_agent_rewards,
+        record_keys=_record_keys(record_key),
     )
     cfg.check_bind()
     model_path, engine, tokenizer = _load_engine(
@@ -110,16 +132,34 @@ def serve(
     console.print(f"tether gateway on [bold]http://{host}:{port}[/]  store {store}")
     if key_path:
         console.print(
-            f"admin key written to {key_path} (mode 600); set TETHER_ADMIN_KEY to choose one"
+            f"admin key in {key_path} (mode 600, kept across restarts): "
+            f"export TETHER_ADMIN_KEY=$(cat {key_path})"
         )
     console.print(
         f"create a rollout: POST http://{host}:{port}/admin/rollouts  (Bearer: admin key)"
     )
+    if cfg.record_keys:
+        console.print(
+            f"record mode: POST http://{host}:{port}/v1/chat/completions  "
+            f"(Bearer: one of {len(cfg.record_keys)} record key(s))"
+        )
     server = make_server(create_app(gw), host, port, log_level="warning")
     try:
         server.run()
     finally:
         db.close()
+
+
+def _record_keys(given: list[str] | None) -> tuple[str, ...]:
+    """--record-key values; TETHER_RECORD_KEYS may hold several, comma-separated."""
+    keys = [k.strip() for v in given or [] for k in v.split(",") if k.strip()]
+    short = [k for k in keys if len(k) < 16]
+    if short:
+        raise UserError(
+            f"a record key must be at least 16 characters ({len(short[0])} given): "
+            "use e.g. --record-key $(openssl rand -hex 16)"
+        )
+    return tuple(keys)
 
 
 def _load_engine(model: str | None, *, device: str, max_batch_size: int):

@@ -280,7 +280,10 @@ def create_app(gw: Gateway) -> FastAPI:
         if token is None:
             raise ApiError(401, "missing bearer token: record mode needs a record key")
         if not gw.keys.is_recorder(token):
-            raise ApiError(401, "invalid key for record mode (set gateway.record_keys)")
+            raise ApiError(
+                401,
+                "invalid key for record mode (tether serve --record-key KEY, or gateway.record_keys)",
+            )
         opened = gw.open_rollout({}, run_id=None)
         try:
             return await chat(opened.rollout_id, opened.attempt, request)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import secrets
 import time
@@ -142,8 +143,8 @@ class TrainingRun:
         self.train_tasks, self.val_tasks = load_tasks(cfg.tasks)
         self.grader = load_grader(cfg.rollout.grader)
         gcfg = cfg.gateway
-        if not gcfg.admin_key:
-            gcfg.admin_key = secrets.token_urlsafe(32)
+        if not gcfg.admin_key:  # the operator's key reaches the admin API of the run's gateway
+            gcfg.admin_key = os.environ.get("TETHER_ADMIN_KEY") or secrets.token_urlsafe(32)
         gcfg.check_bind()
         self.gateway = Gateway(self.engine, self.tokenizer, self.store, gcfg, seed=cfg.trainer.seed)
         self.server = await LoopServer(create_app(self.gateway), gcfg.host, gcfg.port).start()
