@@ -24,14 +24,40 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain click help: wraps at any width, never cuts with "…"
 )
-rollouts_app = typer.Typer(help="What the trace store holds.", no_args_is_help=True)
+rollouts_app = typer.Typer(
+    help="What the trace store holds.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(rollouts_app, name="rollouts")
 
 console = Console(stderr=True)
 DEFAULT_STORE = Path(".tether/traces.sqlite")
 
-StoreOpt = Annotated[Path, typer.Option("--store", help="SQLite trace store file.")]
+StoreOpt = Annotated[
+    Path | None, typer.Option("--store", help="SQLite trace store file (overrides a run name).")
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"tether {version('tether')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            print("tether (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Train the model behind an unchanged LLM agent with reinforcement learning."""
 
 
 def _setup_logging(level: str) -> None:
@@ -86,8 +112,8 @@ def serve(
         str, typer.Option(help="Address to bind; non-loopback needs TETHER_ADMIN_KEY.")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8321,
-    store: StoreOpt = DEFAULT_STORE,
-    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")] = "cpu",
+    store: Annotated[Path, typer.Option(help="SQLite trace store file.")] = DEFAULT_STORE,
+    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
     max_batch_size: Annotated[
         int, typer.Option(help="Most sequences the engine decodes at once.")
     ] = 64,
@@ -101,6 +127,7 @@ def serve(
         list[str] | None,
         typer.Option(
             envvar="TETHER_RECORD_KEYS",
+            metavar="KEY",
             help="A key for record mode (POST /v1/chat/completions); repeat for more.",
         ),
     ] = None,
@@ -180,7 +207,10 @@ def demo(
     steps: Annotated[int, typer.Option(help="GRPO updates.")] = 150,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
 ) -> None:
-    """The CPU demo: the starter model learns the calc task with GRPO; prints before/after success."""
+    """The CPU demo: the starter model learns the calc task with GRPO.
+
+    Prints held-out success before and after training.
+    """
     _setup_logging(log_level)
     from ._cli_train import run_demo
 
@@ -241,41 +271,44 @@ def eval_(
     )
 
 
+RunArg = Annotated[
+    str | None,
+    typer.Argument(help="A run name (runs/NAME/traces.sqlite) or run folder."),
+]
+
+
 @rollouts_app.command("list")
 def rollouts_list(
-    store: StoreOpt = DEFAULT_STORE,
-    run: Annotated[str | None, typer.Option(help="Only this run.")] = None,
+    run: RunArg = None,
+    store: StoreOpt = None,
+    run_id: Annotated[str | None, typer.Option(help="Only this run id.")] = None,
     status: Annotated[str | None, typer.Option(help="Only this status.")] = None,
     limit: Annotated[int, typer.Option(help="Most rows to show.")] = 50,
 ) -> None:
-    """List stored rollouts, newest last."""
+    """List stored rollouts, newest last.
+
+    Reads tether serve's store (.tether/traces.sqlite), or a run's with RUN.
+    """
+    from ._cli_stores import open_store
     from ._cli_views import print_rollouts
 
-    print_rollouts(_open_store(store), run=run, status=status, limit=limit)
+    print_rollouts(open_store(store, run), run=run_id, status=status, limit=limit)
 
 
 @rollouts_app.command("show")
 def rollouts_show(
     rollout_id: Annotated[str, typer.Argument(help="The rollout id.")],
-    store: StoreOpt = DEFAULT_STORE,
+    run: RunArg = None,
+    store: StoreOpt = None,
     tokens: Annotated[
         bool, typer.Option(help="Show each completion token with its id and logprob.")
     ] = True,
 ) -> None:
-    """Show one rollout and its calls: messages, completion tokens and logprobs."""
+    """Show one rollout: its calls, messages, tokens and logprobs."""
+    from ._cli_stores import store_for_rollout
     from ._cli_views import print_rollout
 
-    print_rollout(_open_store(store), rollout_id, tokens=tokens)
-
-
-def _open_store(path: Path):
-    from tether.store import Store
-
-    if not path.exists():
-        raise UserError(
-            f"no trace store at {path}: pass --store FILE (tether serve writes {DEFAULT_STORE})"
-        )
-    return Store(path)
+    print_rollout(store_for_rollout(rollout_id, store, run), rollout_id, tokens=tokens)
 
 
 def main() -> None:
