@@ -135,6 +135,10 @@ def serve(
 ) -> None:
     """Serve a model behind the gateway and record every call."""
     _setup_logging(log_level)
+    if model:  # a misspelled or unreachable model fails here, before torch loads
+        from tether.starter import model_source
+
+        model_source(model)
     from tether.gateway import Gateway, GatewayConfig, create_app, make_server
     from tether.store import Store
 

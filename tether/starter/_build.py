@@ -30,6 +30,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from tether.starter import _tokenizer, calc
 from tether.starter._errors import StarterError
 from tether.starter._model import ModelRecipe, build_model, count_parameters, stop_token_ids
+from tether.starter._source import model_source
 from tether.starter._template import CHAT_TEMPLATE
 from tether.starter._tokenizer import PRETOKENIZE_PATTERN, TokenizerRecipe, build_tokenizer
 from tether.starter._warmup import WarmupRecipe
@@ -189,7 +190,7 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Any:
         if tokenizer.chat_template is None:
             raise StarterError(f"starter tokenizer at {path} has no chat template; rebuild it")
         return tokenizer
-    return AutoTokenizer.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(model_source(str(path), "tokenizer"))
 
 
 def load_model(
@@ -198,7 +199,7 @@ def load_model(
     device: str | torch.device = "cpu",
 ) -> torch.nn.Module:
     """Load a causal LM from a starter folder (or any model folder or hub id), in eval mode."""
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_source(str(path)), dtype=dtype)
     return model.to(device).eval()
 
 
