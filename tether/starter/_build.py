@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +120,7 @@ def build_starter(
     warm-up a few minutes on two CPU cores."""
     recipe = recipe or Recipe()
     final = starter_path(cache_dir, warm, recipe)
+    clean_stale(final.parent)
     if is_starter(final):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -167,7 +169,7 @@ def _locked(lock_path: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def _staging(final: Path) -> Iterator[Path]:
     """A temporary folder next to ``final``, renamed onto it on success."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
     try:
         yield tmp
         if final.exists():  # a stale folder without a marker: replace it
@@ -176,6 +178,39 @@ def _staging(final: Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+STALE_AFTER_S = 3600.0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def clean_stale(root: Path) -> list[Path]:
+    """Remove staging folders left by killed builds: ``.<hash>.tmp-<pid>-*`` whose
+    process is gone, or (no pid in the name) older than an hour. Returns them."""
+    removed = []
+    for tmp in root.glob(".*.tmp-*") if root.is_dir() else []:
+        owner = tmp.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
+        try:
+            stale = not _pid_alive(int(owner))
+        except ValueError:
+            try:
+                stale = time.time() - tmp.stat().st_mtime > STALE_AFTER_S
+            except OSError:  # removed meanwhile
+                continue
+        if stale and tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+            logger.info("removed %s, left by a build that was killed", tmp)
+            removed.append(tmp)
+    return removed
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:

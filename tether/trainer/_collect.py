@@ -185,7 +185,7 @@ async def run_attempts(
         gw.finish_rollout(
             o.rollout_id, status, attempt=o.attempt, error=f"{why}: {result.error}; retried"
         )
-        o = gw.retry_rollout(o.rollout_id, sampling=sampling)
+        o = gw.retry_rollout(o.rollout_id, sampling=sampling, queued=True)
 
 
 def finish_outcome(
@@ -254,6 +254,7 @@ async def collect_groups(
                 group_id=f"{run_id}-{tag}-g{g}",
                 task_id=task.id,
                 sampling=sampling,
+                queued=True,  # running once the runner starts its agent
             )
             opened.append((g, task, o))
     finals = await asyncio.gather(

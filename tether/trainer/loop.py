@@ -157,6 +157,10 @@ class TrainingRun:
         if not gcfg.public_url:
             gcfg.public_url = self.server.url
         self.runner = make_runner(cfg.agent)
+        # rollouts wait as "queued" until the runner starts their agent
+        self.runner.on_start = lambda launch: self.gateway.mark_running(
+            launch.rollout_id, launch.attempt
+        )
         ckpt = latest_checkpoint(self.run_dir / "checkpoints")
         if ckpt is not None and cfg.extra.get("resume", False):
             self.start_step = load_checkpoint(ckpt, self.trainer)
