@@ -6,12 +6,24 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup test demo lint fmt bench clean
 
+# The CPU build of torch: on Linux, PyPI's torch wheel is the CUDA build, so pass
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu there (or have pip configured
+# with a local CPU wheel). The check after the install stops with the fix if a CUDA
+# build came in; ALLOW_CUDA_TORCH=1 keeps one on purpose (GPU machines).
+TORCH_INDEX ?=
+ALLOW_CUDA_TORCH ?=
+
 $(STAMP): pyproject.toml dev/constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c dev/constraints.txt torch
+	$(BIN)/python -m pip install -q -c dev/constraints.txt $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch
+	@test -n "$(ALLOW_CUDA_TORCH)" || $(BIN)/python -c "import sys, torch; sys.exit(0 if torch.version.cuda is None else \
+	  'error: a CUDA build of torch ' + torch.__version__ + ' was installed; for the CPU build run: ' \
+	  '$(BIN)/pip uninstall -y torch && make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu ' \
+	  '(or make setup ALLOW_CUDA_TORCH=1 to keep it)')"
 	$(BIN)/python -m pip install -q -c dev/constraints.txt -e '.[dev]'
 	touch $(STAMP)
+	@echo "tether is installed in $(VENV): run '. $(VENV)/bin/activate' to put tether on your PATH"
 
 setup: $(STAMP)
 

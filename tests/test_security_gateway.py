@@ -238,7 +238,7 @@ async def test_retry_refuses_the_previous_attempts_token(make_gateway: Any) -> N
         new = await c.post(
             "/rollouts/r-retry/v1/chat/completions", json=CHAT, headers=_h(second.token)
         )
-    # A stale attempt's late write is refused (409, DESIGN.md) and stores nothing.
+    # A stale attempt's late write is refused (409, docs/design.md) and stores nothing.
     assert old.status_code == 409 and new.status_code == 200, (old.text, new.text)
     assert gw.store.calls("r-retry", attempt=1) == []
     assert [c.attempt for c in gw.store.calls("r-retry")] == [2]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -345,3 +346,26 @@ def test_parse_tool_calls() -> None:
     content, calls = parse_tool_calls("<tool_call>{oops</tool_call>")
     assert calls[0]["name"] is None and "bad tool call" in calls[0]["error"]
     assert parse_tool_calls("The answer is 3.") == ("The answer is 3.", [])
+
+
+def test_staging_folders_of_killed_builds_are_removed(starter_dir: Path) -> None:
+    import os
+    import time
+
+    root = starter_dir.parent
+    dead = root / f".{starter_dir.name}.tmp-999999999-abc"  # no such process
+    live = root / f".{starter_dir.name}.tmp-{os.getpid()}-abc"  # a build still running
+    old = root / f".{starter_dir.name}.tmp-oldstyle"  # no pid, two hours old
+    young = root / f".{starter_dir.name}.tmp-newstyle"  # no pid, just made
+    for d in (dead, live, old, young):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"partial")
+    two_hours_ago = time.time() - 7200
+    os.utime(old, (two_hours_ago, two_hours_ago))
+    try:
+        assert build_starter(cache_dir=root) == starter_dir  # cached: nothing rebuilt
+        assert not dead.exists() and not old.exists()
+        assert live.is_dir() and young.is_dir()
+    finally:
+        for d in (dead, live, old, young):
+            shutil.rmtree(d, ignore_errors=True)

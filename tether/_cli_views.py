@@ -45,7 +45,7 @@ def print_rollouts(store: Any, *, run: str | None, status: str | None, limit: in
                 str(r.attempt),
                 str(len(store.calls(r.id))),
                 reward,
-                (r.final_answer or "")[:40],
+                " ".join((r.final_answer or "").split())[:40],  # one line: TSV stays parseable
                 _when(r.created_at),
             )
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ class Progress:
         self.evals: list[Any] = []
         self.t0 = time.monotonic()
         self.step_times: list[float] = []
+        self._eval: list[Any] | None = None  # [EvalStart, attempts done, t0, next quarter]
         self._live = (
             Live(self._render(), console=self.console, refresh_per_second=2, transient=False)
             if live and self.console.is_terminal
@@ -39,13 +41,40 @@ class Progress:
             self._live.update(self._render())
             self._live.__exit__(*exc)
 
+    def _print(self, msg: str) -> None:
+        (self._live.console if self._live else self.console).print(
+            msg, highlight=False, soft_wrap=True, markup=False
+        )
+
+    def _eval_tick(self) -> None:
+        if self._eval is None:
+            return
+        self._eval[1] += 1
+        start, done, t0, quarter = self._eval
+        if not self._live and quarter <= 3 and done >= start.rollouts * quarter / 4:
+            self._print(
+                f"  eval: {done}/{start.rollouts} rollouts ({quarter * 25}%), "
+                f"{time.monotonic() - t0:.0f} s"
+            )
+            self._eval[3] += 1
+
     def __call__(self, kind: str, payload: Any) -> None:
-        if kind == "step":
+        if kind == "status":
+            self._print(str(payload))
+        elif kind == "eval_start":
+            self._eval = [payload, 0, time.monotonic(), 1]
+            self._print(
+                f"evaluating at step {payload.step}: {payload.what} ({payload.rollouts} rollouts)…"
+            )
+        elif kind == "eval_progress":
+            self._eval_tick()
+        elif kind == "step":
             self.rows.append(payload)
             self.step_times.append(payload.metrics.get("step_s", 0.0))
             if not self._live:
                 self.console.print(self._line(payload), highlight=False, soft_wrap=True)
         elif kind == "eval":
+            self._eval = None
             self.evals.append(payload)
             greedy = "-" if payload.greedy is None else f"{payload.greedy:.0%}"
             msg = (
@@ -78,7 +107,7 @@ class Progress:
         m = r.metrics
         return (
             f"step {r.step + 1:>3}/{self.total}  reward {m['reward_mean']:.3f}  success {m['success']:.0%}  "
-            f"gen {m['gen_tokens_per_s']:.0f} tok/s  gap {m.get('logprob_gap', float('nan')):.1e}  "
+            f"gen {m['gen_tokens_per_s']:.0f} tok/s  gap {_gap(m)}  "
             f"v{int(m['policy_version'])}  {m['step_s']:.1f} s/step  left {self._eta()}"
         )
 
@@ -103,7 +132,7 @@ class Progress:
                 f"{m['reward_mean']:.3f}",
                 f"{m['success']:.0%}",
                 f"{m['gen_tokens_per_s']:.0f}",
-                f"{m.get('logprob_gap', float('nan')):.1e}",
+                _gap(m),
                 f"{m.get('merge_fraction', 0):.0%}",
                 f"{int(m['groups_dropped'])}",
                 f"v{int(m['policy_version'])}",
@@ -112,7 +141,16 @@ class Progress:
         elapsed = (time.monotonic() - self.t0) / 60
         footer = Table.grid()
         footer.add_row(f"elapsed {elapsed:.1f} min   time left ≈ {self._eta()}")
+        if self._eval is not None:
+            start, done = self._eval[0], self._eval[1]
+            footer.add_row(f"evaluating at step {start.step}: {done}/{start.rollouts} rollouts")
         return Group(table, footer)
+
+
+def _gap(m: dict[str, float]) -> str:
+    """The logprob gap, or "-" when the step had no update to measure it on."""
+    gap = m.get("logprob_gap", math.nan)
+    return "-" if math.isnan(gap) else f"{gap:.1e}"
 
 
 def plot_curve(rows: list[Any], evals: list[Any], path: Path) -> Path | None:

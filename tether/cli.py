@@ -24,14 +24,40 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain click help: wraps at any width, never cuts with "…"
 )
-rollouts_app = typer.Typer(help="What the trace store holds.", no_args_is_help=True)
+rollouts_app = typer.Typer(
+    help="What the trace store holds.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(rollouts_app, name="rollouts")
 
 console = Console(stderr=True)
 DEFAULT_STORE = Path(".tether/traces.sqlite")
 
-StoreOpt = Annotated[Path, typer.Option("--store", help="SQLite trace store file.")]
+StoreOpt = Annotated[
+    Path | None, typer.Option("--store", help="SQLite trace store file (overrides a run name).")
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"tether {version('tether')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            print("tether (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Train the model behind an unchanged LLM agent with reinforcement learning."""
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -56,7 +82,11 @@ def _setup_logging(level: str) -> None:
 
 
 def _admin_key(store: Path, host: str) -> tuple[str, Path | None]:
-    """TETHER_ADMIN_KEY, or on loopback a new key written to a file only the user can read."""
+    """TETHER_ADMIN_KEY, or on loopback the key in ``admin_key`` next to the store.
+
+    The file is made once (mode 600) and reused at every later start, so the key
+    stays the same across restarts of the same store; a file others can read is refused.
+    """
     key = os.environ.get("TETHER_ADMIN_KEY")
     if key:
         return key, None
@@ -68,6 +98,16 @@ def _admin_key(store: Path, host: str) -> tuple[str, Path | None]:
             "(e.g. export TETHER_ADMIN_KEY=$(openssl rand -hex 32)) or bind 127.0.0.1"
         )
     path = store.parent / "admin_key"
+    if path.exists():
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise UserError(
+                f"admin key file {path} is readable by others (mode {mode:o}): "
+                f"run chmod 600 {path}, or delete it to get a new key"
+            )
+        key = path.read_text().strip()
+        if key:
+            return key, path
     path.parent.mkdir(parents=True, exist_ok=True)
     key = secrets.token_urlsafe(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -86,8 +126,8 @@ def serve(
         str, typer.Option(help="Address to bind; non-loopback needs TETHER_ADMIN_KEY.")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8321,
-    store: StoreOpt = DEFAULT_STORE,
-    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")] = "cpu",
+    store: Annotated[Path, typer.Option(help="SQLite trace store file.")] = DEFAULT_STORE,
+    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
     max_batch_size: Annotated[
         int, typer.Option(help="Most sequences the engine decodes at once.")
     ] = 64,
@@ -97,10 +137,22 @@ def serve(
     allow_agent_rewards: Annotated[
         bool, typer.Option(help="Let agents post their own reward.")
     ] = False,
+    record_key: Annotated[
+        list[str] | None,
+        typer.Option(
+            envvar="TETHER_RECORD_KEYS",
+            metavar="KEY",
+            help="A key for record mode (POST /v1/chat/completions); repeat for more.",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
 ) -> None:
     """Serve a model behind the gateway and record every call."""
     _setup_logging(log_level)
+    if model:  # a misspelled or unreachable model fails here, before torch loads
+        from tether.starter import model_source
+
+        model_source(model)
     from tether.gateway import Gateway, GatewayConfig, create_app, make_server
     from tether.store import Store
 
@@ -111,6 +163,7 @@ def serve(
         admin_key=key,
         tool_parser=tool_parser,
         allow_agent_rewards=allow_agent_rewards,
+        record_keys=_record_keys(record_key),
     )
     cfg.check_bind()
     model_path, engine, tokenizer = _load_engine(
@@ -124,16 +177,34 @@ def serve(
     console.print(f"tether gateway on [bold]http://{host}:{port}[/]  store {store}")
     if key_path:
         console.print(
-            f"admin key written to {key_path} (mode 600); set TETHER_ADMIN_KEY to choose one"
+            f"admin key in {key_path} (mode 600, kept across restarts): "
+            f"export TETHER_ADMIN_KEY=$(cat {key_path})"
         )
     console.print(
         f"create a rollout: POST http://{host}:{port}/admin/rollouts  (Bearer: admin key)"
     )
+    if cfg.record_keys:
+        console.print(
+            f"record mode: POST http://{host}:{port}/v1/chat/completions  "
+            f"(Bearer: one of {len(cfg.record_keys)} record key(s))"
+        )
     server = make_server(create_app(gw), host, port, log_level="warning")
     try:
         server.run()
     finally:
         db.close()
+
+
+def _record_keys(given: list[str] | None) -> tuple[str, ...]:
+    """--record-key values; TETHER_RECORD_KEYS may hold several, comma-separated."""
+    keys = [k.strip() for v in given or [] for k in v.split(",") if k.strip()]
+    short = [k for k in keys if len(k) < 16]
+    if short:
+        raise UserError(
+            f"a record key must be at least 16 characters ({len(short[0])} given): "
+            "use e.g. --record-key $(openssl rand -hex 16)"
+        )
+    return tuple(keys)
 
 
 def _load_engine(model: str | None, *, device: str, max_batch_size: int):
@@ -154,7 +225,10 @@ def demo(
     steps: Annotated[int, typer.Option(help="GRPO updates.")] = 150,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
 ) -> None:
-    """The CPU demo: the starter model learns the calc task with GRPO; prints before/after success."""
+    """The CPU demo: the starter model learns the calc task with GRPO.
+
+    Prints held-out success before and after training.
+    """
     _setup_logging(log_level)
     from ._cli_train import run_demo
 
@@ -216,41 +290,44 @@ def eval_(
     )
 
 
+RunArg = Annotated[
+    str | None,
+    typer.Argument(help="A run name (runs/NAME/traces.sqlite) or run folder."),
+]
+
+
 @rollouts_app.command("list")
 def rollouts_list(
-    store: StoreOpt = DEFAULT_STORE,
-    run: Annotated[str | None, typer.Option(help="Only this run.")] = None,
+    run: RunArg = None,
+    store: StoreOpt = None,
+    run_id: Annotated[str | None, typer.Option(help="Only this run id.")] = None,
     status: Annotated[str | None, typer.Option(help="Only this status.")] = None,
     limit: Annotated[int, typer.Option(help="Most rows to show.")] = 50,
 ) -> None:
-    """List stored rollouts, newest last."""
+    """List stored rollouts, newest last.
+
+    Reads tether serve's store (.tether/traces.sqlite), or a run's with RUN.
+    """
+    from ._cli_stores import open_store
     from ._cli_views import print_rollouts
 
-    print_rollouts(_open_store(store), run=run, status=status, limit=limit)
+    print_rollouts(open_store(store, run), run=run_id, status=status, limit=limit)
 
 
 @rollouts_app.command("show")
 def rollouts_show(
     rollout_id: Annotated[str, typer.Argument(help="The rollout id.")],
-    store: StoreOpt = DEFAULT_STORE,
+    run: RunArg = None,
+    store: StoreOpt = None,
     tokens: Annotated[
         bool, typer.Option(help="Show each completion token with its id and logprob.")
     ] = True,
 ) -> None:
-    """Show one rollout and its calls: messages, completion tokens and logprobs."""
+    """Show one rollout: its calls, messages, tokens and logprobs."""
+    from ._cli_stores import store_for_rollout
     from ._cli_views import print_rollout
 
-    print_rollout(_open_store(store), rollout_id, tokens=tokens)
-
-
-def _open_store(path: Path):
-    from tether.store import Store
-
-    if not path.exists():
-        raise UserError(
-            f"no trace store at {path}: pass --store FILE (tether serve writes {DEFAULT_STORE})"
-        )
-    return Store(path)
+    print_rollout(store_for_rollout(rollout_id, store, run), rollout_id, tokens=tokens)
 
 
 def main() -> None:

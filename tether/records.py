@@ -1,7 +1,7 @@
 """The records tether keeps, and the rollout state machine.
 
 These are plain dataclasses shared by every package; this module imports
-nothing else of tether. See DESIGN.md, "Records".
+nothing else of tether. See docs/design.md, "Records".
 
 - :class:`Run`        one training or evaluation run (its config as given)
 - :class:`Task`       one input of a data set (JSON), split ``train``/``val``
@@ -72,13 +72,15 @@ _FINAL = frozenset(
     {RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.TIMEOUT, RolloutStatus.CANCELLED}
 )
 
-# Legal transitions. A retry is a new *attempt* of a rollout that goes back to
-# ``running`` from ``failed``/``timeout`` (the old attempt's writes are refused).
+# Legal transitions. An attempt is ``queued`` until its runner starts the agent
+# (the runner may start it at once: ``running``). A retry is a new *attempt* of a
+# rollout that goes back to ``queued`` or ``running`` from ``failed``/``timeout``
+# (the old attempt's writes are refused).
 _TRANSITIONS: dict[RolloutStatus, frozenset[RolloutStatus]] = {
     RolloutStatus.QUEUED: frozenset({RolloutStatus.RUNNING, RolloutStatus.CANCELLED}),
     RolloutStatus.RUNNING: _FINAL,
-    RolloutStatus.FAILED: frozenset({RolloutStatus.RUNNING}),
-    RolloutStatus.TIMEOUT: frozenset({RolloutStatus.RUNNING}),
+    RolloutStatus.FAILED: frozenset({RolloutStatus.QUEUED, RolloutStatus.RUNNING}),
+    RolloutStatus.TIMEOUT: frozenset({RolloutStatus.QUEUED, RolloutStatus.RUNNING}),
     RolloutStatus.SUCCEEDED: frozenset(),
     RolloutStatus.CANCELLED: frozenset(),
 }

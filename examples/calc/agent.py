@@ -7,7 +7,7 @@ answer as the last line of stdout. At most four model calls.
 
 Run it by hand against ``tether serve``::
 
-    OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=... \\
+    OPENAI_BASE_URL=http://127.0.0.1:8321/v1 OPENAI_API_KEY=$RECORD_KEY \\
     TETHER_TASK='{"question": "Ava has 12 apples and gets 30 more. How many?"}' \\
     python examples/calc/agent.py
 

@@ -11,7 +11,7 @@ are confined to the temporary directory. When the model stops calling tools
 the files it changed: ``{"files": {path: content}, "summary": "..."}``. The
 grader runs the hidden tests against exactly those changes.
 
-    OPENAI_BASE_URL=http://127.0.0.1:8000/rollouts/<id>/v1 OPENAI_API_KEY=<token> \\
+    OPENAI_BASE_URL=http://127.0.0.1:8321/rollouts/<id>/v1 OPENAI_API_KEY=<token> \\
     TETHER_TASK="$(sed -n 1p examples/coding/tasks.jsonl)" \\
     python examples/coding/agent.py
 """

@@ -7,7 +7,7 @@ against the local BM25 index (:mod:`doc_search`), and prints its final answer
 as the last line of stdout. Some questions need two searches (the festival of
 the town where someone was born), so it allows up to ``MAX_CALLS`` calls.
 
-    OPENAI_BASE_URL=http://127.0.0.1:8000/rollouts/<id>/v1 OPENAI_API_KEY=<token> \\
+    OPENAI_BASE_URL=http://127.0.0.1:8321/rollouts/<id>/v1 OPENAI_API_KEY=<token> \\
     TETHER_TASK='{"question": "Who founded the town of Lumzar?"}' \\
     python examples/search/agent.py
 

@@ -8,7 +8,7 @@ line of stdout. Word problems take several steps, so it allows up to
 ``MAX_CALLS`` model calls. The prompt and tool are the calc task's, so a model
 that learned the calculator there starts from what it knows.
 
-    OPENAI_BASE_URL=http://127.0.0.1:8000/rollouts/<id>/v1 OPENAI_API_KEY=<token> \\
+    OPENAI_BASE_URL=http://127.0.0.1:8321/rollouts/<id>/v1 OPENAI_API_KEY=<token> \\
     TETHER_TASK='{"question": "A farm has 3 cows and 5 chickens. How many legs?"}' \\
     python examples/wordmath/agent.py
 

@@ -85,6 +85,10 @@ class TransformersEngine:
         """Load with ``AutoModelForCausalLM.from_pretrained`` (and its tokenizer unless given)."""
         from transformers import AutoModelForCausalLM
 
+        from tether.starter import model_source
+
+        # a local folder first; a misspelled or unreachable hub id is one fast line
+        path_or_id = model_source(str(path_or_id))
         model = AutoModelForCausalLM.from_pretrained(
             path_or_id, **({"dtype": dtype} if dtype else {})
         )

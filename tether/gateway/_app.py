@@ -127,12 +127,13 @@ def create_app(gw: Gateway) -> FastAPI:
 
     def rollout_attempt(rollout_id: str, request: Request) -> int:
         check_rollout_id(rollout_id)
-        return check_rollout_token(
-            bearer(request.headers.get("authorization")),
-            gw.store.rollout_auth(rollout_id),
-            gw.keys,
-            gw.store.token_in_use,
+        auth = gw.store.rollout_auth(rollout_id)
+        attempt = check_rollout_token(
+            bearer(request.headers.get("authorization")), auth, gw.keys, gw.store.token_in_use
         )
+        if auth is not None and auth[0] is RolloutStatus.QUEUED:  # the agent is evidently running
+            gw.mark_running(rollout_id, attempt)
+        return attempt
 
     def admin(request: Request) -> None:
         gw.keys.require_admin(bearer(request.headers.get("authorization")))
@@ -265,9 +266,7 @@ def create_app(gw: Gateway) -> FastAPI:
                 )
             )
             return {"ok": True}
-        attempt = check_rollout_token(
-            token, gw.store.rollout_auth(rollout_id), gw.keys, gw.store.token_in_use
-        )
+        attempt = rollout_attempt(rollout_id, request)
         req = await _parse(request, RewardRequest, cfg.max_body_bytes)
         gw.record_agent_reward(rollout_id, attempt, req.value, req.call_seq)
         return {"ok": True}
@@ -280,7 +279,10 @@ def create_app(gw: Gateway) -> FastAPI:
         if token is None:
             raise ApiError(401, "missing bearer token: record mode needs a record key")
         if not gw.keys.is_recorder(token):
-            raise ApiError(401, "invalid key for record mode (set gateway.record_keys)")
+            raise ApiError(
+                401,
+                "invalid key for record mode (tether serve --record-key KEY, or gateway.record_keys)",
+            )
         opened = gw.open_rollout({}, run_id=None)
         try:
             return await chat(opened.rollout_id, opened.attempt, request)

@@ -120,7 +120,8 @@ def check_rollout_token(
     if auth is not None:
         status, attempt, stored = auth
         if stored and hmac.compare_digest(token_hash, stored):
-            if status is not RolloutStatus.RUNNING:
+            # queued: its runner has not said it started the agent, but here it is
+            if status not in (RolloutStatus.RUNNING, RolloutStatus.QUEUED):
                 raise ApiError(
                     401, f"rollout has ended ({status.value}); its token no longer works"
                 )

@@ -115,12 +115,15 @@ class Gateway:
         group_id: str | None = None,
         task_id: str | None = None,
         sampling: dict[str, float] | None = None,
+        queued: bool = False,
     ) -> OpenedRollout:
         """Create a rollout, start its first attempt and mint its token.
 
         ``sampling`` overrides what the agent asks for (``temperature``,
         ``top_p``) on every call of this rollout: the trainer uses it to
-        evaluate an unchanged agent greedily.
+        evaluate an unchanged agent greedily. ``queued``: the attempt waits
+        for a runner, which calls :meth:`mark_running` when it starts the
+        agent (the agent's first call does it too); else it is running now.
         """
         rid = check_rollout_id(rollout_id) if rollout_id else f"r-{uuid.uuid4().hex[:16]}"
         if self.store.get_rollout(rid) is not None:
@@ -141,10 +144,10 @@ class Gateway:
                     400, f"sampling overrides {sorted(unknown)} are not supported", param="sampling"
                 )
             self._sampling[rid] = dict(sampling)
-        return self._start(rid)
+        return self._start(rid, queued)
 
     def retry_rollout(
-        self, rollout_id: str, *, sampling: dict[str, float] | None = None
+        self, rollout_id: str, *, sampling: dict[str, float] | None = None, queued: bool = False
     ) -> OpenedRollout:
         """Start a new attempt (after a failure or timeout); the old token then gets 409.
 
@@ -153,12 +156,16 @@ class Gateway:
         """
         if sampling:
             self._sampling[rollout_id] = dict(sampling)
-        return self._start(rollout_id)
+        return self._start(rollout_id, queued)
 
-    def _start(self, rollout_id: str) -> OpenedRollout:
+    def mark_running(self, rollout_id: str, attempt: int) -> None:
+        """A ``queued`` attempt's agent has started (runners call this); no-op if running."""
+        self.store.mark_running(rollout_id, attempt)
+
+    def _start(self, rollout_id: str, queued: bool = False) -> OpenedRollout:
         token = new_token()
         previous = self.store.rollout_auth(rollout_id)
-        attempt = self.store.start_attempt(rollout_id, hash_token(token))
+        attempt = self.store.start_attempt(rollout_id, hash_token(token), queued=queued)
         if previous is not None and previous[2]:
             self.keys.supersede(previous[2], hash_token(token))
         base = self.config.base_url
@@ -190,11 +197,18 @@ class Gateway:
         are kept with the attempt (:meth:`Store.attempts`)."""
         self._sampling.pop(rollout_id, None)
         self._draws.pop(rollout_id, None)
+        auth = self.store.rollout_auth(rollout_id)
         if attempt is None:
-            auth = self.store.rollout_auth(rollout_id)
             if auth is None:
                 raise ApiError(404, f"no rollout {rollout_id!r}")
             attempt = auth[1]
+        if (
+            auth is not None
+            and auth[0] is RolloutStatus.QUEUED
+            and auth[1] == attempt >= 1
+            and RolloutStatus(status) is not RolloutStatus.CANCELLED
+        ):  # its runner ran it without saying so: queued → running → final, never a jump
+            self.store.mark_running(rollout_id, attempt)
         return self.store.finish_rollout(
             rollout_id,
             status,

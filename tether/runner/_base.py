@@ -11,7 +11,7 @@ statuses. It raises only for mistakes of its caller or user::
     └── WorkerError(RunnerError)                   a pool worker broke its protocol (internal,
                                                    reported to callers as a FAILED attempt)
 
-The agent's environment (DESIGN.md, "Agent contract") is built only by
+The agent's environment (docs/design.md, "Agent contract") is built only by
 :func:`agent_env`: the five contract variables, a short list of harmless
 variables copied from the parent, and the user's explicit ``extra_env``.
 Nothing else of the parent's environment (admin key, cloud credentials)
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 from collections.abc import Awaitable, Mapping
@@ -45,9 +46,12 @@ __all__ = [
     "WorkerError",
     "agent_env",
     "base_env",
+    "notify_started",
 ]
 
-#: The variables every agent gets (DESIGN.md, "Agent contract").
+log = logging.getLogger(__name__)
+
+#: The variables every agent gets (docs/design.md, "Agent contract").
 CONTRACT_VARS = (
     "OPENAI_BASE_URL",
     "OPENAI_API_KEY",
@@ -176,6 +180,18 @@ class Runner(Protocol):
     async def close(self) -> None:
         """Stop every agent and worker this runner started; nothing is left running."""
         ...
+
+
+def notify_started(runner: Any, launch: Launch) -> None:
+    """Tell the runner's ``on_start`` (when its owner set one) that ``launch``'s agent is
+    starting now: past the concurrency limit, about to run. The trainer sets it to move
+    the rollout from ``queued`` to ``running``."""
+    on_start = getattr(runner, "on_start", None)
+    if on_start is not None:
+        try:
+            on_start(launch)
+        except Exception:  # a status display must not stop the agent (its first call also counts)
+            log.warning("on_start failed for rollout %s", launch.rollout_id, exc_info=True)
 
 
 def base_env(

@@ -38,6 +38,7 @@ from ._base import (
     AttemptResult,
     Launch,
     finish_despite_cancel,
+    notify_started,
     result_for,
     timeout_of,
 )
@@ -129,6 +130,7 @@ class InProcessRunner:
         async with self._sem:
             if self._closed:
                 return result_for(launch, RolloutStatus.CANCELLED, error="runner is closed")
+            notify_started(self, launch)
             return await self._run(launch)
 
     async def _run(self, launch: Launch) -> AttemptResult:

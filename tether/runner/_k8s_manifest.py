@@ -15,7 +15,7 @@ import. What tether sets on every Job, whatever the template says:
   ``allowPrivilegeEscalation: false``, ``privileged: false``, all
   capabilities dropped; requests and limits (the config's ``cpu`` /
   ``memory`` where the template has none); the agent environment of
-  DESIGN.md, with the rollout token from a Secret (``token_as: secret``) or
+  docs/design.md, with the rollout token from a Secret (``token_as: secret``) or
   as a value (``token_as: env``). The admin key is never among them.
 """
 

@@ -50,6 +50,7 @@ from ._base import (
     Launch,
     RunnerConfigError,
     finish_despite_cancel,
+    notify_started,
     rebase,
     result_for,
 )
@@ -215,6 +216,7 @@ class KubernetesRunner:
         async with self._sem:
             if self._closed:
                 return result_for(launch, RolloutStatus.CANCELLED, error="runner is closed")
+            notify_started(self, launch)
             return await self._run(rebase(launch, self.config.gateway_url))
 
     async def _run(self, launch: Launch) -> AttemptResult:

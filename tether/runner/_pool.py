@@ -45,6 +45,7 @@ from ._base import (
     exit_error,
     finish_despite_cancel,
     infra_of_exit,
+    notify_started,
     result_for,
     timeout_of,
     unreachable_gateway,
@@ -226,6 +227,7 @@ class PoolRunner:
             if self._closed:
                 await self._give_back(token)
                 return result_for(launch, RolloutStatus.CANCELLED, error="runner is closed")
+            notify_started(self, launch)
             started = time.monotonic()
             if token is not None and token.returncode is not None:  # died while idle
                 await self._discard(token)

@@ -23,6 +23,7 @@ from ._base import (
     exit_error,
     finish_despite_cancel,
     infra_of_exit,
+    notify_started,
     result_for,
     timeout_of,
     unreachable_gateway,
@@ -63,6 +64,7 @@ class ProcessRunner:
         async with self._sem:
             if self._closed:
                 return result_for(launch, RolloutStatus.CANCELLED, error="runner is closed")
+            notify_started(self, launch)
             return await self._run(launch)
 
     async def _run(self, launch: Launch) -> AttemptResult:

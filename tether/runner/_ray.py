@@ -41,6 +41,7 @@ from ._base import (
     Launch,
     RunnerConfigError,
     finish_despite_cancel,
+    notify_started,
     rebase,
     result_for,
     timeout_of,
@@ -138,6 +139,7 @@ class RayRunner:
         async with self._sem:
             if self._closed:
                 return result_for(launch, RolloutStatus.CANCELLED, error="runner is closed")
+            notify_started(self, launch)
             await self.start()
             return await self._run(rebase(launch, self.config.gateway_url))
 

@@ -26,6 +26,7 @@ _EXPORTS = {
     "CHAT_TEMPLATE": "tether.starter._template",
     "MARKER_FILE": "tether.starter._build",
     "CalcError": "tether.starter._errors",
+    "ModelNotFound": "tether.starter._errors",
     "ModelRecipe": "tether.starter._model",
     "Recipe": "tether.starter._build",
     "StarterError": "tether.starter._errors",
@@ -36,6 +37,7 @@ _EXPORTS = {
     "is_starter": "tether.starter._build",
     "load_model": "tether.starter._build",
     "load_tokenizer": "tether.starter._build",
+    "model_source": "tether.starter._source",
     "read_info": "tether.starter._build",
     "starter_path": "tether.starter._build",
     "stop_token_ids": "tether.starter._model",
@@ -45,6 +47,7 @@ __all__ = [
     "CHAT_TEMPLATE",
     "MARKER_FILE",
     "CalcError",
+    "ModelNotFound",
     "ModelRecipe",
     "Recipe",
     "StarterError",
@@ -55,6 +58,7 @@ __all__ = [
     "is_starter",
     "load_model",
     "load_tokenizer",
+    "model_source",
     "read_info",
     "starter_path",
     "stop_token_ids",
@@ -72,8 +76,9 @@ if TYPE_CHECKING:
         read_info,
         starter_path,
     )
-    from tether.starter._errors import CalcError, StarterError
+    from tether.starter._errors import CalcError, ModelNotFound, StarterError
     from tether.starter._model import ModelRecipe, stop_token_ids
+    from tether.starter._source import model_source
     from tether.starter._template import CHAT_TEMPLATE
     from tether.starter._tokenizer import TokenizerRecipe
     from tether.starter._warmup import WarmupRecipe

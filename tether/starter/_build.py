@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from tether.starter import _tokenizer, calc
 from tether.starter._errors import StarterError
 from tether.starter._model import ModelRecipe, build_model, count_parameters, stop_token_ids
+from tether.starter._source import model_source
 from tether.starter._template import CHAT_TEMPLATE
 from tether.starter._tokenizer import PRETOKENIZE_PATTERN, TokenizerRecipe, build_tokenizer
 from tether.starter._warmup import WarmupRecipe
@@ -118,6 +120,7 @@ def build_starter(
     warm-up a few minutes on two CPU cores."""
     recipe = recipe or Recipe()
     final = starter_path(cache_dir, warm, recipe)
+    clean_stale(final.parent)
     if is_starter(final):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -166,7 +169,7 @@ def _locked(lock_path: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def _staging(final: Path) -> Iterator[Path]:
     """A temporary folder next to ``final``, renamed onto it on success."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
     try:
         yield tmp
         if final.exists():  # a stale folder without a marker: replace it
@@ -175,6 +178,39 @@ def _staging(final: Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+STALE_AFTER_S = 3600.0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def clean_stale(root: Path) -> list[Path]:
+    """Remove staging folders left by killed builds: ``.<hash>.tmp-<pid>-*`` whose
+    process is gone, or (no pid in the name) older than an hour. Returns them."""
+    removed = []
+    for tmp in root.glob(".*.tmp-*") if root.is_dir() else []:
+        owner = tmp.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
+        try:
+            stale = not _pid_alive(int(owner))
+        except ValueError:
+            try:
+                stale = time.time() - tmp.stat().st_mtime > STALE_AFTER_S
+            except OSError:  # removed meanwhile
+                continue
+        if stale and tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+            logger.info("removed %s, left by a build that was killed", tmp)
+            removed.append(tmp)
+    return removed
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:
@@ -189,7 +225,7 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Any:
         if tokenizer.chat_template is None:
             raise StarterError(f"starter tokenizer at {path} has no chat template; rebuild it")
         return tokenizer
-    return AutoTokenizer.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(model_source(str(path), "tokenizer"))
 
 
 def load_model(
@@ -198,7 +234,7 @@ def load_model(
     device: str | torch.device = "cpu",
 ) -> torch.nn.Module:
     """Load a causal LM from a starter folder (or any model folder or hub id), in eval mode."""
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_source(str(path)), dtype=dtype)
     return model.to(device).eval()
 
 

@@ -4,14 +4,15 @@
 
     TetherError
     └── StarterError         building or loading the starter model failed
-        └── CalcError        a calculator expression was refused (also a ValueError)
+        ├── CalcError        a calculator expression was refused (also a ValueError)
+        └── ModelNotFound    a model is neither a local folder nor on the Hub (also a UserError)
 """
 
 from __future__ import annotations
 
-from tether.errors import TetherError
+from tether.errors import TetherError, UserError
 
-__all__ = ["CalcError", "StarterError"]
+__all__ = ["CalcError", "ModelNotFound", "StarterError"]
 
 
 class StarterError(TetherError):
@@ -20,3 +21,7 @@ class StarterError(TetherError):
 
 class CalcError(StarterError, ValueError):
     """``safe_eval`` refused an expression; the message says why."""
+
+
+class ModelNotFound(StarterError, UserError):
+    """``model.path`` / ``--model`` names no local folder and nothing the Hub can serve."""

@@ -150,26 +150,49 @@ class Store(RunLog):
                 raise AlreadyExists(f"rollout {stored.id!r} already exists")
         return stored
 
-    def start_attempt(self, rollout_id: str, token_hash: str | None = None) -> int:
-        """Move the rollout to ``running`` as a new attempt (from ``queued``, or from
-        ``failed``/``timeout`` for a retry); return the new attempt number.
+    def start_attempt(
+        self, rollout_id: str, token_hash: str | None = None, *, queued: bool = False
+    ) -> int:
+        """Start a new attempt (from a new ``queued`` rollout, or from ``failed``/``timeout``
+        for a retry) as ``running``, or as ``queued`` until :meth:`mark_running` when its
+        runner has yet to start the agent; return the new attempt number.
 
         The attempt's reward, answer and error start empty; the old attempt's
         calls and rewards stay, and its late writes are refused from now on.
         """
+        new = RolloutStatus.QUEUED if queued else RolloutStatus.RUNNING
         with self._db.write() as conn:
             status, attempt = _state(conn, rollout_id)
+            first = status == _QUEUED and attempt == 0  # a new rollout's first attempt
             try:
-                check_transition(RolloutStatus(status), RolloutStatus.RUNNING)
+                if not (first and queued):
+                    check_transition(RolloutStatus(status), new)
             except IllegalTransition as e:
                 raise IllegalRolloutTransition(f"rollout {rollout_id!r}: {e}") from e
             conn.execute(
                 "UPDATE rollouts SET status = ?, attempt = ?, token_hash = ?, reward = NULL, "
                 "reward_source = NULL, final_answer = NULL, error = NULL, finished_at = NULL "
                 "WHERE id = ?",
-                (_RUNNING, attempt + 1, token_hash, rollout_id),
+                (new.value, attempt + 1, token_hash, rollout_id),
             )
         return attempt + 1
+
+    def mark_running(self, rollout_id: str, attempt: int) -> bool:
+        """Move a ``queued`` attempt to ``running`` (its agent has started); False if it
+        already was running. Refuses a stale attempt and any other state."""
+        with self._db.write() as conn:
+            status, current = _state(conn, rollout_id)
+            _check_attempt(rollout_id, attempt, current)
+            if status == _RUNNING:
+                return False
+            try:
+                if current == 0:
+                    raise IllegalTransition("it has no attempt yet; use start_attempt")
+                check_transition(RolloutStatus(status), RolloutStatus.RUNNING)
+            except IllegalTransition as e:
+                raise IllegalRolloutTransition(f"rollout {rollout_id!r}: {e}") from e
+            conn.execute("UPDATE rollouts SET status = ? WHERE id = ?", (_RUNNING, rollout_id))
+        return True
 
     def rollout_auth(self, rollout_id: str) -> tuple[RolloutStatus, int, str | None] | None:
         """``(status, current attempt, token hash)`` for the gateway's auth; None if unknown."""
@@ -180,11 +203,11 @@ class Store(RunLog):
         return None if row is None else (RolloutStatus(row[0]), row[1], row[2])
 
     def token_in_use(self, token_hash: str) -> bool:
-        """True when a running rollout holds this token hash (the gateway's 403 vs 401)."""
+        """True when a running or queued rollout holds this token hash (the gateway's 403 vs 401)."""
         with self._db.read() as conn:
             row = conn.execute(
-                "SELECT 1 FROM rollouts WHERE status = ? AND token_hash = ? LIMIT 1",
-                (_RUNNING, token_hash),
+                "SELECT 1 FROM rollouts WHERE status IN (?, ?) AND token_hash = ? LIMIT 1",
+                (_RUNNING, _QUEUED, token_hash),
             ).fetchone()
         return row is not None
 

@@ -136,6 +136,7 @@ class AsyncRollouts:
                     run_id=self.run_id,
                     group_id=gid,
                     task_id=task.id,
+                    queued=True,  # running once the runner starts its agent
                 )
                 for k in range(self.n)
             ]

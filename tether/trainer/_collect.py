@@ -230,7 +230,7 @@ async def run_attempts(
             exit_code=result.exit_code,
             output_tail=result.output_tail,
         )
-        o = gw.retry_rollout(o.rollout_id, sampling=sampling)
+        o = gw.retry_rollout(o.rollout_id, sampling=sampling, queued=True)
 
 
 def finish_outcome(
@@ -310,6 +310,7 @@ async def collect_groups(
                 group_id=f"{run_id}-{tag}-g{g}",
                 task_id=task.id,
                 sampling=sampling,
+                queued=True,  # running once the runner starts its agent
             )
             opened.append((g, task, o))
     finals = await asyncio.gather(

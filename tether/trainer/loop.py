@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import secrets
 import time
@@ -55,6 +56,7 @@ from tether.store import Store
 from tether.trainer import algorithms as A
 from tether.trainer._async import AsyncRollouts
 from tether.trainer._collect import Collected, RolloutOutcome, collect_groups, load_grader
+from tether.trainer._events import Counted, EvalStart
 from tether.trainer._failures import check_collection
 from tether.trainer._rundir import ResumePoint, past_metrics, resume_point
 from tether.trainer._tasks import load_tasks, tasks_for_step
@@ -64,7 +66,7 @@ from tether.trainer.config import TrainConfig
 from tether.trainer.errors import PolicyCollapsed, TrainerError
 from tether.trainer.samples import build_samples
 
-__all__ = ["EvalResult", "StepReport", "TrainingRun"]
+__all__ = ["EvalResult", "EvalStart", "StepReport", "TrainingRun"]
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +155,7 @@ class TrainingRun:
         torch.manual_seed(cfg.trainer.seed)
         random.seed(cfg.trainer.seed)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.on_event("status", f"loading the model {cfg.model.path}")
         self.model_path = self.model_path or resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(self.model_path)
         policy = load_model(self.model_path, dtype=torch.float32, device=cfg.model.device)
@@ -171,6 +174,9 @@ class TrainingRun:
             seed=cfg.trainer.seed,
         )
         self.store = Store(self.run_dir / "traces.sqlite")
+        self.on_event(
+            "status", f"run folder {self.run_dir}  traces {self.run_dir / 'traces.sqlite'}"
+        )
         if resume is not None and resume.run_id is not None:
             cfg.extra.update(resumed_from=resume.run_id, resumed_at=resume.step)
         self.run_record = self.store.create_run(
@@ -180,14 +186,19 @@ class TrainingRun:
         self.train_tasks, self.val_tasks = load_tasks(cfg.tasks)
         self.grader = load_grader(cfg.rollout.grader)
         gcfg = cfg.gateway
-        if not gcfg.admin_key:
-            gcfg.admin_key = secrets.token_urlsafe(32)
+        if not gcfg.admin_key:  # the operator's key reaches the admin API of the run's gateway
+            gcfg.admin_key = os.environ.get("TETHER_ADMIN_KEY") or secrets.token_urlsafe(32)
         gcfg.check_bind()
+        self.on_event("status", "starting the gateway and the agent runner")
         self.gateway = Gateway(self.engine, self.tokenizer, self.store, gcfg, seed=cfg.trainer.seed)
         self.server = await LoopServer(create_app(self.gateway), gcfg.host, gcfg.port).start()
         if not gcfg.public_url:
             gcfg.public_url = self.server.url
         self.runner = make_runner(cfg.agent)
+        # rollouts wait as "queued" until the runner starts their agent
+        self.runner.on_start = lambda launch: self.gateway.mark_running(
+            launch.rollout_id, launch.attempt
+        )
         if resume is not None:
             await self._resume(resume)
         return self
@@ -220,9 +231,16 @@ class TrainingRun:
         e = self.cfg.eval
         tasks = self.val_tasks[: e.tasks]
         t0 = time.perf_counter()
+        total = len(tasks) * (e.samples + (1 if e.greedy else 0))
+        greedy_text = " + greedy" if e.greedy else ""
+        self.on_event(
+            "eval_start",
+            EvalStart(step, total, f"{len(tasks)} tasks × {e.samples} samples{greedy_text}"),
+        )
+        runner = Counted(self.runner, lambda: self.on_event("eval_progress", None))
         sampled = await collect_groups(
             self.gateway,
-            self.runner,
+            runner,
             tasks,
             e.samples,
             grader=self.grader,
@@ -236,7 +254,7 @@ class TrainingRun:
         if e.greedy:
             g = await collect_groups(
                 self.gateway,
-                self.runner,
+                runner,
                 tasks,
                 1,
                 grader=self.grader,

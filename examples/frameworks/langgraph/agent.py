@@ -6,7 +6,7 @@ a prebuilt ``ToolNode``, joined by ``tools_condition``. ``ChatOpenAI`` reads
 ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``. Prints the final answer as the
 last line of stdout.
 
-    OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=... \\
+    OPENAI_BASE_URL=http://127.0.0.1:8321/v1 OPENAI_API_KEY=$RECORD_KEY \\
     TETHER_TASK='{"question": "Ava has 12 apples and gets 30 more. How many?"}' \\
     python examples/frameworks/langgraph/agent.py
 """

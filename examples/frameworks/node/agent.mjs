@@ -6,7 +6,7 @@
 // of stdout.
 //
 //   npm install   # once, in this folder
-//   OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=... \
+//   OPENAI_BASE_URL=http://127.0.0.1:8321/v1 OPENAI_API_KEY=$RECORD_KEY \
 //   TETHER_TASK='{"question": "Ava has 12 apples and gets 30 more. How many?"}' \
 //   node agent.mjs
 

@@ -7,7 +7,7 @@ any OpenAI-compatible server. Tracing is turned off, as its docs say to do
 when the key is not an OpenAI platform key. Prints the final answer as the
 last line of stdout.
 
-    OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=... \\
+    OPENAI_BASE_URL=http://127.0.0.1:8321/v1 OPENAI_API_KEY=$RECORD_KEY \\
     TETHER_TASK='{"question": "Ava has 12 apples and gets 30 more. How many?"}' \\
     python examples/frameworks/openai_agents/agent.py
 """

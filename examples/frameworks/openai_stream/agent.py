@@ -6,7 +6,7 @@ by ``index``, every tool call of a turn run before the next request
 (``parallel_tool_calls=True``). Reads ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``
 and ``TETHER_TASK``; prints the final answer as the last line of stdout.
 
-    OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=... \\
+    OPENAI_BASE_URL=http://127.0.0.1:8321/v1 OPENAI_API_KEY=$RECORD_KEY \\
     TETHER_TASK='{"question": "Ava has 12 apples and gets 30 more. How many?"}' \\
     python examples/frameworks/openai_stream/agent.py
 """

@@ -1,0 +1,162 @@
+"""``tether serve``'s keys as a user meets them: the admin key file kept across restarts,
+record mode enabled by ``--record-key`` / ``TETHER_RECORD_KEYS``, and ``tether train``
+using ``TETHER_ADMIN_KEY`` for its own gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+TETHER = [sys.executable, "-m", "tether.cli"]
+RECORD_KEY = "record-key-0123456789abcdef"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("TETHER_ADMIN_KEY", "TETHER_RECORD_KEYS")
+    }
+    return {**env, **extra}
+
+
+@contextmanager
+def _serving(model: Path, store: Path, *args: str, env: dict[str, str]) -> Iterator[str]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            *TETHER,
+            "serve",
+            "--model",
+            str(model),
+            "--port",
+            str(port),
+            "--store",
+            str(store),
+            *args,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "tether serve did not come up"
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+
+
+def _record_call(base: str, key: str | None) -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {"model": "policy", "max_tokens": 4, "messages": [{"role": "user", "content": "2+2?"}]}
+    return httpx.post(
+        f"{base}/v1/chat/completions", json=body, headers=headers, timeout=60
+    ).status_code
+
+
+def test_admin_key_file_is_kept_across_restarts_and_record_keys_enable_record_mode(
+    starter_dir: Path, tmp_path: Path
+) -> None:
+    store = tmp_path / "state" / "traces.sqlite"
+    key_file = store.parent / "admin_key"
+    with _serving(starter_dir, store, "--record-key", RECORD_KEY, env=_env()) as base:
+        key = key_file.read_text().strip()
+        assert key_file.stat().st_mode & 0o777 == 0o600
+        admin = {"Authorization": f"Bearer {key}"}
+        assert httpx.get(f"{base}/admin/state", headers=admin).status_code == 200
+        assert _record_call(base, RECORD_KEY) == 200
+        assert _record_call(base, "not-the-record-key-000000") == 401
+        assert _record_call(base, None) == 401
+    # A restart of the same store keeps the key; the record key comes from the environment.
+    with _serving(starter_dir, store, env=_env(TETHER_RECORD_KEYS=RECORD_KEY)) as base:
+        assert key_file.read_text().strip() == key
+        assert httpx.get(f"{base}/admin/state", headers=admin).status_code == 200
+        assert _record_call(base, RECORD_KEY) == 200
+    # Without a record key, record mode stays closed.
+    with _serving(starter_dir, store, env=_env()) as base:
+        assert _record_call(base, RECORD_KEY) == 401
+
+
+def test_a_key_file_others_can_read_is_refused_in_one_line(tmp_path: Path) -> None:
+    store = tmp_path / "traces.sqlite"
+    (tmp_path / "admin_key").write_text("k" * 40 + "\n")
+    os.chmod(tmp_path / "admin_key", 0o644)
+    r = subprocess.run(
+        [*TETHER, "serve", "--store", str(store)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+    )
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "chmod 600" in lines[0], r.stderr
+
+
+def test_a_short_record_key_is_refused_in_one_line(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [*TETHER, "serve", "--store", str(tmp_path / "s.sqlite"), "--record-key", "short"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(TETHER_ADMIN_KEY="a" * 32),
+    )
+    assert r.returncode == 2 and "at least 16 characters" in r.stderr, r.stderr
+
+
+def test_train_gateway_takes_the_admin_key_from_the_environment(
+    starter_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    from tether.runner import RunnerConfig
+    from tether.trainer.config import EvalConfig, RolloutConfig, TasksConfig, TrainConfig
+    from tether.trainer.loop import TrainingRun
+
+    monkeypatch.setenv("TETHER_ADMIN_KEY", "operator-key-0123456789")
+    cfg = TrainConfig(
+        name="adminkey",
+        dir=str(tmp_path),
+        tasks=TasksConfig(source="calc", train_size=4, val_size=2),
+        agent=RunnerConfig(mode="inprocess", agent="tether.starter.calc:agent"),
+        rollout=RolloutConfig(n=2, batch_groups=1),
+        eval=EvalConfig(tasks=1, samples=1, greedy=False),
+    )
+
+    async def go() -> tuple[int, int]:
+        async with TrainingRun(cfg, model_path=starter_dir) as run:
+            url = run.server.url
+            ok = await asyncio.to_thread(
+                httpx.get,
+                f"{url}/admin/state",
+                headers={"Authorization": "Bearer operator-key-0123456789"},
+            )
+            bad = await asyncio.to_thread(
+                httpx.get, f"{url}/admin/state", headers={"Authorization": "Bearer other"}
+            )
+        return ok.status_code, bad.status_code
+
+    assert asyncio.run(go()) == (200, 401)
