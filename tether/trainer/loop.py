@@ -107,11 +107,20 @@ class TrainingRun:
         self.history: list[StepReport] = []
         self.evals: list[EvalResult] = []
         self.start_step = 0
+        self.step = 0  # updates done so far (what an interrupt reports)
+        self.last_checkpoint: Path | None = None  # the newest checkpoint of this run
         self._async: AsyncRollouts | None = None
 
     # -- set-up and teardown ---------------------------------------------------
 
     async def __aenter__(self) -> TrainingRun:
+        try:
+            return await self._open()
+        except BaseException:  # cancelled (Ctrl-C) or failed half-way: close what was built
+            await self.__aexit__()
+            raise
+
+    async def _open(self) -> TrainingRun:
         from tether.starter import load_model, load_tokenizer
 
         cfg = self.cfg
@@ -158,12 +167,26 @@ class TrainingRun:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for close in (self.stop_rollouts, self.runner.close, self.server.stop, self.engine.close):
+        """Stop the rollouts, then the agents, the gateway and the engine, and close the store.
+
+        The runner goes before the gateway: an agent that outlived its gateway would
+        fail as "unreachable" and be retried. Parts that were never built (start-up
+        interrupted) are skipped.
+        """
+        if getattr(self, "trainer", None) is not None:
+            self.trainer.stop()  # an update still running on its thread ends at its next micro-batch
+        closes = [self.stop_rollouts]
+        for name, method in (("runner", "close"), ("server", "stop"), ("engine", "close")):
+            part = getattr(self, name, None)
+            if part is not None:
+                closes.append(getattr(part, method))
+        for close in closes:
             try:
                 await close()
             except Exception:  # teardown must reach every part
                 log.exception("error while shutting down")
-        self.store.close()
+        if getattr(self, "store", None) is not None:
+            self.store.close()
 
     # -- evaluation ------------------------------------------------------------
 
@@ -171,6 +194,13 @@ class TrainingRun:
         """Held-out success as the agent really runs: sampled (several per task) and greedy."""
         e = self.cfg.eval
         tasks = self.val_tasks[: e.tasks]
+        log.info(
+            "eval @ step %d: %d tasks × %d samples%s",
+            step,
+            len(tasks),
+            e.samples,
+            " + greedy" if e.greedy else "",
+        )
         t0 = time.perf_counter()
         sampled = await collect_groups(
             self.gateway,
@@ -221,6 +251,7 @@ class TrainingRun:
         if cfg.trainer.mode == "async":
             return self._report(step, await self._async_rollouts().step(step), t0)
         tasks = tasks_for_step(self.train_tasks, step, cfg.rollout.batch_groups, cfg.tasks.seed)
+        log.info("step %d: rollouts, %d tasks × %d", step + 1, len(tasks), cfg.rollout.n)
         collected = await collect_groups(
             self.gateway,
             self.runner,
@@ -342,11 +373,14 @@ class TrainingRun:
     async def train(self) -> list[EvalResult]:
         """Evaluate, train ``trainer.steps`` updates (evaluating/checkpointing every K), evaluate."""
         cfg = self.cfg
+        self.step = self.start_step
+        if self.start_step and self.last_checkpoint is None:  # resumed: the one it came from
+            self.last_checkpoint = latest_checkpoint(self.run_dir / "checkpoints")
         if self.start_step == 0:
             await self.evaluate(0)
         for step in range(self.start_step, cfg.trainer.steps):
             await self.train_step(step)
-            done = step + 1
+            done = self.step = step + 1
             if self._collapsed():
                 raise PolicyCollapsed(
                     f"reward has been 0 for {cfg.trainer.collapse_patience} updates in a row at step {done}: "
@@ -366,6 +400,7 @@ class TrainingRun:
         return self.evals
 
     def save(self, step: int) -> Path:
+        log.info("saving the checkpoint of step %d", step)
         path = save_checkpoint(
             self.run_dir / "checkpoints",
             step,
@@ -375,6 +410,7 @@ class TrainingRun:
             config=dump(self.cfg),
             keep=self.cfg.checkpoint.keep,
         )
+        self.last_checkpoint = path
         self.store.add_checkpoint(Checkpoint(run_id=self.run_record.id, step=step, path=str(path)))
         self.on_event("checkpoint", path)
         return path
