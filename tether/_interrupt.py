@@ -12,28 +12,28 @@ does depends on what is running:
   for a policy update. ``TrainingRun.__aexit__`` then closes the runner
   (killing every agent and pool worker), the gateway and the engine, in that
   order, and :meth:`run` raises :class:`Interrupted`;
-- anything else (start-up before the loop, ``tether rollouts``, ``tether serve``
-  once uvicorn hands the signal back): :class:`Interrupted` is raised where
-  the main thread is, like ``KeyboardInterrupt``.
+- the main task itself running plain code that does not await (loading a
+  model at start-up, writing a checkpoint), or anything outside a loop
+  (``tether rollouts``, ``tether serve`` once uvicorn hands the signal back):
+  :class:`Interrupted` is raised where the main thread is, like
+  ``KeyboardInterrupt``; on its way out of the run it closes the same parts.
+  A checkpoint is written to a temporary folder and renamed
+  (``trainer/checkpoint.py``), so stopping in the middle of one leaves the
+  previous checkpoint as the latest.
 
 Either way the command prints one line (:attr:`Interrupts.describe`) and
 exits ``128 + signal`` (130 for SIGINT, 143 for SIGTERM).
 
-Two things can keep a clean stop from being quick, and both are bounded by
-``grace_s`` after the first signal, after which the process kills every
-agent process group it started, prints the line and leaves with
-``os._exit``:
-
-- code that holds the event loop's thread without awaiting: loading a
-  model at start-up, writing a checkpoint. Checkpoints are written to a
-  temporary folder and renamed (``trainer/checkpoint.py``), so leaving in
-  the middle of one leaves the previous checkpoint as the latest;
-- the policy update, which runs on a worker thread (``asyncio.to_thread``)
-  that cannot be cancelled; the run stops awaiting it at once, but the
-  interpreter would wait for the thread before exiting. Leaving without it
-  is safe: the update only changes weights in this process's memory, never
-  a file, and the interrupted step is redone on ``--resume`` from the last
-  checkpoint.
+The policy update runs on a worker thread (``asyncio.to_thread``), which
+cannot be cancelled: the run stops awaiting it at once and asks it to end at
+its next micro-batch (``PolicyTrainer.stop``), and the interpreter waits for
+that before exiting. Everything that can keep a clean stop from being quick
+(a long micro-batch, a model that is still loading in C code, an agent that
+ignores SIGTERM for its ``grace_s``) is bounded by ``grace_s`` after the first
+signal: then the process kills every agent process group it started, prints
+the line and leaves with ``os._exit``. Leaving an update unfinished is safe:
+it changes only weights in this process's memory, never a file, and the
+interrupted step is redone on ``--resume`` from the last checkpoint.
 
 A second signal while stopping skips the rest of the clean stop the same way
 (agent groups killed, the line, ``os._exit``) — "Ctrl-C again to quit now".
@@ -140,9 +140,16 @@ class Interrupts:
         timer.daemon = True
         timer.start()
         loop, task = self._loop, self._task
-        if loop is not None and task is not None and not loop.is_closed():
+        if (
+            loop is not None
+            and task is not None
+            and not loop.is_closed()
+            and asyncio.current_task(loop) is not task
+        ):
             loop.call_soon_threadsafe(task.cancel)
             return
+        # Not in the loop, or the main task itself is running plain code (loading a
+        # model, writing a checkpoint): stop that code where it is, as KeyboardInterrupt would.
         raise Interrupted(signum)
 
     def _force_exit(self) -> None:
