@@ -90,12 +90,14 @@ class TrainProcess:
             self.lines.put(line)
 
     def record_children(self) -> int:
+        """Remember every descendant running now; return how many run now."""
         try:
-            for child in self.ps.children(recursive=True):
-                self.seen.setdefault(child.pid, child)
+            children = self.ps.children(recursive=True)
         except psutil.NoSuchProcess:
-            pass
-        return len(self.seen)
+            return 0
+        for child in children:
+            self.seen.setdefault(child.pid, child)
+        return len(children)
 
     def wait_for(self, needle: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -109,6 +111,7 @@ class TrainProcess:
         raise AssertionError(f"no {needle!r} in time:\n" + "".join(self.stderr)[-3000:])
 
     def wait_for_children(self, n: int = 1, timeout: float = 30) -> None:
+        """Wait until ``n`` descendants (agents, workers, their children) run at once."""
         deadline = time.monotonic() + timeout
         while self.record_children() < n:
             assert time.monotonic() < deadline, "the run started no agent process"
@@ -205,7 +208,7 @@ def test_ctrl_c_during_eval_in_pool_mode(train) -> None:
 def test_ctrl_c_during_rollouts_in_process_mode(train, tmp_path: Path) -> None:
     run = train(*_process_mode())
     run.wait_for("step 2: rollouts")
-    run.wait_for_children()  # this step's agents
+    run.wait_for_children()  # this step's agents (the eval's have exited)
     elapsed = run.send(signal.SIGINT)
     _report("rollouts (process)", elapsed)
     ckpt = tmp_path / "calc" / "checkpoints" / "step-000001"
