@@ -22,6 +22,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tether.store import Store
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples/calc/config.yaml"
 EXIT_WITHIN_S = 10.0
@@ -214,6 +216,12 @@ def test_ctrl_c_during_rollouts_in_process_mode(train, tmp_path: Path) -> None:
     ckpt = tmp_path / "calc" / "checkpoints" / "step-000001"
     _assert_stopped_cleanly(run, elapsed, 130, f"interrupted at step 1; last checkpoint: {ckpt};")
     assert (ckpt / "model").is_dir()
+    store = Store(tmp_path / "calc" / "traces.sqlite")
+    try:  # the interrupted step's rollouts are ended as cancelled, none is left "running"
+        assert store.list_rollouts(status="running") == []
+        assert store.list_rollouts(status="cancelled")
+    finally:
+        store.close()
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ and its reward; writes still arriving from an older attempt are refused.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import math
@@ -167,9 +168,20 @@ async def run_attempts(
     sampling: dict[str, float] | None = None,
     run_id: str | None = None,
 ) -> tuple[OpenedRollout, AttemptResult]:
-    """Run the rollout's attempts until one is final; return that attempt and its result."""
+    """Run the rollout's attempts until one is final; return that attempt and its result.
+
+    Cancelled (the run is stopping): the agent is stopped by the runner, the current
+    attempt ends ``cancelled`` in the store, and no further attempt starts.
+    """
     while True:
-        result = await runner.run(_launch(gw, o, task, run_id))
+        try:
+            result = await runner.run(_launch(gw, o, task, run_id))
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):  # it may have been finished meanwhile
+                gw.finish_rollout(
+                    o.rollout_id, RolloutStatus.CANCELLED, attempt=o.attempt, error="cancelled"
+                )
+            raise
         if not policy.retries(result):
             return o, result
         why = f"infrastructure fault ({result.infra})" if result.infra else "agent failure"
