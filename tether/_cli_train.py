@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rich.console import Console
 
+from tether._interrupt import Interrupts
 from tether._progress import Progress, plot_curve
-from tether.runner import RunnerConfig
+from tether.runner import RunnerConfig, kill_live_groups
 from tether.trainer._rundir import check_new_run
 from tether.trainer.checkpoint import checkpoint_state
 from tether.trainer.config import (
@@ -28,6 +28,7 @@ from tether.trainer.loop import EvalResult, TrainingRun
 
 __all__ = [
     "demo_config",
+    "interrupted_line",
     "memory_line",
     "replace_demo_run",
     "run_demo",
@@ -101,23 +102,53 @@ def summary_line(
     return line
 
 
-async def _train(
-    cfg: TrainConfig, console: Console, model_path: Path | None = None
+def interrupted_line(run: TrainingRun, resume_command: str | None) -> str:
+    """``interrupted at step N; last checkpoint: PATH|none[; resume with: COMMAND]``."""
+    ckpt = run.last_checkpoint
+    line = f"interrupted at step {run.step}; last checkpoint: {ckpt or 'none'}"
+    return f"{line}; resume with: {resume_command}" if resume_command else line
+
+
+def _on_interrupt(interrupts: Interrupts, describe: Callable[[], str]) -> None:
+    """What an interrupt prints, and the agents a forced exit kills (process groups)."""
+    interrupts.describe = describe
+    interrupts.on_force_exit.append(kill_live_groups)
+
+
+def _train(
+    cfg: TrainConfig,
+    console: Console,
+    interrupts: Interrupts,
+    resume_command: str | None,
+    model_path: Path | None = None,
 ) -> tuple[list[EvalResult], TrainingRun]:
+    """Run ``cfg`` to its end, or until a signal (then :class:`Interrupted` is raised)."""
     _quiet_loading()
-    with Progress(cfg.trainer.steps, console) as progress:
-        async with TrainingRun(cfg, on_event=progress, model_path=model_path) as run:
-            evals = await run.train()
-    return evals, run
+    progress = Progress(cfg.trainer.steps, console)
+    run = TrainingRun(cfg, on_event=progress, model_path=model_path)
+    _on_interrupt(interrupts, lambda: interrupted_line(run, resume_command))
+
+    async def go() -> list[EvalResult]:
+        with progress:
+            async with run:
+                return await run.train()
+
+    return interrupts.run(go()), run
 
 
-def run_train(cfg: TrainConfig, console: Console) -> list[EvalResult]:
+def run_train(
+    cfg: TrainConfig,
+    console: Console,
+    interrupts: Interrupts | None = None,
+    *,
+    resume_command: str | None = None,
+) -> list[EvalResult]:
     """``tether train``: a new run (refused when its folder holds one) or, with
     ``extra.resume``, the continuation of the run of that name."""
     t0 = time.monotonic()
     if not cfg.extra.get("resume"):
         check_new_run(Path(cfg.dir), cfg.name)
-    evals, run = asyncio.run(_train(cfg, console))
+    evals, run = _train(cfg, console, interrupts or Interrupts(), resume_command)
     png = plot_curve(run.history, evals, run.run_dir / "reward_curve.png")
     if png:
         console.print(f"reward curve: {png}")
@@ -129,25 +160,31 @@ def run_train(cfg: TrainConfig, console: Console) -> list[EvalResult]:
     return evals
 
 
-def run_eval(cfg: TrainConfig, checkpoint: Path | None, console: Console) -> EvalResult:
+def run_eval(
+    cfg: TrainConfig,
+    checkpoint: Path | None,
+    console: Console,
+    interrupts: Interrupts | None = None,
+) -> EvalResult:
     """``tether eval``: the config's model or a checkpoint, reported at the checkpoint's step."""
     _quiet_loading()
     cfg.extra["command"] = "eval"  # its store record is not a training run (see _rundir.py)
     step = int(checkpoint_state(checkpoint).get("step", 0)) if checkpoint else 0
+    interrupts = interrupts or Interrupts()
+    model_path = (
+        checkpoint / "model" if checkpoint and (checkpoint / "model").is_dir() else checkpoint
+    )
+    run = TrainingRun(cfg, on_event=Progress(0, console, live=False), model_path=model_path)
+    _on_interrupt(interrupts, lambda: "interrupted during the evaluation; no result")
 
     async def go() -> EvalResult:
-        model_path = (
-            checkpoint / "model" if checkpoint and (checkpoint / "model").is_dir() else checkpoint
-        )
-        async with TrainingRun(
-            cfg, on_event=Progress(0, console, live=False), model_path=model_path
-        ) as run:
+        async with run:
             return await run.evaluate(step)
 
-    return asyncio.run(go())
+    return interrupts.run(go())
 
 
-def run_demo(seed: int, steps: int, console: Console) -> str:
+def run_demo(seed: int, steps: int, console: Console, interrupts: Interrupts | None = None) -> str:
     from tether.starter import build_starter
 
     t0 = time.monotonic()
@@ -164,7 +201,7 @@ def run_demo(seed: int, steps: int, console: Console) -> str:
         f"2/3 GRPO through the gateway: {cfg.rollout.batch_groups} tasks x {cfg.rollout.n} rollouts "
         f"per update, {steps} updates; agent = the calc agent (official openai SDK, in-process)"
     )
-    evals, run = asyncio.run(_train(cfg, console, model_path))
+    evals, run = _train(cfg, console, interrupts or Interrupts(), None, model_path)
     png = plot_curve(run.history, evals, run.run_dir / "reward_curve.png")
     console.print(
         f"3/3 done. traces: {run.run_dir / 'traces.sqlite'}"

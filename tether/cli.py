@@ -1,7 +1,9 @@
 """The ``tether`` command. Nothing imports this module; it imports everything.
 
 Every :class:`~tether.errors.TetherError` becomes one readable line on stderr
-and exit status 2; logging is configured here and nowhere else.
+and exit status 2; logging is configured here and nowhere else. SIGINT and
+SIGTERM are handled here too (:mod:`tether._interrupt`): a run stops cleanly,
+says where, and exits 130 or 143.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -16,6 +19,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from tether._interrupt import Interrupted, Interrupts
 from tether.errors import TetherError, UserError
 
 app = typer.Typer(
@@ -219,8 +223,14 @@ def _load_engine(model: str | None, *, device: str, max_batch_size: int):
     return path, engine, tokenizer
 
 
+def _interrupts(ctx: typer.Context) -> Interrupts:
+    """The signal handling :func:`main` installed (a bare one when called another way)."""
+    return ctx.obj if isinstance(ctx.obj, Interrupts) else Interrupts()
+
+
 @app.command()
 def demo(
+    ctx: typer.Context,
     seed: Annotated[int, typer.Option(help="Seed of the tasks, sampling and training.")] = 0,
     steps: Annotated[int, typer.Option(help="GRPO updates.")] = 150,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
@@ -232,11 +242,12 @@ def demo(
     _setup_logging(log_level)
     from ._cli_train import run_demo
 
-    run_demo(seed, steps, Console(soft_wrap=True))
+    run_demo(seed, steps, Console(soft_wrap=True), _interrupts(ctx))
 
 
 @app.command()
 def train(
+    ctx: typer.Context,
     config: Annotated[Path, typer.Argument(help="YAML config (e.g. examples/calc/config.yaml).")],
     overrides: Annotated[
         list[str] | None, typer.Argument(help="dotted.key=value overrides, e.g. trainer.lr=3e-5")
@@ -257,11 +268,13 @@ def train(
     cfg = load_config(TrainConfig, config, list(overrides or []))
     if resume:
         cfg.extra["resume"] = True
-    run_train(cfg, Console(soft_wrap=True))
+    again = shlex.join(["tether", "train", str(config), *(overrides or []), "--resume"])
+    run_train(cfg, Console(soft_wrap=True), _interrupts(ctx), resume_command=again)
 
 
 @app.command("eval")
 def eval_(
+    ctx: typer.Context,
     config: Annotated[Path, typer.Argument(help="YAML config of the run.")],
     checkpoint: Annotated[
         Path | None, typer.Option(help="A checkpoint folder (step-N) or model folder.")
@@ -283,7 +296,7 @@ def eval_(
             f"--checkpoint {checkpoint} is not a folder: pass runs/NAME/checkpoints/step-N"
         )
     cfg = load_config(TrainConfig, config, list(overrides or []))
-    r = run_eval(cfg, checkpoint, Console(soft_wrap=True))
+    r = run_eval(cfg, checkpoint, Console(soft_wrap=True), _interrupts(ctx))
     greedy = "-" if r.greedy is None else f"{r.greedy:.0%}"
     print(
         f"held-out success: sampled {r.sampled:.0%}, greedy {greedy} ({r.tasks} tasks, {r.rollouts} rollouts)"
@@ -331,14 +344,15 @@ def rollouts_show(
 
 
 def main() -> None:
-    try:
-        app()
-    except TetherError as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        console.print("interrupted")
-        sys.exit(130)
+    with Interrupts() as interrupts:
+        try:
+            app(obj=interrupts)
+        except TetherError as exc:
+            console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            sys.exit(2)
+        except Interrupted as exc:  # the run has stopped its agents and closed its store
+            interrupts.report()
+            sys.exit(exc.exit_code)
 
 
 if __name__ == "__main__":

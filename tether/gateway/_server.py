@@ -1,11 +1,23 @@
-"""Running the app: in the foreground (``tether serve``) or on a background thread."""
+"""Running the app: in the foreground (``tether serve``), on a background thread, or as a
+task on the caller's event loop.
+
+Signals: only the foreground server (``tether serve``) handles SIGINT/SIGTERM,
+by uvicorn's own means. uvicorn's ``Server.serve()`` installs handlers with
+``signal.signal`` for as long as it runs, whatever ``install_signal_handlers``
+says; a server that shares the loop of a training run must not, or Ctrl-C
+stops the gateway instead of the run (every rollout then fails as
+unreachable). :class:`LoopServer` therefore serves with :class:`_QuietServer`,
+which leaves signals to the program (``tether/_interrupt.py``).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import uvicorn
@@ -14,9 +26,23 @@ from fastapi import FastAPI
 __all__ = ["BackgroundServer", "LoopServer", "make_server"]
 
 
+class _QuietServer(uvicorn.Server):
+    """A uvicorn server that never touches signal handlers; stop it with ``should_exit``."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 def make_server(
-    app: FastAPI, host: str, port: int, *, log_level: str = "warning"
+    app: FastAPI,
+    host: str,
+    port: int,
+    *,
+    log_level: str = "warning",
+    handle_signals: bool = True,
 ) -> uvicorn.Server:
+    """A uvicorn server; ``handle_signals=False``: one that leaves SIGINT/SIGTERM alone."""
     config = uvicorn.Config(
         app,
         host=host,
@@ -26,7 +52,7 @@ def make_server(
         lifespan="off",
         timeout_graceful_shutdown=5,
     )
-    return uvicorn.Server(config)
+    return (uvicorn.Server if handle_signals else _QuietServer)(config)
 
 
 def _listen_socket(host: str) -> socket.socket:
@@ -60,8 +86,7 @@ class BackgroundServer:
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
         self._sock = sock
-        self.server = make_server(self.app, self.host, self.port)
-        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self.server = make_server(self.app, self.host, self.port, handle_signals=False)
         self._thread = threading.Thread(
             target=lambda: asyncio.run(self.server.serve(sockets=[sock])),
             name="tether-gateway",
@@ -96,6 +121,8 @@ class LoopServer:
 
     The trainer uses this so that the gateway, the in-process agents and the
     engine's callers share one loop (the engine computes on its own thread).
+    It leaves SIGINT/SIGTERM to the program: Ctrl-C stops the run, which then
+    stops this server after its agents (:meth:`stop`).
     """
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0):
@@ -106,8 +133,7 @@ class LoopServer:
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
         self._sock = sock
-        self.server = make_server(self.app, self.host, self.port)
-        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self.server = make_server(self.app, self.host, self.port, handle_signals=False)
         self._task = asyncio.create_task(self.server.serve(sockets=[sock]))
         deadline = time.monotonic() + timeout
         while not self.server.started:

@@ -32,6 +32,7 @@ from ._base import (
     WorkerError,
     agent_env,
 )
+from ._child import kill_live_groups
 from ._config import MODES, RUNNERS, RunnerConfig, make_runner
 from ._inprocess import InProcessRunner
 from ._pool import PoolRunner
@@ -57,5 +58,6 @@ __all__ = [
     "RunnerError",
     "WorkerError",
     "agent_env",
+    "kill_live_groups",
     "make_runner",
 ]

@@ -21,6 +21,7 @@ flag a usable reward counts as a success when it is above 0, or at least
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import math
@@ -207,9 +208,20 @@ async def run_attempts(
     sampling: dict[str, float] | None = None,
     run_id: str | None = None,
 ) -> tuple[OpenedRollout, AttemptResult]:
-    """Run the rollout's attempts until one is final; return that attempt and its result."""
+    """Run the rollout's attempts until one is final; return that attempt and its result.
+
+    Cancelled (the run is stopping): the agent is stopped by the runner, the current
+    attempt ends ``cancelled`` in the store, and no further attempt starts.
+    """
     while True:
-        result = await runner.run(_launch(gw, o, task, run_id))
+        try:
+            result = await runner.run(_launch(gw, o, task, run_id))
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):  # it may have been finished meanwhile
+                gw.finish_rollout(
+                    o.rollout_id, RolloutStatus.CANCELLED, attempt=o.attempt, error="cancelled"
+                )
+            raise
         if not policy.retries(result):
             return o, result
         why = f"infrastructure fault ({result.infra})" if result.infra else "agent failure"

@@ -3,6 +3,11 @@
 :class:`PolicyTrainer` owns the trainable model and its optimizer. It does
 not know where samples come from (see ``loop.py``) and never touches the
 engine; the loop pushes :meth:`PolicyTrainer.state_dict` to the engine.
+
+:meth:`PolicyTrainer.update` runs on a worker thread, which asyncio cannot
+cancel; :meth:`PolicyTrainer.stop` (called when a run is interrupted) makes it
+end at the next micro-batch by raising :class:`UpdateStopped`, so that the
+process can exit without waiting for the whole update.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import threading
 from contextlib import nullcontext
 from typing import Any
 
@@ -19,12 +25,16 @@ from tether.trainer import algorithms as A
 from tether.trainer.config import TrainerConfig
 from tether.trainer.samples import Sample, collate, make_micro_batches, token_logprobs
 
-__all__ = ["PolicyTrainer", "shared_prefix"]
+__all__ = ["PolicyTrainer", "UpdateStopped", "shared_prefix"]
 
 #: Below this many shared tokens the plain forward is as fast.
 MIN_SHARED_PREFIX = 16
 
 log = logging.getLogger(__name__)
+
+
+class UpdateStopped(Exception):
+    """:meth:`PolicyTrainer.stop` ended an update part-way; the weights are not to be used."""
 
 
 class PolicyTrainer:
@@ -42,6 +52,7 @@ class PolicyTrainer:
         self.pad_id = pad_id
         self.autocast = train_dtype == "bfloat16"
         self.share_prefix = True
+        self._stop = threading.Event()
         self.model = self._maybe_lora(model).to(self.device)
         self.model.train()
         self.ref_model = None
@@ -141,12 +152,25 @@ class PolicyTrainer:
             {k: v.to(self.device) for k, v in collate(b, pad_id=self.pad_id).items()}
             for b in batches
         ]
+        log.info(
+            "updating the policy: %d samples, %d micro-batches × %d optimizer steps",
+            len(active),
+            len(collated),
+            cfg.updates_per_batch,
+        )
         first: dict[str, float] = {}
         for k in range(cfg.updates_per_batch):
             metrics = self._step(collated, stats)
             if k == 0:
                 first = {key: metrics[key] for key in ("logprob_gap", "logprob_gap_max")}
         return {**metrics, **first, "micro_batches": float(len(collated))}
+
+    def stop(self) -> None:
+        """End a running (and every later) :meth:`update` at its next micro-batch.
+
+        Thread-safe; for a run that is being interrupted and will not save again.
+        """
+        self._stop.set()
 
     def _step(
         self, collated: list[dict[str, torch.Tensor]], stats: A.AggregateStats
@@ -159,6 +183,8 @@ class PolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         total_loss = 0.0
         for batch in collated:
+            if self._stop.is_set():
+                raise UpdateStopped("the update was stopped (the run is being interrupted)")
             mask = batch["loss_mask"]
             logprobs = self._forward_logprobs(self.model, batch)
             old = batch["old_logprobs"]

@@ -138,12 +138,21 @@ class TrainingRun:
         #: The id of the run's first store record: the same across --resume, and the
         #: ``run`` its checkpoints carry (pruning only touches this run's checkpoints).
         self.lineage: str | None = None
+        self.step = 0  # updates done so far (what an interrupt reports)
+        self.last_checkpoint: Path | None = None  # the newest checkpoint of this run
         self._async: AsyncRollouts | None = None
         self._collections = 0  # checked so far (the first one stops the run if all fail)
 
     # -- set-up and teardown ---------------------------------------------------
 
     async def __aenter__(self) -> TrainingRun:
+        try:
+            return await self._open()
+        except BaseException:  # cancelled (Ctrl-C) or failed half-way: close what was built
+            await self.__aexit__()
+            raise
+
+    async def _open(self) -> TrainingRun:
         from tether.starter import load_model, load_tokenizer
 
         cfg = self.cfg
@@ -205,6 +214,7 @@ class TrainingRun:
 
     async def _resume(self, at: ResumePoint) -> None:
         self.start_step = load_checkpoint(at.path, self.trainer)
+        self.last_checkpoint = at.path
         version = await self.engine.update_weights(
             self.trainer.state_dict(),
             **({} if at.policy_version is None else {"version": at.policy_version}),
@@ -217,12 +227,26 @@ class TrainingRun:
         self.on_event("resume", at)
 
     async def __aexit__(self, *exc: object) -> None:
-        for close in (self.stop_rollouts, self.runner.close, self.server.stop, self.engine.close):
+        """Stop the rollouts, then the agents, the gateway and the engine, and close the store.
+
+        The runner goes before the gateway: an agent that outlived its gateway would
+        fail as "unreachable" and be retried. Parts that were never built (start-up
+        interrupted) are skipped.
+        """
+        if getattr(self, "trainer", None) is not None:
+            self.trainer.stop()  # an update still running on its thread ends at its next micro-batch
+        closes = [self.stop_rollouts]
+        for name, method in (("runner", "close"), ("server", "stop"), ("engine", "close")):
+            part = getattr(self, name, None)
+            if part is not None:
+                closes.append(getattr(part, method))
+        for close in closes:
             try:
                 await close()
             except Exception:  # teardown must reach every part
                 log.exception("error while shutting down")
-        self.store.close()
+        if getattr(self, "store", None) is not None:
+            self.store.close()
 
     # -- evaluation ------------------------------------------------------------
 
@@ -230,13 +254,11 @@ class TrainingRun:
         """Held-out success as the agent really runs: sampled (several per task) and greedy."""
         e = self.cfg.eval
         tasks = self.val_tasks[: e.tasks]
+        what = f"{len(tasks)} tasks × {e.samples} samples{' + greedy' if e.greedy else ''}"
+        log.info("eval @ step %d: %s", step, what)
         t0 = time.perf_counter()
         total = len(tasks) * (e.samples + (1 if e.greedy else 0))
-        greedy_text = " + greedy" if e.greedy else ""
-        self.on_event(
-            "eval_start",
-            EvalStart(step, total, f"{len(tasks)} tasks × {e.samples} samples{greedy_text}"),
-        )
+        self.on_event("eval_start", EvalStart(step, total, what))
         runner = Counted(self.runner, lambda: self.on_event("eval_progress", None))
         sampled = await collect_groups(
             self.gateway,
@@ -293,6 +315,7 @@ class TrainingRun:
         if cfg.trainer.mode == "async":
             return self._report(step, await self._async_rollouts().step(step), t0)
         tasks = tasks_for_step(self.train_tasks, step, cfg.rollout.batch_groups, cfg.tasks.seed)
+        log.info("step %d: rollouts, %d tasks × %d", step + 1, len(tasks), cfg.rollout.n)
         collected = await collect_groups(
             self.gateway,
             self.runner,
@@ -425,11 +448,12 @@ class TrainingRun:
         cfg = self.cfg
         evals_on = cfg.eval.enabled
         every = cfg.eval.every if evals_on else 0
+        self.step = self.start_step
         if self.start_step == 0 and evals_on:
             await self.evaluate(0)
         for step in range(self.start_step, cfg.trainer.steps):
             await self.train_step(step)
-            done = step + 1
+            done = self.step = step + 1
             if self._collapsed():
                 raise PolicyCollapsed(
                     f"reward has been 0 for {cfg.trainer.collapse_patience} updates in a row at step {done}: "
@@ -450,6 +474,7 @@ class TrainingRun:
         return self.evals
 
     def save(self, step: int) -> Path:
+        log.info("saving the checkpoint of step %d", step)
         path = save_checkpoint(
             self.run_dir / "checkpoints",
             step,
@@ -462,6 +487,7 @@ class TrainingRun:
             run_id=self.run_record.id,
             policy_version=self.engine.policy_version,
         )
+        self.last_checkpoint = path
         self.store.add_checkpoint(Checkpoint(run_id=self.run_record.id, step=step, path=str(path)))
         self.on_event("checkpoint", path)
         return path
