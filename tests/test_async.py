@@ -356,6 +356,7 @@ def test_two_async_steps_with_the_starter_model(starter_dir: Path, tmp_path: Pat
         assert m["rollouts"] == 4 and m["groups_dropped"] == 0
         assert m["policy_version"] == r.step + 1
         assert m["logprob_gap"] < 1e-4 or m["policy_lag_max"] > 0  # on-policy batches agree
+        assert m["gen_tokens_per_s"] > 0  # the progress line shows it in async mode too
         for key in ("wait_s", "drain_s", "paused_s", "update_s", "calls_held", "hold_s"):
             assert m[key] >= 0, key
     trained = [g.group_id for b in run._async.trained for g in b]

@@ -241,6 +241,8 @@ class AsyncRollouts:
                 "policy_lag_max": float(max(lags)),
                 "call_lag_mean": sum(version - c.policy_version for c in calls)
                 / max(len(calls), 1),
+                # the trained batch's tokens per second of this step (generation overlaps updates)
+                "gen_tokens_per_s": sum(len(c.completion_ids) for c in calls) / max(t3 - t0, 1e-9),
                 **{f"lag_hist/{k}": float(v) for k, v in sorted(Counter(lags).items())},
             }
         )
