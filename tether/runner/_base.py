@@ -46,7 +46,6 @@ __all__ = [
     "WorkerError",
     "agent_env",
     "base_env",
-    "notify_started",
 ]
 
 log = logging.getLogger(__name__)
@@ -180,18 +179,6 @@ class Runner(Protocol):
     async def close(self) -> None:
         """Stop every agent and worker this runner started; nothing is left running."""
         ...
-
-
-def notify_started(runner: Any, launch: Launch) -> None:
-    """Tell the runner's ``on_start`` (when its owner set one) that ``launch``'s agent is
-    starting now: past the concurrency limit, about to run. The trainer sets it to move
-    the rollout from ``queued`` to ``running``."""
-    on_start = getattr(runner, "on_start", None)
-    if on_start is not None:
-        try:
-            on_start(launch)
-        except Exception:  # a status display must not stop the agent (its first call also counts)
-            log.warning("on_start failed for rollout %s", launch.rollout_id, exc_info=True)
 
 
 def base_env(

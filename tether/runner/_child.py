@@ -15,7 +15,7 @@ known as soon as the process is reaped — ``Process.wait()`` can also wait for
 the pipes to close, which a leftover grandchild may hold open indefinitely.
 
 Every group started here is remembered until it is stopped and killed at
-interpreter exit (``atexit``), so a crash or Ctrl-C that skips a runner's
+interpreter exit (``atexit``, registered with the first group, not on import), so a crash or Ctrl-C that skips a runner's
 ``close()`` does not leave agents behind. SIGTERM and SIGHUP, which skip
 ``atexit``, get a handler (installed with the first group, only where the
 signal still has its default action) that kills the groups and then dies of
@@ -52,13 +52,13 @@ __all__ = ["Child", "Limits", "kill_live_groups", "signal_group"]
 _LIVE_GROUPS: set[int] = set()  # groups started here and not yet stopped
 _EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _handlers_installed = False
+_atexit_registered = False
 GROUP_EXIT_WAIT_S = 1.0  # how long stop() waits for SIGKILLed members to disappear
 PIPE_DRAIN_WAIT_S = 1.0  # how long stop() waits for output still in the pipes
 
 OnData = Callable[[bytes], None]  # called with each chunk, and with b"" at end of stream
 
 
-@atexit.register
 def kill_live_groups() -> None:
     """SIGKILL every group started here and not yet stopped (at exit, or on a fatal signal)."""
     for pgid in list(_LIVE_GROUPS):
@@ -73,7 +73,10 @@ def _die_of(signum: int, frame: object) -> None:
 
 def _install_exit_handlers() -> None:
     """Kill live groups on SIGTERM/SIGHUP too, where nobody else handles those signals."""
-    global _handlers_installed
+    global _handlers_installed, _atexit_registered
+    if not _atexit_registered:
+        _atexit_registered = True
+        atexit.register(kill_live_groups)
     if _handlers_installed or threading.current_thread() is not threading.main_thread():
         return
     _handlers_installed = True
