@@ -280,16 +280,24 @@ T = TypeVar("T")
 async def finish_despite_cancel(awaitable: Awaitable[T]) -> T:
     """Await cleanup to its end even if the awaiting task is cancelled meanwhile.
 
-    Used in ``except CancelledError`` blocks so a cancelled rollout still kills
-    and reaps its processes before the cancellation propagates.
+    Used in ``except CancelledError`` blocks (and ``finally``) so a cancelled
+    rollout still kills and reaps its processes before the cancellation
+    propagates. A cancellation of the caller that arrives during the cleanup
+    is not lost: once the cleanup has ended it is raised (``CancelledError``),
+    whatever the cleanup returned.
     """
     task = asyncio.ensure_future(awaitable)
-    while True:
+    cancelled = False
+    while not task.done():
         try:
-            return await asyncio.shield(task)
+            await asyncio.wait({task})  # unlike awaiting the task, never cancels it
         except asyncio.CancelledError:
-            if task.done():
-                return task.result()
+            cancelled = True
+    if cancelled:
+        if not task.cancelled():
+            task.exception()  # retrieved: the caller's cancellation takes precedence
+        raise asyncio.CancelledError
+    return task.result()
 
 
 class Attempt:

@@ -236,8 +236,10 @@ class PoolRunner(RunnerBase):
         try:
             result, healthy = await self._run_on(worker, launch, env)
         except BaseException:  # cancelled (or a bug): the worker's state is unknown
-            await finish_despite_cancel(self._discard(worker))
-            self._tokens.put_nowait(None)
+            try:
+                await finish_despite_cancel(self._discard(worker))
+            finally:
+                self._tokens.put_nowait(None)
             raise
         finally:
             self._busy.discard(worker)
