@@ -308,8 +308,10 @@ async def test_process_escaped_child_does_not_hang_the_runner(tmp_path: Path) ->
     result = await runner.run(launch())
     elapsed = time.monotonic() - t0
     escaped = int(result.final_answer or 0)
-    assert alive(escaped)  # out of the runner's reach: documented
-    os.kill(escaped, signal.SIGKILL)
+    if sys.platform.startswith("linux"):  # followed out of the group (tether is a subreaper)
+        assert not alive(escaped)
+    else:  # out of the runner's reach elsewhere: documented in tether.runner._reap
+        os.kill(escaped, signal.SIGKILL)
     assert result.status is RolloutStatus.SUCCEEDED and elapsed < 5.0
 
 

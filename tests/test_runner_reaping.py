@@ -121,6 +121,63 @@ def our_zombies() -> list[int]:
     return [p.pid for p in psutil.Process().children() if p.status() == psutil.STATUS_ZOMBIE]
 
 
+@linux_only
+@pytest.mark.parametrize(
+    ("mode", "task", "status"),
+    [
+        ("process", {"kind": "escape"}, RolloutStatus.SUCCEEDED),
+        ("process", {"kind": "escape", "orphan": False}, RolloutStatus.SUCCEEDED),
+        ("process", {"kind": "escape", "orphan": False, "hang": True}, RolloutStatus.TIMEOUT),
+        ("process", {"kind": "stubborn", "hang": True}, RolloutStatus.TIMEOUT),
+        ("pool", {"kind": "escape"}, RolloutStatus.SUCCEEDED),
+        ("pool", {"kind": "escape", "orphan": False}, RolloutStatus.SUCCEEDED),
+        ("pool", {"kind": "stubborn", "hang": True}, RolloutStatus.TIMEOUT),
+    ],
+)
+async def test_processes_that_left_the_group_end_with_the_attempt(
+    tmp_path: Path, mode: str, task: dict[str, Any], status: RolloutStatus
+) -> None:
+    runner, pid_dir = runner_for(tmp_path, mode)
+    timeout = 1.5 if status is RolloutStatus.TIMEOUT else None
+    try:
+        result = await runner.run(launch(0, timeout_s=timeout, **task))
+        assert result.status is status, result
+        pids = marked(pid_dir)
+        assert len(pids) == (3 if task["kind"] == "escape" else 2)
+        warm = set(runner.worker_pids) if mode == "pool" else set()  # a pool worker stays
+        assert running([p for p in pids if p not in warm]) == [], (
+            "the attempt's processes outlived it"
+        )
+        assert len(warm & set(pids)) == (status is RolloutStatus.SUCCEEDED and mode == "pool")
+        assert not set(pids) & set(our_zombies()), "killed processes were not reaped"
+    finally:
+        await runner.close()
+    assert running(marked(pid_dir)) == []
+
+
+@linux_only
+async def test_ending_attempt_leaves_another_attempts_processes_alone(tmp_path: Path) -> None:
+    """Ending one attempt kills its own escaped processes, not those of one still running."""
+    runner, pid_dir = runner_for(tmp_path, "process")
+    other_runner, other_dir = runner_for(tmp_path, "process", "other")
+    other = asyncio.ensure_future(other_runner.run(launch(1, "escape", hang=True)))
+    try:
+        while len(os.listdir(other_dir)) < 3:
+            await asyncio.sleep(0.02)
+        result = await runner.run(launch(0, "escape", timeout_s=1.0, hang=True))
+        assert result.status is RolloutStatus.TIMEOUT
+        assert running(marked(pid_dir)) == []
+        # the other agent and its grandchild (orphaned, so adopted by tether) run on
+        assert len(running(marked(other_dir))) == 2
+    finally:
+        other.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await other
+        await other_runner.close()
+        await runner.close()
+    assert running(marked(other_dir)) == []
+
+
 @pytest.mark.parametrize("mode", ["process", "pool"])
 async def test_cancelled_run_raises_after_its_agent_is_gone(tmp_path: Path, mode: str) -> None:
     """Cancelled twice (the second during the SIGTERM grace), run() still raises CancelledError,

@@ -233,6 +233,8 @@ class PoolRunner(RunnerBase):
             self._tokens.put_nowait(None)
             raise
         self._busy.add(worker)
+        assert worker.child is not None
+        worker.child.rollout_id = launch.rollout_id  # what its processes carry; see _reap
         try:
             result, healthy = await self._run_on(worker, launch, env)
         except BaseException:  # cancelled (or a bug): the worker's state is unknown
@@ -243,6 +245,7 @@ class PoolRunner(RunnerBase):
             raise
         finally:
             self._busy.discard(worker)
+            worker.child.rollout_id = None
         await self._give_back(worker if healthy else None)  # _run_on discarded a bad one
         return result
 

@@ -73,6 +73,7 @@ class ProcessRunner(RunnerBase):
                 on_stdout=on_stdout,
                 on_stderr=both.add,
                 limits=self._limits,
+                rollout_id=launch.rollout_id,
             )
         except OSError as exc:
             return result_for(
