@@ -18,8 +18,17 @@ from tether.engine.testing import NullEngine
 from tether.errors import UserError
 from tether.gateway import Gateway, GatewayConfig
 from tether.records import RolloutStatus, Task
-from tether.runner import KubernetesConfig, Launch, RunnerConfig, RunnerConfigError, make_runner
-from tether.runner._k8s_manifest import job_manifest, job_name, label_value
+from tether.runner import (
+    KubernetesConfig,
+    Launch,
+    RunnerConfig,
+    RunnerConfigError,
+    job_manifest,
+    job_name,
+    label_value,
+    make_runner,
+    rebase,
+)
 from tether.trainer._collect import collect_groups
 
 pytest.importorskip("kubernetes")
@@ -76,7 +85,6 @@ def test_manifest_field_by_field(tmp_path: Path) -> None:
         gateway_url="http://gw.tether.svc:8321",
         kubernetes=KubernetesConfig(template=str(template), namespace="agents", memory="2Gi"),
     )
-    from tether.runner._base import rebase
 
     job = job_manifest(
         config, rebase(launch(7), config.gateway_url), runner_id="rabc", template=_yaml(template)

@@ -14,11 +14,19 @@ Modes: ``process`` (a fresh process per attempt, any language), ``pool``
 (this machine), ``ray`` (a Ray task per attempt), ``kubernetes`` (a Job per
 attempt); the last two are optional extras, imported by :func:`make_runner`.
 ``Attempt(runner, launch)`` starts an attempt to watch or cancel. See
-:mod:`tether.runner._config` for the trade-offs and :mod:`tether.runner._base`
-for the contract and the exception tree.
+:mod:`tether.runner._config` for the trade-offs, :mod:`tether.runner._base`
+for the contract and the exception tree, :class:`RunnerBase` for what every
+runner shares.
+
+Importing this package for its configs loads no runner: the runner classes
+(and :func:`kill_live_groups`) are imported on first use, so a run config
+starts nothing and registers no exit hook.
 """
 
 from __future__ import annotations
+
+import importlib as _importlib
+import typing as _typing
 
 from ._base import (
     INFRA_FAULTS,
@@ -31,13 +39,28 @@ from ._base import (
     RunnerError,
     WorkerError,
     agent_env,
+    rebase,
 )
-from ._child import kill_live_groups
-from ._config import MODES, RUNNERS, RunnerConfig, make_runner
-from ._inprocess import InProcessRunner
-from ._pool import PoolRunner
-from ._process import ProcessRunner
+from ._config import MODES, RUNNERS, RunnerConfig
+from ._factory import make_runner
+from ._k8s_manifest import job_manifest, job_name, label_value
 from ._remote_config import KubernetesConfig, RayConfig
+from ._template import RunnerBase
+from ._worker import load_callable
+
+if _typing.TYPE_CHECKING:
+    from ._child import kill_live_groups
+    from ._inprocess import InProcessRunner
+    from ._pool import PoolRunner
+    from ._process import ProcessRunner
+
+#: Public names whose modules are imported on first use (they start processes).
+_LAZY = {
+    "InProcessRunner": "._inprocess",
+    "PoolRunner": "._pool",
+    "ProcessRunner": "._process",
+    "kill_live_groups": "._child",
+}
 
 __all__ = [
     "INFRA_FAULTS",
@@ -53,11 +76,29 @@ __all__ = [
     "ProcessRunner",
     "RayConfig",
     "Runner",
+    "RunnerBase",
     "RunnerConfig",
     "RunnerConfigError",
     "RunnerError",
     "WorkerError",
     "agent_env",
+    "job_manifest",
+    "job_name",
     "kill_live_groups",
+    "label_value",
+    "load_callable",
     "make_runner",
+    "rebase",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        value = getattr(_importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

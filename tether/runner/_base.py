@@ -46,7 +46,6 @@ __all__ = [
     "WorkerError",
     "agent_env",
     "base_env",
-    "notify_started",
 ]
 
 log = logging.getLogger(__name__)
@@ -182,18 +181,6 @@ class Runner(Protocol):
         ...
 
 
-def notify_started(runner: Any, launch: Launch) -> None:
-    """Tell the runner's ``on_start`` (when its owner set one) that ``launch``'s agent is
-    starting now: past the concurrency limit, about to run. The trainer sets it to move
-    the rollout from ``queued`` to ``running``."""
-    on_start = getattr(runner, "on_start", None)
-    if on_start is not None:
-        try:
-            on_start(launch)
-        except Exception:  # a status display must not stop the agent (its first call also counts)
-            log.warning("on_start failed for rollout %s", launch.rollout_id, exc_info=True)
-
-
 def base_env(
     extra_env: Mapping[str, str] | None = None, parent_env: Mapping[str, str] | None = None
 ) -> dict[str, str]:
@@ -293,16 +280,24 @@ T = TypeVar("T")
 async def finish_despite_cancel(awaitable: Awaitable[T]) -> T:
     """Await cleanup to its end even if the awaiting task is cancelled meanwhile.
 
-    Used in ``except CancelledError`` blocks so a cancelled rollout still kills
-    and reaps its processes before the cancellation propagates.
+    Used in ``except CancelledError`` blocks (and ``finally``) so a cancelled
+    rollout still kills and reaps its processes before the cancellation
+    propagates. A cancellation of the caller that arrives during the cleanup
+    is not lost: once the cleanup has ended it is raised (``CancelledError``),
+    whatever the cleanup returned.
     """
     task = asyncio.ensure_future(awaitable)
-    while True:
+    cancelled = False
+    while not task.done():
         try:
-            return await asyncio.shield(task)
+            await asyncio.wait({task})  # unlike awaiting the task, never cancels it
         except asyncio.CancelledError:
-            if task.done():
-                return task.result()
+            cancelled = True
+    if cancelled:
+        if not task.cancelled():
+            task.exception()  # retrieved: the caller's cancellation takes precedence
+        raise asyncio.CancelledError
+    return task.result()
 
 
 class Attempt:

@@ -14,13 +14,19 @@ shell) does not outlive its rollout.
 known as soon as the process is reaped — ``Process.wait()`` can also wait for
 the pipes to close, which a leftover grandchild may hold open indefinitely.
 
+A process that leaves the group (``setsid``) is followed by :mod:`._reap`:
+tether becomes a child subreaper with its first group, and :meth:`Child.stop`
+also signals, kills and reaps the attempt's processes outside the group.
+
 Every group started here is remembered until it is stopped and killed at
-interpreter exit (``atexit``), so a crash or Ctrl-C that skips a runner's
-``close()`` does not leave agents behind. SIGTERM and SIGHUP, which skip
-``atexit``, get a handler (installed with the first group, only where the
-signal still has its default action) that kills the groups and then dies of
-the same signal. That registry is the one piece of module state in the
-runner: it describes this OS process, whichever runner objects exist.
+interpreter exit (``atexit``, registered with the first group, not on
+import), so a crash or Ctrl-C that skips a runner's ``close()`` does not leave
+agents behind. SIGTERM and SIGHUP, which skip ``atexit``, get a handler
+(installed with the first group, only where the signal still has its default
+action) that kills the groups and then dies of the same signal. That registry
+(with the count of starts in flight, and :mod:`._reap`'s subreaper flag) is
+the one piece of module state in the runner: it describes this OS process,
+whichever runner objects exist.
 
 Limits (:class:`Limits`) are set in the child between fork and exec:
 ``RLIMIT_AS`` (address space, so an agent that allocates without bound gets a
@@ -45,23 +51,35 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ._reap import (
+    attempt_processes,
+    become_subreaper,
+    kill_tree,
+    reap_some,
+    signal_all,
+    sweep_zombies,
+)
 from ._worker import group_members
 
 __all__ = ["Child", "Limits", "kill_live_groups", "signal_group"]
 
-_LIVE_GROUPS: set[int] = set()  # groups started here and not yet stopped
+_LIVE_GROUPS: dict[int, Child] = {}  # groups started here and not yet stopped, by leader pid
+_starting = 0  # Child.start calls in flight: a new leader may not be in _LIVE_GROUPS yet
 _EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _handlers_installed = False
+_atexit_registered = False
 GROUP_EXIT_WAIT_S = 1.0  # how long stop() waits for SIGKILLed members to disappear
 PIPE_DRAIN_WAIT_S = 1.0  # how long stop() waits for output still in the pipes
 
 OnData = Callable[[bytes], None]  # called with each chunk, and with b"" at end of stream
 
 
-@atexit.register
 def kill_live_groups() -> None:
     """SIGKILL every group started here and not yet stopped (at exit, or on a fatal signal)."""
-    for pgid in list(_LIVE_GROUPS):
+    live = dict(_LIVE_GROUPS)
+    for pgid, child in live.items():
+        leader = pgid if child.returncode is None else None  # a reaped leader's pid is reusable
+        kill_tree(leader, child.rollout_id, exclude=live)  # first: the tree is intact
         signal_group(pgid, signal.SIGKILL)
 
 
@@ -73,7 +91,10 @@ def _die_of(signum: int, frame: object) -> None:
 
 def _install_exit_handlers() -> None:
     """Kill live groups on SIGTERM/SIGHUP too, where nobody else handles those signals."""
-    global _handlers_installed
+    global _handlers_installed, _atexit_registered
+    if not _atexit_registered:
+        _atexit_registered = True
+        atexit.register(kill_live_groups)
     if _handlers_installed or threading.current_thread() is not threading.main_thread():
         return
     _handlers_installed = True
@@ -154,6 +175,7 @@ class Child(asyncio.SubprocessProtocol):
         self.transport: Any = None  # asyncio.SubprocessTransport
         self._stopped = False
         self.signalled = False  # whether stop() sent a signal (an end caused by tether)
+        self.rollout_id: str | None = None  # the attempt running in it; see _reap
 
     @classmethod
     async def start(
@@ -166,24 +188,36 @@ class Child(asyncio.SubprocessProtocol):
         on_stderr: OnData | None = None,
         stdin_pipe: bool = False,
         limits: Limits | None = None,
+        rollout_id: str | None = None,
     ) -> Child:
-        """Start ``argv`` in a new session; stderr goes to ``on_stderr`` or /dev/null."""
+        """Start ``argv`` in a new session; stderr goes to ``on_stderr`` or /dev/null.
+
+        ``rollout_id`` names the attempt's rollout, so that :meth:`stop` finds its
+        processes that left the group and lost their parent (see :mod:`._reap`).
+        """
+        global _starting
         loop = asyncio.get_running_loop()
         _install_exit_handlers()
+        become_subreaper()
         preexec = (limits or Limits()).preexec()
         extra: dict[str, Any] = {"preexec_fn": preexec} if preexec else {}
-        _transport, child = await loop.subprocess_exec(
-            lambda: cls(loop, on_stdout, on_stderr),
-            *argv,
-            stdin=asyncio.subprocess.PIPE if stdin_pipe else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE if on_stderr else asyncio.subprocess.DEVNULL,
-            env=dict(env),
-            cwd=cwd,
-            start_new_session=True,
-            **extra,
-        )
-        _LIVE_GROUPS.add(child.pid)
+        _starting += 1
+        try:
+            _transport, child = await loop.subprocess_exec(
+                lambda: cls(loop, on_stdout, on_stderr),
+                *argv,
+                stdin=asyncio.subprocess.PIPE if stdin_pipe else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE if on_stderr else asyncio.subprocess.DEVNULL,
+                env=dict(env),
+                cwd=cwd,
+                start_new_session=True,
+                **extra,
+            )
+        finally:
+            _starting -= 1
+        child.rollout_id = rollout_id
+        _LIVE_GROUPS[child.pid] = child
         return child
 
     # asyncio.SubprocessProtocol
@@ -219,6 +253,12 @@ class Child(asyncio.SubprocessProtocol):
         done, _ = await asyncio.wait({self.exited}, timeout=timeout)
         return bool(done)
 
+    def _others(self) -> dict[int, Any]:
+        """The attempt's processes but the leader (psutil), in and out of the group."""
+        # Once reaped (returncode set), the leader's pid may be reused: no tree below it then.
+        leader = self.pid if self.returncode is None else None
+        return attempt_processes(leader, self.rollout_id, exclude=_LIVE_GROUPS)
+
     def write(self, data: bytes) -> None:
         """Write to the child's stdin (started with ``stdin_pipe=True``)."""
         pipe = self.transport.get_pipe_transport(0)
@@ -230,22 +270,33 @@ class Child(asyncio.SubprocessProtocol):
         """Stop the whole group: SIGTERM, ``grace_s``, SIGKILL; then collect what is left.
 
         If the leader has already exited, only the SIGKILL to the rest of the
-        group is sent. Safe to call twice, and concurrently: once a group is
-        stopped it is never signalled again (its id could be reused).
+        group is sent. The attempt's processes outside the group (:mod:`._reap`)
+        get the same signals and are reaped. Safe to call twice, and
+        concurrently: once a group is stopped it is never signalled again (its
+        id could be reused).
         """
         pgid = self.pid
+        others = {} if self._stopped else self._others()  # before any signal: the tree is whole
         if not self._stopped and self.returncode is None:
             self.signalled = True
             signal_group(pgid, signal.SIGTERM)
+            signal_all(others.values(), signal.SIGTERM)
             await self.wait(grace_s)
         if not self._stopped:
+            others.update(self._others())  # and what was started meanwhile
             signal_group(pgid, signal.SIGKILL)
+            signal_all(others.values(), signal.SIGKILL)
         await self.wait()
         deadline = time.monotonic() + GROUP_EXIT_WAIT_S  # SIGKILL is not instantaneous
-        while not self._stopped and _group_running(pgid) and time.monotonic() < deadline:
+        while not self._stopped and time.monotonic() < deadline:
+            reap_some(others)
+            if not others and not _group_running(pgid):
+                break
             await asyncio.sleep(0.01)
+        if not self._stopped and not _starting:
+            sweep_zombies(exclude=_LIVE_GROUPS)
         self._stopped = True
-        _LIVE_GROUPS.discard(pgid)
+        _LIVE_GROUPS.pop(pgid, None)
         # A process that left the group (setsid) may still hold the pipes open.
         await asyncio.wait({self.drained}, timeout=max(grace_s, PIPE_DRAIN_WAIT_S))
         self.transport.close()

@@ -21,6 +21,10 @@ about 1 s of CPU; a warm pool worker does the same rollout for about 0.05 s and
 an in-process agent for about 0.003 s (``benchmarks/runner_modes.py``, 2 CPUs).
 So Python agents belong in ``pool`` (isolated, unchanged scripts) or
 ``inprocess`` (cheapest); ``process`` is for agents in other languages.
+
+This module is a leaf: it imports no runner, so a run config that holds a
+``RunnerConfig`` loads no runner, starts nothing and registers no exit hook.
+:func:`~tether.runner.make_runner` (:mod:`._factory`) picks and imports the runner.
 """
 
 from __future__ import annotations
@@ -30,14 +34,11 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._base import CONTRACT_VARS, FORBIDDEN_VARS, Runner, RunnerConfigError
-from ._inprocess import InProcessRunner
-from ._pool import PoolRunner
-from ._process import ProcessRunner
+from ._base import CONTRACT_VARS, FORBIDDEN_VARS, RunnerConfigError
 from ._remote_config import KubernetesConfig, RayConfig
 from ._worker import parse_agent_spec
 
-__all__ = ["MODES", "RUNNERS", "RunnerConfig", "make_runner"]
+__all__ = ["MODES", "RUNNERS", "RunnerConfig"]
 
 MODES = ("process", "pool", "inprocess")
 RUNNERS = ("local", "ray", "kubernetes")
@@ -213,27 +214,3 @@ def _check_seconds(name: str, value: object, *, positive: bool) -> None:
     if not ok or value < 0 or (positive and value == 0):  # type: ignore[operator]
         rule = "> 0" if positive else ">= 0"
         raise RunnerConfigError(f"{name} ({value!r}) must be a number of seconds {rule}")
-
-
-def make_runner(config: RunnerConfig) -> Runner:
-    """The runner for ``config.runner`` and ``config.mode``. Starts nothing: pools start on first use.
-
-    In-process mode imports the agent here, so a wrong ``RunnerConfig.agent`` fails
-    now (:class:`~tether.runner.AgentLoadError`); pool workers import it in
-    their own processes (call ``await runner.start()`` to fail early). The Ray
-    and Kubernetes runners import their optional client here and say which
-    extra to install when it is missing.
-    """
-    if config.runner == "ray":
-        from ._ray import RayRunner
-
-        return RayRunner(config)
-    if config.runner == "kubernetes":
-        from ._kubernetes import KubernetesRunner
-
-        return KubernetesRunner(config)
-    if config.mode == "process":
-        return ProcessRunner(config)
-    if config.mode == "pool":
-        return PoolRunner(config)
-    return InProcessRunner(config)

@@ -38,10 +38,10 @@ from ._base import (
     AttemptResult,
     Launch,
     finish_despite_cancel,
-    notify_started,
     result_for,
     timeout_of,
 )
+from ._template import RunnerBase
 from ._worker import load_callable
 
 if TYPE_CHECKING:
@@ -79,14 +79,14 @@ def interpret_return(value: object) -> tuple[str | None, float | None]:
     )
 
 
-class InProcessRunner:
+class InProcessRunner(RunnerBase):
     """Awaits ``config.agent`` (an ``async def agent(task, client)``) once per attempt.
 
     ``agent`` may be given directly (a coroutine function) instead of by name.
     """
 
     def __init__(self, config: RunnerConfig, *, agent: AgentFn | None = None) -> None:
-        self.config = config
+        super().__init__(config)
         self.agent = agent if agent is not None else self._load(config)
         call = type(self.agent).__call__  # an object with an async __call__ counts too
         if not (inspect.iscoroutinefunction(self.agent) or inspect.iscoroutinefunction(call)):
@@ -97,10 +97,8 @@ class InProcessRunner:
         import openai  # here, not at module level: process and pool modes never need it
 
         self._openai = openai
-        self._sem = asyncio.Semaphore(config.concurrency)
         self._http: Any = None  # openai.DefaultAsyncHttpxClient, made on first use
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._closed = False
 
     @staticmethod
     def _load(config: RunnerConfig) -> AgentFn:
@@ -122,16 +120,6 @@ class InProcessRunner:
             timeout=timeout,
             http_client=self._http,
         )
-
-    async def run(self, launch: Launch) -> AttemptResult:
-        """Run one attempt; see :class:`tether.runner.Runner`."""
-        if self._closed:
-            return result_for(launch, RolloutStatus.CANCELLED, error="runner is closed")
-        async with self._sem:
-            if self._closed:
-                return result_for(launch, RolloutStatus.CANCELLED, error="runner is closed")
-            notify_started(self, launch)
-            return await self._run(launch)
 
     async def _run(self, launch: Launch) -> AttemptResult:
         timeout = timeout_of(launch, self.config.timeout_s)

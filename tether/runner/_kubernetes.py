@@ -50,11 +50,11 @@ from ._base import (
     Launch,
     RunnerConfigError,
     finish_despite_cancel,
-    notify_started,
     rebase,
     result_for,
 )
 from ._k8s_manifest import LABEL, job_manifest, secret_manifest
+from ._template import RunnerBase
 from ._worker import Tail
 
 if TYPE_CHECKING:
@@ -123,24 +123,22 @@ def _raw(response: Any) -> dict[str, Any]:
     return json.loads(response.data)
 
 
-class KubernetesRunner:
+class KubernetesRunner(RunnerBase):
     """Runs each attempt as a Job; see the module docstring."""
 
     def __init__(self, config: RunnerConfig) -> None:
-        self.config = config
+        super().__init__(config)
         self.kc = config.kubernetes
         self.batch, self.core = _api_clients(config)
         self.template = _load_template(self.kc.template)
         self.runner_id = f"r{secrets.token_hex(5)}"
         self.selector = f"{LABEL}/runner={self.runner_id}"
         self._bucket = TokenBucket(self.kc.jobs_per_s, self.kc.burst)
-        self._sem = asyncio.Semaphore(config.concurrency)
         self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._watcher: threading.Thread | None = None
         self._stop = threading.Event()
         self._resp: Any = None  # the open watch response, closed by close()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._closed = False
         self.watch_restarts = 0  # how many times the watch was (re)started after a list
 
     # -- the watch ------------------------------------------------------------------
@@ -209,17 +207,8 @@ class KubernetesRunner:
 
     # -- attempts -------------------------------------------------------------------
 
-    async def run(self, launch: Launch) -> AttemptResult:
-        """Run one attempt as a Job; see :class:`tether.runner.Runner`."""
-        if self._closed:
-            return result_for(launch, RolloutStatus.CANCELLED, error="runner is closed")
-        async with self._sem:
-            if self._closed:
-                return result_for(launch, RolloutStatus.CANCELLED, error="runner is closed")
-            notify_started(self, launch)
-            return await self._run(rebase(launch, self.config.gateway_url))
-
     async def _run(self, launch: Launch) -> AttemptResult:
+        launch = rebase(launch, self.config.gateway_url)
         job = job_manifest(self.config, launch, runner_id=self.runner_id, template=self.template)
         name, ns = job["metadata"]["name"], self.kc.namespace
         self._ensure_watch()

@@ -45,12 +45,12 @@ from ._base import (
     exit_error,
     finish_despite_cancel,
     infra_of_exit,
-    notify_started,
     result_for,
     timeout_of,
     unreachable_gateway,
 )
 from ._child import Child, Limits, signal_group
+from ._template import RunnerBase
 
 if TYPE_CHECKING:
     from ._config import RunnerConfig
@@ -130,7 +130,7 @@ def _kill_groups(pgids: set[int]) -> None:
         signal_group(pgid, signal.SIGKILL)
 
 
-class PoolRunner:
+class PoolRunner(RunnerBase):
     """Runs ``config.agent``'s ``main()`` in ``config.pool_size`` warm workers.
 
     At most ``min(concurrency, workers)`` rollouts run at once, one per worker.
@@ -141,8 +141,7 @@ class PoolRunner:
     def __init__(self, config: RunnerConfig) -> None:
         if not config.agent:
             raise RunnerConfigError("agent (None) is required in pool mode")
-        self.config = config
-        self._sem = asyncio.Semaphore(min(config.concurrency, config.pool_size))
+        super().__init__(config, limit=min(config.concurrency, config.pool_size))
         # A worker, or None for a free slot where one may be started. LIFO: reuse first.
         self._tokens: asyncio.LifoQueue[_Worker | None] = asyncio.LifoQueue()
         for _ in range(config.pool_size):
@@ -150,7 +149,6 @@ class PoolRunner:
         self._busy: set[_Worker] = set()
         self._pgids: set[int] = set()
         self._load_error: str | None = None
-        self._closed = False
         self._finalizer = weakref.finalize(self, _kill_groups, self._pgids)
         # One reply line holds the tail and the answer, JSON-escaped (up to 6 chars a byte).
         self._line_limit = 16 * config.max_output_bytes + 2**16
@@ -217,41 +215,39 @@ class PoolRunner:
             worker = None
         self._tokens.put_nowait(worker)
 
-    async def run(self, launch: Launch) -> AttemptResult:
-        """Run one attempt on a worker; see :class:`tether.runner.Runner`."""
-        if self._closed:
-            return result_for(launch, RolloutStatus.CANCELLED, error="runner is closed")
+    async def _run(self, launch: Launch) -> AttemptResult:
+        """One attempt on a worker (an idle one, or a new one in a free slot)."""
         env = agent_env(launch, self.config.extra_env)
-        async with self._sem:
-            token = await self._tokens.get()
-            if self._closed:
-                await self._give_back(token)
-                return result_for(launch, RolloutStatus.CANCELLED, error="runner is closed")
-            notify_started(self, launch)
-            started = time.monotonic()
-            if token is not None and token.returncode is not None:  # died while idle
-                await self._discard(token)
-                token = None
+        token = await self._tokens.get()  # never waits: the semaphore is at most the pool size
+        started = time.monotonic()
+        if token is not None and token.returncode is not None:  # died while idle
+            await self._discard(token)
+            token = None
+        try:
+            worker = token if token is not None else await self._spawn()
+        except RunnerError as exc:  # AgentLoadError, WorkerError: this attempt fails
+            self._tokens.put_nowait(None)
+            duration = time.monotonic() - started
+            return result_for(launch, RolloutStatus.FAILED, error=str(exc), duration_s=duration)
+        except BaseException:
+            self._tokens.put_nowait(None)
+            raise
+        self._busy.add(worker)
+        assert worker.child is not None
+        worker.child.rollout_id = launch.rollout_id  # what its processes carry; see _reap
+        try:
+            result, healthy = await self._run_on(worker, launch, env)
+        except BaseException:  # cancelled (or a bug): the worker's state is unknown
             try:
-                worker = token if token is not None else await self._spawn()
-            except RunnerError as exc:  # AgentLoadError, WorkerError: this attempt fails
-                self._tokens.put_nowait(None)
-                duration = time.monotonic() - started
-                return result_for(launch, RolloutStatus.FAILED, error=str(exc), duration_s=duration)
-            except BaseException:
-                self._tokens.put_nowait(None)
-                raise
-            self._busy.add(worker)
-            try:
-                result, healthy = await self._run_on(worker, launch, env)
-            except BaseException:  # cancelled (or a bug): the worker's state is unknown
                 await finish_despite_cancel(self._discard(worker))
-                self._tokens.put_nowait(None)
-                raise
             finally:
-                self._busy.discard(worker)
-            await self._give_back(worker if healthy else None)  # _run_on discarded a bad one
-            return result
+                self._tokens.put_nowait(None)
+            raise
+        finally:
+            self._busy.discard(worker)
+            worker.child.rollout_id = None
+        await self._give_back(worker if healthy else None)  # _run_on discarded a bad one
+        return result
 
     async def _run_on(
         self, worker: _Worker, launch: Launch, env: dict[str, str]

@@ -23,12 +23,12 @@ from ._base import (
     exit_error,
     finish_despite_cancel,
     infra_of_exit,
-    notify_started,
     result_for,
     timeout_of,
     unreachable_gateway,
 )
 from ._child import Child, Limits
+from ._template import RunnerBase
 from ._worker import Tail
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["ProcessRunner"]
 
 
-class ProcessRunner:
+class ProcessRunner(RunnerBase):
     """Runs ``config.command`` once per attempt, at most ``config.concurrency`` at a time.
 
     The command gets exactly :func:`agent_env` as its environment, /dev/null as
@@ -51,21 +51,9 @@ class ProcessRunner:
                 "command (None) is required in process mode; set it to the agent's "
                 "command line, e.g. ['python', 'agent.py']"
             )
-        self.config = config
-        self._sem = asyncio.Semaphore(config.concurrency)
+        super().__init__(config)
         self._running: set[Child] = set()
-        self._closed = False
         self._limits = Limits(config.max_memory_mb, config.max_open_files, die_with_parent)
-
-    async def run(self, launch: Launch) -> AttemptResult:
-        """Run one attempt; see :class:`tether.runner.Runner`."""
-        if self._closed:
-            return result_for(launch, RolloutStatus.CANCELLED, error="runner is closed")
-        async with self._sem:
-            if self._closed:
-                return result_for(launch, RolloutStatus.CANCELLED, error="runner is closed")
-            notify_started(self, launch)
-            return await self._run(launch)
 
     async def _run(self, launch: Launch) -> AttemptResult:
         cfg = self.config
@@ -85,6 +73,7 @@ class ProcessRunner:
                 on_stdout=on_stdout,
                 on_stderr=both.add,
                 limits=self._limits,
+                rollout_id=launch.rollout_id,
             )
         except OSError as exc:
             return result_for(

@@ -41,11 +41,11 @@ from ._base import (
     Launch,
     RunnerConfigError,
     finish_despite_cancel,
-    notify_started,
     rebase,
     result_for,
     timeout_of,
 )
+from ._template import RunnerBase
 
 if TYPE_CHECKING:
     from ._config import RunnerConfig
@@ -83,7 +83,7 @@ def run_attempt_task(config: RunnerConfig, launch: Launch) -> AttemptResult:
         kill_live_groups()  # cancelled mid-attempt (KeyboardInterrupt): nothing stays behind
 
 
-class RayRunner:
+class RayRunner(RunnerBase):
     """Runs each attempt as a Ray task; at most ``config.concurrency`` in flight."""
 
     def __init__(self, config: RunnerConfig) -> None:
@@ -96,13 +96,11 @@ class RayRunner:
             ) from None
         if config.mode == "pool":
             raise RunnerConfigError("runner 'ray' runs mode 'process' or 'inprocess', not 'pool'")
-        self.config = config
+        super().__init__(config)
         self._ray = ray
-        self._sem = asyncio.Semaphore(config.concurrency)
         self._lock = asyncio.Lock()
         self._remote: Any = None
         self._inflight: set[Any] = set()
-        self._closed = False
         self.started_ray = False  # whether this runner called ray.init (and shuts it down)
 
     async def start(self) -> None:
@@ -132,18 +130,9 @@ class RayRunner:
                 options["memory"] = rc.memory_mb * 1024 * 1024
             self._remote = ray.remote(run_attempt_task).options(**options)
 
-    async def run(self, launch: Launch) -> AttemptResult:
-        """Run one attempt as a Ray task; see :class:`tether.runner.Runner`."""
-        if self._closed:
-            return result_for(launch, RolloutStatus.CANCELLED, error="runner is closed")
-        async with self._sem:
-            if self._closed:
-                return result_for(launch, RolloutStatus.CANCELLED, error="runner is closed")
-            notify_started(self, launch)
-            await self.start()
-            return await self._run(rebase(launch, self.config.gateway_url))
-
     async def _run(self, launch: Launch) -> AttemptResult:
+        await self.start()
+        launch = rebase(launch, self.config.gateway_url)
         cfg, exc_types = self.config, self._ray.exceptions
         started = time.monotonic()
         ref = self._remote.remote(cfg, launch)

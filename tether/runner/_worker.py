@@ -17,13 +17,17 @@ The protocol uses private duplicates of the worker's stdin and stdout; the
 agent's fds 0, 1 and 2 point at /dev/null, except during a rollout, when 1 and 2
 go to a pipe whose tail is kept (bounded) and whose last line is the answer.
 Processes a rollout leaves running are killed when it ends (those the agent
-started at import time are left alone).
+started at import time are left alone). On Linux the worker is a child
+subreaper, so a process of the rollout that called ``setsid()`` and lost its
+parent is re-parented to the worker: every leftover is a member of the
+worker's group or one of its descendants, and the worker reaps what it kills.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import importlib
 import importlib.util
 import inspect
@@ -38,7 +42,18 @@ import zlib
 from pathlib import Path
 from typing import Any, BinaryIO
 
-__all__ = ["Tail", "exit_code_of", "group_members", "load_callable", "parse_agent_spec"]
+__all__ = [
+    "Tail",
+    "descendants",
+    "exit_code_of",
+    "group_members",
+    "load_callable",
+    "parse_agent_spec",
+    "process_table",
+]
+
+PR_SET_CHILD_SUBREAPER = 36
+LEFTOVER_WAIT_S = 1.0  # how long a worker waits for the processes it killed to be reaped
 
 
 class Tail:
@@ -158,23 +173,55 @@ class _Capture:
         self._reader.join(timeout=1.0)
 
 
-def group_members(pgid: int | None = None) -> set[int]:
-    """Live (non-zombie) processes of group ``pgid`` (default: ours) but this one; Linux only."""
-    pgid = os.getpgrp() if pgid is None else pgid
-    me, found = os.getpid(), set()
+def process_table() -> dict[int, tuple[bytes, int, int]]:
+    """``pid -> (state, ppid, pgrp)`` of every process, from /proc (Linux); empty elsewhere."""
+    table: dict[int, tuple[bytes, int, int]] = {}
     if not os.path.isdir("/proc"):
-        return found
+        return table
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == me:
+        if not entry.name.isdigit():
             continue
         try:
             with open(os.path.join(entry.path, "stat"), "rb") as f:
                 fields = f.read().rpartition(b")")[2].split()  # state ppid pgrp ...
         except OSError:
             continue
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
-            found.add(int(entry.name))
+        if len(fields) > 2:
+            table[int(entry.name)] = (fields[0], int(fields[1]), int(fields[2]))
+    return table
+
+
+def group_members(pgid: int | None = None) -> set[int]:
+    """Live (non-zombie) processes of group ``pgid`` (default: ours) but this one; Linux only."""
+    pgid = os.getpgrp() if pgid is None else pgid
+    me = os.getpid()
+    return {
+        pid
+        for pid, (state, _ppid, pgrp) in process_table().items()
+        if pgrp == pgid and state != b"Z" and pid != me
+    }
+
+
+def descendants(root: int, table: dict[int, tuple[bytes, int, int]]) -> set[int]:
+    """Every process below ``root`` in ``table`` (zombies included)."""
+    children: dict[int, list[int]] = {}
+    for pid, (_state, ppid, _pgrp) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    todo = list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
     return found
+
+
+def _become_subreaper() -> None:
+    """Adopt this process's orphaned descendants (Linux), so a rollout's processes stay findable."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 class _Worker:
@@ -188,12 +235,26 @@ class _Worker:
         self.resident: set[int] = set()  # processes the agent started at import: they stay
 
     def kill_leftovers(self) -> None:
-        """SIGKILL processes a rollout started and left running, as process mode does."""
-        for pid in group_members() - self.resident:
+        """SIGKILL processes a rollout started and left running, in the group or not; reap them."""
+        me, group, table = os.getpid(), os.getpgrp(), process_table()
+        in_group = {pid for pid, (_state, _ppid, pgrp) in table.items() if pgrp == group}
+        leftovers = {
+            pid
+            for pid in in_group | descendants(me, table)
+            if table[pid][0] != b"Z" and pid != me and pid not in self.resident
+        }
+        for pid in leftovers:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(pid, 0)  # our own child: reap it; someone else's: not ours to reap
+        deadline = time.monotonic() + LEFTOVER_WAIT_S
+        while leftovers and time.monotonic() < deadline:
+            table = process_table()
+            for pid, (state, ppid, _pgrp) in table.items():
+                if ppid == me and state == b"Z" and pid not in self.resident:
+                    with contextlib.suppress(ChildProcessError, OSError):
+                        os.waitpid(pid, os.WNOHANG)  # ours now (we are a subreaper): reap it
+            leftovers = {p for p in leftovers if p in table and table[p][1] in (me, *leftovers)}
+            time.sleep(0.005)
 
     def send(self, message: dict[str, Any]) -> None:
         self.replies.write(json.dumps(message).encode() + b"\n")
@@ -260,6 +321,7 @@ def _serve(spec: str) -> int:
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     worker = _Worker(commands, replies, devnull)
+    _become_subreaper()
     sys.argv = [parse_agent_spec(spec)[0]]  # as if started as that file/module, no arguments
     try:
         main = load_callable(spec)
@@ -268,7 +330,7 @@ def _serve(spec: str) -> int:
         worker.send({"ready": False, "error": f"cannot import agent {spec!r}: {detail}"})
         return 1
     signal.signal(signal.SIGTERM, worker.on_sigterm)
-    worker.resident = group_members()
+    worker.resident = group_members() | descendants(os.getpid(), process_table())
     worker.send({"ready": True, "pid": os.getpid()})
     worker.serve(main)
     return 0
