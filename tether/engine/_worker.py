@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from tether.engine._batch import KVBatch, cache_kwarg
+from tether._hf import cache_kwarg
+from tether.engine._batch import KVBatch
 from tether.engine._prefix import Prefix, PrefixCache
 from tether.engine._protocol import Completion, EngineFailed, GenerateResult, SamplingParams
 from tether.engine._sampling import StopChecker, sample_rows

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from tether._hf import merged_copy, shared_prefix_forward
 from tether.trainer import algorithms as A
 from tether.trainer.config import TrainerConfig
 from tether.trainer.samples import Sample, collate, make_micro_batches, token_logprobs
@@ -87,7 +88,7 @@ class PolicyTrainer:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full weights for the engine (LoRA merged into a copy, base names)."""
         if self.cfg.lora is not None:
-            merged = copy.deepcopy(self.model).merge_and_unload()
+            merged = merged_copy(self.model)
             return {k: v.detach().cpu() for k, v in merged.state_dict().items()}
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
 
@@ -114,20 +115,7 @@ class PolicyTrainer:
             if cut < MIN_SHARED_PREFIX or ids.shape[0] < 2:
                 logits = model(input_ids=ids, attention_mask=attn).logits
                 return token_logprobs(logits, ids, batch["temperature"])
-            from transformers import DynamicCache
-
-            cache = DynamicCache(config=getattr(model, "config", None))
-            kw = _cache_kwarg(model)
-            model(input_ids=ids[:1, :cut], use_cache=True, **{kw: cache})
-            cache.batch_repeat_interleave(ids.shape[0])
-            positions = torch.arange(cut, ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
-            logits = model(
-                input_ids=ids[:, cut:],
-                attention_mask=attn,
-                position_ids=positions,
-                **{kw: cache},
-                use_cache=True,
-            ).logits
+            logits = shared_prefix_forward(model, ids[0, :cut], ids[:, cut:], attn).logits
         suffix = token_logprobs(logits, ids[:, cut:], batch["temperature"])
         return torch.cat([suffix.new_zeros(ids.shape[0], cut), suffix], dim=1)
 
@@ -263,11 +251,3 @@ def shared_prefix(ids: torch.Tensor, loss_mask: torch.Tensor) -> int:
     masked = loss_mask.bool().any(dim=0)
     first_loss = int(masked.float().argmax()) if bool(masked.any()) else ids.shape[1]
     return max(0, min(lcp, first_loss - 1))
-
-
-def _cache_kwarg(model: torch.nn.Module) -> str:
-    """``cache`` on transformers >= 5.24, ``past_key_values`` before."""
-    import inspect
-
-    base = getattr(model, "get_base_model", lambda: model)()
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"

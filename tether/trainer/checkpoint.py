@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from tether._hf import merged_copy
 from tether.store._codec import redact_secrets
 from tether.trainer.errors import CheckpointConflict
 
@@ -93,9 +94,7 @@ def save_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f"step-{step:06d}.tmp-", dir=directory))
     model = trainer.model
     if trainer.cfg.lora is not None:
-        import copy
-
-        model = copy.deepcopy(model).merge_and_unload()
+        model = merged_copy(model)
     model.save_pretrained(tmp / "model", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "model")
     if base_model_dir is not None:
