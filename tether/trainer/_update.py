@@ -201,7 +201,6 @@ class PolicyTrainer:
                 cfg.aggregation,
                 rollout_index=batch["rollout_index"],
                 stats=stats,
-                max_len=int(batch["input_ids"].shape[1]),
             )
             loss.backward()
             total_loss += loss.item()
@@ -231,12 +230,12 @@ class PolicyTrainer:
 
 def _aggregate_stats(samples: list[Sample]) -> A.AggregateStats:
     """The counts :func:`algorithms.aggregate` divides by, over all ``samples``."""
-    tokens, seqs, per_rollout = 0, 0, dict[int, int]()
+    tokens, seqs, longest, per_rollout = 0, 0, 0, dict[int, int]()
     for s in samples:
         n = sum(1 for m in s.loss_mask if m)
-        tokens, seqs = tokens + n, seqs + int(n > 0)
+        tokens, seqs, longest = tokens + n, seqs + int(n > 0), max(longest, n)
         per_rollout[s.rollout_index] = per_rollout.get(s.rollout_index, 0) + n
-    return A.AggregateStats(tokens, seqs, per_rollout)
+    return A.AggregateStats(tokens, seqs, per_rollout, longest)
 
 
 def shared_prefix(ids: torch.Tensor, loss_mask: torch.Tensor) -> int:

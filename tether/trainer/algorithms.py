@@ -323,6 +323,7 @@ class AggregateStats:
     num_tokens: int = 0  # masked tokens
     num_seqs: int = 0  # rows with at least one masked token
     rollout_tokens: dict[int, int] = field(default_factory=dict)  # rollout index → masked tokens
+    max_seq_tokens: int = 0  # the most masked tokens in one row (the longest completion)
 
     @property
     def num_rollouts(self) -> int:
@@ -336,14 +337,18 @@ class AggregateStats:
         if rollout_index is not None:
             for r, n in zip(rollout_index.tolist(), per_row.tolist(), strict=True):
                 per_rollout[int(r)] = per_rollout.get(int(r), 0) + int(n)
-        return cls(int(per_row.sum()), int((per_row > 0).sum()), per_rollout)
+        longest = int(per_row.max()) if per_row.numel() else 0
+        return cls(int(per_row.sum()), int((per_row > 0).sum()), per_rollout, longest)
 
     def __add__(self, other: AggregateStats) -> AggregateStats:
         merged = dict(self.rollout_tokens)
         for r, n in other.rollout_tokens.items():
             merged[r] = merged.get(r, 0) + n
         return AggregateStats(
-            self.num_tokens + other.num_tokens, self.num_seqs + other.num_seqs, merged
+            self.num_tokens + other.num_tokens,
+            self.num_seqs + other.num_seqs,
+            merged,
+            max(self.max_seq_tokens, other.max_seq_tokens),
         )
 
     @classmethod
@@ -367,7 +372,10 @@ def aggregate(
     - ``rollout_mean``: mean over rollouts of the token mean of that rollout's
       tokens (all its rows together), so a rollout weighs the same however
       many samples it was cut into. Needs ``rollout_index`` ``[B]``.
-    - ``seq_mean_token_sum_norm`` (Dr. GRPO): sum / (``max_len`` · number of rows).
+    - ``seq_mean_token_sum_norm`` (Dr. GRPO): sum / (``max_len`` · number of rows);
+      ``max_len`` is a batch-level constant: given (e.g. the generation budget),
+      else ``stats.max_seq_tokens``, the longest completion (masked tokens of one
+      row) in the whole batch — never a micro-batch's padded width.
 
     Rows without masked tokens are not counted. Without ``stats`` the counts come
     from this batch. For gradient accumulation give every micro-batch the whole
@@ -390,11 +398,10 @@ def aggregate(
         row_mean = row_sum / m.sum(-1).clamp(min=1)
         return row_mean.sum() / stats.num_seqs if stats.num_seqs else zero
     if mode == "seq_mean_token_sum_norm":
-        if max_len is None or max_len <= 0:
-            raise ValueError(
-                "seq_mean_token_sum_norm needs max_len > 0 (the max completion length)"
-            )
-        return row_sum.sum() / (max_len * stats.num_seqs) if stats.num_seqs else zero
+        norm = stats.max_seq_tokens if max_len is None else max_len
+        if stats.num_seqs and norm <= 0:
+            raise ValueError(f"seq_mean_token_sum_norm needs max_len > 0, not {norm}")
+        return row_sum.sum() / (norm * stats.num_seqs) if stats.num_seqs else zero
     # rollout_mean
     if rollout_index is None:
         raise ValueError("rollout_mean needs rollout_index (one rollout id per row)")
