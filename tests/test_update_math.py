@@ -100,3 +100,32 @@ def test_seq_mean_token_sum_norm_divides_by_the_longest_completion(
     got, grads = _trainer_step(starter_dir, samples, cfg)
     assert got == pytest.approx(loss.item(), rel=1e-5, abs=1e-7)
     _assert_grads(grads, reference)
+
+
+def test_tis_corrects_the_engine_mismatch_once(starter_dir: Path) -> None:
+    """With tis_cap > 0: ratio π_θ / π_prox (the trainer's own logprobs before the update)
+    clipped as PPO, times the truncated weight min(π_prox / π_engine, cap), stop-gradient.
+    Written per token against a plain loop, loss and gradient."""
+    reference = load_model(starter_dir)
+    samples = _samples(reference, shift=1.0)  # engine ≠ trainer by up to ±1 nat per token
+    cap, clip_low, clip_high = 1.5, 0.2, 0.28
+    cfg = TrainerConfig(lr=1e-3, grad_clip=0, tis_cap=cap, clip_low=clip_low, clip_high=clip_high)
+    n_tokens = sum(COMPLETIONS)
+    loss = torch.zeros(())
+    for s in samples:
+        logp = _token_logprobs(reference, s.input_ids)
+        for t, m in enumerate(s.loss_mask[1:]):
+            if not m:
+                continue
+            prox = logp[t].detach().item()
+            engine = s.old_logprobs[t + 1]
+            weight = min(torch.exp(torch.tensor(prox - engine)).item(), cap)
+            ratio = torch.exp(logp[t] - prox)
+            clipped = ratio.clamp(1 - clip_low, 1 + clip_high)
+            token_loss = torch.maximum(-ratio * s.advantage, -clipped * s.advantage)
+            loss = loss + token_loss * weight / n_tokens
+    loss.backward()
+
+    got, grads = _trainer_step(starter_dir, samples, cfg)
+    assert got == pytest.approx(loss.item(), rel=1e-5, abs=1e-7)
+    _assert_grads(grads, reference)

@@ -127,7 +127,8 @@ class PolicyTrainer:
         the mean |engine logprob − trainer logprob| over the sampled tokens,
         measured before the first step (≈0 when engine and trainer hold the
         same weights). From the second step on the policy has moved, and the
-        PPO ratio against the engine's logprobs is what gets clipped.
+        PPO ratio is what gets clipped: against the engine's logprobs, or with
+        ``tis_cap`` > 0 against the trainer's own pre-update logprobs (TIS).
         """
         cfg = self.cfg
         # The loss is divided by counts over every sample, but a sample whose advantage
@@ -180,12 +181,12 @@ class PolicyTrainer:
             gap_sum += diff.sum().item()
             gap_max = max(gap_max, diff.max().item())
             n_tokens += int(mask.sum().item())
-            is_weights = (
-                A.truncated_is_weights(logprobs.detach(), old, cfg.tis_cap)
-                if cfg.tis_cap > 0
-                else None
-            )
-            kwargs: dict[str, Any] = {"is_weights": is_weights}
+            kwargs: dict[str, Any] = {}
+            if cfg.tis_cap > 0:  # decoupled PPO + TIS, see the algorithms module docstring
+                # the first step's forward runs on the pre-update weights: kept as π_prox
+                prox = batch.setdefault("prox_logprobs", logprobs.detach())
+                kwargs["prox_logprobs"] = prox
+                kwargs["is_weights"] = A.truncated_is_weights(prox, old, cfg.tis_cap)
             if cfg.policy_loss == "ppo_clip":
                 kwargs.update(clip_low=cfg.clip_low, clip_high=cfg.clip_high)
             per_token, metrics = loss_fn(logprobs, old, batch["advantages"], mask, **kwargs)

@@ -10,18 +10,24 @@ task); ``B`` rows (samples) of ``T`` token positions. Per-token tensors are
 aligned with ``input_ids`` (see :mod:`tether.trainer.samples`): column ``t``
 holds token ``t``'s log-probability; ``mask`` marks completion tokens.
 
-Which logprobs go where (``old`` = the engine's recorded ones, the behaviour):
+Which logprobs go where: ``old`` = the engine's recorded ones (the behaviour
+policy μ that sampled the tokens), ``logprobs`` = the trainer's π_θ (with grad).
 
-- plain: ``policy_loss(logprobs, old, adv, mask)``, the ratio taken against
-  the engine. Where engine and trainer numerics differ (vLLM bf16 kernels vs
-  an fp32 trainer) the ratio is not 1 even before any update, and clipping
-  fires on numerical noise.
-- decoupled (with a separate engine): ``prox`` = the trainer's own logprobs
-  before the update (``no_grad``; with one optimizer step per batch,
-  ``logprobs.detach()``); ``prox_logprobs=prox`` makes the ratio and its clip
-  measure only the policy change, ``is_weights=truncated_is_weights(prox, old)``
-  corrects for the mismatch (TIS). With the embedded engine (same weights and
-  dtype as the trainer) the mismatch is ~0 and the weights are ~1.
+- plain (``tis_cap`` = 0, the default): ``policy_loss(logprobs, old, adv, mask)``,
+  the PPO ratio π_θ / μ taken against the engine. Where engine and trainer
+  numerics differ (vLLM bf16 kernels vs an fp32 trainer) the ratio is not 1
+  even before any update, and clipping fires on numerical noise.
+- decoupled PPO with truncated importance sampling (``tis_cap`` > 0): the
+  proximal policy ``prox`` = π_old, the trainer's own logprobs of the same
+  tokens under the weights before this batch's first optimizer step (no
+  grad). The ratio ρ = π_θ / π_old (``prox_logprobs=prox``) and its clip
+  measure only the policy change made by the update; the engine-vs-trainer
+  mismatch (numerics, or a stale engine in async mode) is corrected once, by
+  the per-token weight ``w = min(π_old / μ, cap)`` (``is_weights=
+  truncated_is_weights(prox, old, cap)``, stop-gradient) that multiplies the
+  per-token loss: ``−min(ρ·A, clip(ρ)·A) · w``. The engine's logprobs never
+  enter the ratio, so the correction is not applied twice. With the embedded
+  engine (same weights and dtype) π_old ≈ μ and ``w`` ≈ 1.
 """
 
 from __future__ import annotations
