@@ -8,6 +8,12 @@ engine; the loop pushes :meth:`PolicyTrainer.state_dict` to the engine.
 cancel; :meth:`PolicyTrainer.stop` (called when a run is interrupted) makes it
 end at the next micro-batch by raising :class:`UpdateStopped`, so that the
 process can exit without waiting for the whole update.
+
+Shared weights: an embedded engine on the same device may decode with
+:attr:`PolicyTrainer.model` itself instead of a copy (:meth:`share_weights`,
+when :meth:`can_share_weights`: no LoRA, no dropout). The optimizer step then
+holds the engine's weights lock, so no decode step runs while the weights
+change, and :meth:`state_dict` is empty: the engine's update is a version bump.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ class PolicyTrainer:
         self.autocast = train_dtype == "bfloat16"
         self.share_prefix = True
         self._stop = threading.Event()
+        self._shared_lock: Any = None  # the engine's weights lock once the weights are shared
         self.model = self._maybe_lora(model).to(self.device)
         self.model.train()
         self.ref_model = None
@@ -85,8 +92,31 @@ class PolicyTrainer:
 
     # -- weights --------------------------------------------------------------
 
+    def can_share_weights(self) -> bool:
+        """Whether an engine may decode with :attr:`model` itself.
+
+        Not with LoRA (the engine needs the merged weights, the trainer keeps the
+        adapters apart) and not with dropout (the trainer runs in train mode and
+        the engine in eval mode on one module; without dropout the two agree).
+        """
+        if self.cfg.lora is not None:
+            return False
+        config = getattr(self.model, "config", None)
+        rates = [v for k, v in vars(config or object()).items() if "dropout" in k]
+        rates += [m.p for m in self.model.modules() if isinstance(m, torch.nn.Dropout)]
+        return not any(isinstance(r, int | float) and r > 0 for r in rates)
+
+    def share_weights(self, lock: Any) -> None:
+        """The engine decodes with :attr:`model`; ``lock`` (its weights lock) guards each step."""
+        if not self.can_share_weights():
+            raise ValueError("these weights cannot be shared (LoRA or dropout)")
+        self._shared_lock = lock
+
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Full weights for the engine (LoRA merged into a copy, base names)."""
+        """Full weights for the engine (LoRA merged into a copy, base names); empty when
+        the engine shares :attr:`model` (it already decodes with the updated tensors)."""
+        if self._shared_lock is not None:
+            return {}
         if self.cfg.lora is not None:
             merged = merged_copy(self.model)
             return {k: v.detach().cpu() for k, v in merged.state_dict().items()}
@@ -217,7 +247,8 @@ class PolicyTrainer:
             raise FloatingPointError(
                 f"non-finite loss ({total_loss}) or gradient norm ({grad_norm}); step skipped"
             )
-        self.optimizer.step()
+        with self._shared_lock or nullcontext():  # no decode step while the weights change
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {
             "loss": total_loss,
