@@ -129,3 +129,15 @@ def test_tis_corrects_the_engine_mismatch_once(starter_dir: Path) -> None:
     got, grads = _trainer_step(starter_dir, samples, cfg)
     assert got == pytest.approx(loss.item(), rel=1e-5, abs=1e-7)
     _assert_grads(grads, reference)
+
+
+def test_tis_keeps_the_pre_update_policy_as_proximal_across_optimizer_steps(
+    starter_dir: Path,
+) -> None:
+    """With updates_per_batch > 1, π_old stays the weights before the batch's first step:
+    the first step's ratio is exactly 1, the second's measures how far the policy moved."""
+    model = load_model(starter_dir)
+    cfg = TrainerConfig(lr=1e-2, tis_cap=2.0, updates_per_batch=2)
+    metrics = PolicyTrainer(model, cfg).update(_samples(model, shift=0.5))
+    assert abs(metrics["ratio_mean"] - 1.0) > 1e-4
+    assert metrics["approx_kl"] > 0
