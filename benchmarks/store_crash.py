@@ -5,7 +5,7 @@
 1. For each ``synchronous`` mode (NORMAL, FULL): ``--rounds`` rounds of a
    store writer killed with SIGKILL at a random moment, each followed by
    ``PRAGMA integrity_check``, a check that every acknowledged write is there
-   and whole, and no half-written call (``tether.store._crash``).
+   and whole, and no half-written call (``tests/store_crash.py``).
 2. ``record_call`` latency, one thread, a 50-token prompt and a 20-token
    completion (what the gateway stores per call), per mode.
 
@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tests.store_crash import crash_loop
 from tether.records import Call, Rollout
 from tether.store import Store
-from tether.store._crash import crash_loop
 
 MODES = ("NORMAL", "FULL")
 

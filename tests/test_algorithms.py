@@ -74,8 +74,9 @@ def ref_aggregate(loss, mask, mode, rollout, max_len=None):
         return sum(s for s, _, _ in rows) / sum(n for _, n, _ in rows)
     if mode == "seq_mean":
         return sum(s / n for s, n, _ in rows) / len(rows)
-    if mode == "seq_mean_token_sum_norm":
-        return sum(s for s, _, _ in rows) / (max_len * len(rows))
+    if mode == "seq_mean_token_sum_norm":  # default: the longest completion in the batch
+        norm = max(n for _, n, _ in rows) if max_len is None else max_len
+        return sum(s for s, _, _ in rows) / (norm * len(rows))
     per: dict[int, list[float]] = {}
     for s, n, r in rows:
         acc = per.setdefault(r, [0.0, 0.0])
@@ -269,29 +270,36 @@ def _agg_case():
     return loss, mask, rollout
 
 
+@pytest.mark.parametrize("max_len", [6, None])
 @pytest.mark.parametrize("mode", AGGREGATION_MODES)
-def test_aggregate_matches_reference(mode):
+def test_aggregate_matches_reference(mode, max_len):
     loss, mask, rollout = _agg_case()
-    got = aggregate(loss, mask, mode, rollout_index=rollout, max_len=6)
-    ref = ref_aggregate(loss.tolist(), mask.tolist(), mode, rollout.tolist(), max_len=6)
+    got = aggregate(loss, mask, mode, rollout_index=rollout, max_len=max_len)
+    ref = ref_aggregate(loss.tolist(), mask.tolist(), mode, rollout.tolist(), max_len=max_len)
     assert got.item() == pytest.approx(ref, rel=1e-12)
 
 
+@pytest.mark.parametrize("max_len", [6, None])
 @pytest.mark.parametrize("mode", AGGREGATION_MODES)
-def test_micro_batched_accumulation_equals_full_batch(mode):
+def test_micro_batched_accumulation_equals_full_batch(mode, max_len):
     loss, mask, rollout = _agg_case()
+    mask[1, 3:] = 0  # micro-batch [1, 3] is padded to a narrower width than the rest
+    mask[3, 3:] = 0
     x = loss.clone().requires_grad_(True)
-    aggregate(x, mask, mode, rollout_index=rollout, max_len=6).backward()
+    aggregate(x, mask, mode, rollout_index=rollout, max_len=max_len).backward()
     full_grad = x.grad.clone()
-    full = aggregate(loss, mask, mode, rollout_index=rollout, max_len=6)
+    full = aggregate(loss, mask, mode, rollout_index=rollout, max_len=max_len)
     # rollouts 0 and 2 are split across micro-batches, rows of different lengths
     parts = [[1, 3], [0, 5, 6], [2, 4]]
+    widths = [3, 6, 6]
     stats = AggregateStats.merge(AggregateStats.of(mask[p], rollout[p]) for p in parts)
     assert stats == AggregateStats.of(mask, rollout)
     x.grad = None
     total = 0.0
-    for p in parts:
-        share = aggregate(x[p], mask[p], mode, rollout_index=rollout[p], stats=stats, max_len=6)
+    for p, w in zip(parts, widths, strict=True):
+        share = aggregate(
+            x[p, :w], mask[p, :w], mode, rollout_index=rollout[p], stats=stats, max_len=max_len
+        )
         share.backward()
         total += share.item()
     assert total == pytest.approx(full.item(), rel=1e-12)
@@ -306,4 +314,4 @@ def test_aggregate_empty_mask_is_zero_with_graph():
     with pytest.raises(ValueError, match="rollout_index"):
         aggregate(x, torch.ones(2, 3), "rollout_mean")
     with pytest.raises(ValueError, match="max_len"):
-        aggregate(x, torch.ones(2, 3), "seq_mean_token_sum_norm")
+        aggregate(x, torch.ones(2, 3), "seq_mean_token_sum_norm", max_len=0)

@@ -30,7 +30,7 @@ def test_two_call_rollout_is_merged_with_the_right_masks():
     assert s.input_ids == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
     assert s.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1, 1, 1]
     assert s.old_logprobs == [0.0, 0.0, 0.0, -0.1, -0.2, 0.0, 0.0, -0.3, -0.4, -0.5]
-    assert (s.advantage, s.rollout_index, s.policy_version_min, s.num_calls) == (0.75, 0, 2, 2)
+    assert (s.advantage, s.rollout_index, s.num_calls) == (0.75, 0, 2)
     assert stats.calls == 2 and stats.merged_calls == 1 and stats.merge_fraction == 0.5
 
 
@@ -75,7 +75,7 @@ def test_failed_empty_and_malformed_calls():
 
 
 def _sample(n, i=0):
-    return Sample([1] * n, [0] + [1] * (n - 1), [0.0] * n, 0.0, i, 1.0, 0)
+    return Sample([1] * n, [0] + [1] * (n - 1), [0.0] * n, 0.0, i, 1.0)
 
 
 def test_micro_batches_respect_the_budget_and_are_deterministic():
@@ -108,7 +108,6 @@ def test_collate_pads_right_and_keeps_alignment():
     assert batch["advantages"].tolist() == [0.5, -0.5]
     assert batch["rollout_index"].tolist() == [0, 1]
     assert batch["temperature"].tolist() == [1.0, 0.5]
-    assert batch["policy_version_min"].tolist() == [5, 0]
 
 
 # --------------------------------------------------------------------------- tiny Qwen2
@@ -141,7 +140,7 @@ def test_token_logprobs_match_one_position_at_a_time(tiny_model):
     g = torch.Generator().manual_seed(1)
     rows = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (9, 6)]
     temps = torch.tensor([1.0, 0.7])
-    batch = collate([Sample(r, [0] * len(r), [0.0] * len(r), 0.0, 0, 1.0, 0) for r in rows])
+    batch = collate([Sample(r, [0] * len(r), [0.0] * len(r), 0.0, 0, 1.0) for r in rows])
     with torch.no_grad():
         logits = tiny_model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     got = token_logprobs(logits, batch["input_ids"], temps)

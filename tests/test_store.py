@@ -15,6 +15,7 @@ from dataclasses import asdict
 import pytest
 
 import tether.store as store_pkg
+from tests.store_crash import crash_loop, verify
 from tether.errors import TetherError, UserError
 from tether.records import (
     Call,
@@ -41,7 +42,6 @@ from tether.store import (
     StoreError,
     _migrations,
 )
-from tether.store._crash import crash_loop, verify
 
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
 

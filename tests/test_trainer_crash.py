@@ -5,7 +5,7 @@ The real :class:`TrainingRun` runs in a subprocess: this file run as a script
 2 groups x 2 rollouts, 3 steps and a checkpoint after every step. Three runs
 start together: one left alone, one killed from outside while its step-1
 update is in progress, and one that kills itself while it writes the step-2
-checkpoint (``TETHER_TEST_KILL_IN_CHECKPOINT``, right before the rename). Both
+checkpoint (the driver wraps ``os.replace`` to die right before the rename). Both
 killed runs are then resumed with ``resume``; their final checkpoints must
 hold the same parameters, optimizer state and RNG states, bit for bit, and
 every step must have trained the same tasks on the same tokens.
@@ -36,9 +36,10 @@ from typing import Any
 import pytest
 import torch
 
-from tether.trainer.checkpoint import KILL_ENV, latest_checkpoint
+from tether.trainer.checkpoint import latest_checkpoint
 
 HOLD_ENV = "TETHER_TEST_HOLD_IN_UPDATE"  # the driver waits after this step's update
+KILL_ENV = "TETHER_TEST_KILL_IN_CHECKPOINT"  # the driver dies renaming this step's checkpoint
 STEPS = 3
 _graded = itertools.count()
 
@@ -92,6 +93,8 @@ def _drive(out: Path, model: Path, resume: bool) -> None:
         seed=cfg.trainer.seed,
     )
     hold = os.environ.get(HOLD_ENV)
+    if os.environ.get(KILL_ENV):
+        _die_renaming(f"step-{int(os.environ[KILL_ENV]):06d}")
 
     async def main() -> None:
         async with TrainingRun(cfg, model_path=model, engine=engine) as run:
@@ -113,6 +116,23 @@ def _drive(out: Path, model: Path, resume: bool) -> None:
             await run.train()
 
     asyncio.run(main())
+
+
+def _die_renaming(name: str) -> None:
+    """SIGKILL this process when checkpoint ``name`` is about to be renamed into place.
+
+    ``save_checkpoint`` writes and fsyncs a ``{name}.tmp-*`` folder, then
+    ``os.replace``s it to ``name``: the kill lands after every file is on disk
+    and before the rename, the worst moment for a crash.
+    """
+    replace = os.replace
+
+    def replace_or_die(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(dst).name == name and ".tmp-" in Path(src).name:
+            os.kill(os.getpid(), signal.SIGKILL)
+        replace(src, dst, *args, **kwargs)
+
+    os.replace = replace_or_die
 
 
 # -- the test ----------------------------------------------------------------------

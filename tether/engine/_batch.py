@@ -10,7 +10,6 @@ computes the same logits as the row alone (up to float rounding).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,24 +17,10 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from tether._hf import cache_layers, takes_kwarg
 from tether.engine._prefix import Prefix
 
-__all__ = ["KVBatch", "cache_kwarg"]
-
-
-def _takes(model: Any, name: str) -> bool:
-    return name in inspect.signature(model.forward).parameters
-
-
-def cache_kwarg(model: Any) -> str:
-    """The name under which ``model.forward`` takes the KV cache (it changed in transformers 5)."""
-    return "cache" if _takes(model, "cache") else "past_key_values"
-
-
-def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    if hasattr(cache, "layers"):
-        return [(layer.keys, layer.values) for layer in cache.layers]
-    return list(zip(cache.key_cache, cache.value_cache, strict=True))  # transformers < 4.56
+__all__ = ["KVBatch"]
 
 
 def _prefix_cache(
@@ -118,7 +103,7 @@ class KVBatch:
         positions = offsets + (mask.cumsum(-1) - 1).clamp(min=0)
         cache, head = _prefix_cache(prefixes, rows, device)
         mask = torch.cat([head.to(mask.dtype), mask], 1)
-        keep = {"logits_to_keep": 1} if _takes(model, "logits_to_keep") else {}
+        keep = {"logits_to_keep": 1} if takes_kwarg(model, "logits_to_keep") else {}
         out = model(
             input_ids=ids,
             attention_mask=mask,
@@ -139,7 +124,7 @@ class KVBatch:
 
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The cache's per-layer ``(keys, values)``, each [B, H, L, D]."""
-        return _layers(self.cache)
+        return cache_layers(self.cache)
 
     def decode(self, model: Any, kwarg: str, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row ([B]); return the next-token logits [B, V]."""
@@ -171,7 +156,7 @@ class KVBatch:
         first = int((mask.cumsum(-1) == 0).sum(-1).min()) if mask.shape[0] else 0
         layers = [
             (k.index_select(0, index)[:, :, first:], v.index_select(0, index)[:, :, first:])
-            for k, v in _layers(self.cache)
+            for k, v in cache_layers(self.cache)
         ]
         self.cache = DynamicCache(layers)
         self.mask = mask[:, first:]
@@ -185,7 +170,9 @@ class KVBatch:
                 torch.cat([_left_pad(k1, length, 2), _left_pad(k2, length, 2)]),
                 torch.cat([_left_pad(v1, length, 2), _left_pad(v2, length, 2)]),
             )
-            for (k1, v1), (k2, v2) in zip(_layers(self.cache), _layers(other.cache), strict=True)
+            for (k1, v1), (k2, v2) in zip(
+                cache_layers(self.cache), cache_layers(other.cache), strict=True
+            )
         ]
         self.cache = DynamicCache(layers)
         self.mask = torch.cat([_left_pad(self.mask, length, 1), _left_pad(other.mask, length, 1)])

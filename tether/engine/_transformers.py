@@ -14,6 +14,7 @@ is no per-request seed, stop string or top-logprobs.
 from __future__ import annotations
 
 import asyncio
+import threading
 from functools import partial
 from typing import Any
 
@@ -103,6 +104,16 @@ class TransformersEngine:
     @property
     def policy_version(self) -> int:
         return self._worker.version
+
+    @property
+    def weights_lock(self) -> threading.Lock:
+        """Held by the worker while it reads the weights (each prefill/decode step).
+
+        A trainer that shares :attr:`model` and updates it in place holds it for the
+        optimizer step; :meth:`update_weights` with an empty dict then only bumps the
+        version (and drops the prefix cache's KV of the old weights).
+        """
+        return self._worker.weights_lock
 
     @property
     def stats(self) -> EngineStats:

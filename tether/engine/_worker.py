@@ -10,6 +10,11 @@ caching their KV for the agent's next call. Requests that
 arrive mid-generation thus join at the next step. Results go back to the
 callers' event loops with ``loop.call_soon_threadsafe``; any failure fails
 the affected futures with :class:`EngineFailed`, so none hangs.
+
+``weights_lock`` is held while a step reads the weights: an owner that writes
+them in place from another thread (a trainer sharing the model, see
+``TransformersEngine.weights_lock``) takes it too, so no forward sees half a
+step.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from typing import Any
 
 import torch
 
-from tether.engine._batch import KVBatch, cache_kwarg
+from tether._hf import cache_kwarg
+from tether.engine._batch import KVBatch
 from tether.engine._prefix import Prefix, PrefixCache
 from tether.engine._protocol import Completion, EngineFailed, GenerateResult, SamplingParams
 from tether.engine._sampling import StopChecker, sample_rows
@@ -107,6 +113,7 @@ class Scheduler(threading.Thread):
         self.pad_id = pad_id
         self.rng = rng
         self.version = 0
+        self.weights_lock = threading.Lock()
         self.stats = EngineStats()
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._kwarg = cache_kwarg(model)
@@ -133,7 +140,7 @@ class Scheduler(threading.Thread):
                 else:
                     self._command(*item)
             try:
-                with torch.inference_mode():
+                with self.weights_lock, torch.inference_mode():
                     self._admit(waiting)
                     if self._rows:
                         self._decode()

@@ -186,10 +186,6 @@ class ScriptedEngine(FakeEngine):
         self.position = 0
         self.end_token_id = end_token_id if end_token_id is not None else _end_id(tokenizer)
 
-    @property
-    def remaining(self) -> int:
-        return len(self.script) - self.position
-
     def _complete(self, prompt_ids: list[int], params: SamplingParams, index: int) -> list[int]:
         if self.position >= len(self.script):
             if not (self.cycle and self.script):

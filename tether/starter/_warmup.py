@@ -16,7 +16,6 @@ of steps; ``max_steps`` caps the whole run.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import random
@@ -27,6 +26,7 @@ from typing import Any
 
 import torch
 
+from tether._hf import shared_prefix_forward
 from tether.starter import calc
 from tether.starter._errors import StarterError
 from tether.starter._template import IM_END
@@ -131,25 +131,12 @@ def _hidden(model: torch.nn.Module, batch: _Batch) -> torch.Tensor:
     """Last hidden states of the suffixes ``(B, T, H)``; the shared prefix runs once
     (batch 1) and its keys/values are repeated, with gradients, so the result equals
     a full forward of every row."""
-    rows, width = batch.input_ids.shape
-    # transformers >= 5.2x calls the argument `cache`; older versions `past_key_values`
-    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else None
-    cache_arg = cache_arg or "past_key_values"
-    extra: dict[str, Any] = {}
-    if len(batch.prefix):
-        out = model.model(input_ids=batch.prefix[None], use_cache=True)
-        cache = getattr(out, "cache", None) or out.past_key_values
-        for layer in cache.layers:
-            layer.batch_repeat_interleave(rows)
-        extra = {cache_arg: cache, "use_cache": True}
-    start = len(batch.prefix)
-    positions = torch.arange(start, start + width).expand(rows, width)
+    rows = batch.input_ids.shape[0]
     attention = torch.cat(
-        [torch.ones((rows, start), dtype=torch.long), batch.attention_mask], dim=1
+        [torch.ones((rows, len(batch.prefix)), dtype=torch.long), batch.attention_mask], dim=1
     )
-    return model.model(
-        input_ids=batch.input_ids, attention_mask=attention, position_ids=positions, **extra
-    ).last_hidden_state
+    out = shared_prefix_forward(model.model, batch.prefix, batch.input_ids, attention)
+    return out.last_hidden_state
 
 
 def _loss(model: torch.nn.Module, batch: _Batch) -> torch.Tensor:

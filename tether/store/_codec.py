@@ -38,9 +38,6 @@ __all__ = [
 _SWAP = sys.byteorder != "little"
 assert array("i").itemsize == 4 and array("f").itemsize == 4, "array('i'/'f') must be 4 bytes"
 
-INT32_MIN = -(2**31)
-INT32_MAX = 2**31 - 1
-
 
 def pack_ids(ids: Sequence[int], name: str = "token ids") -> bytes:
     """Token ids → little-endian int32 bytes; ids outside int32 are refused."""

@@ -8,6 +8,12 @@ engine; the loop pushes :meth:`PolicyTrainer.state_dict` to the engine.
 cancel; :meth:`PolicyTrainer.stop` (called when a run is interrupted) makes it
 end at the next micro-batch by raising :class:`UpdateStopped`, so that the
 process can exit without waiting for the whole update.
+
+Shared weights: an embedded engine on the same device may decode with
+:attr:`PolicyTrainer.model` itself instead of a copy (:meth:`share_weights`,
+when :meth:`can_share_weights`: no LoRA, no dropout). The optimizer step then
+holds the engine's weights lock, so no decode step runs while the weights
+change, and :meth:`state_dict` is empty: the engine's update is a version bump.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any
 
 import torch
 
+from tether._hf import merged_copy, shared_prefix_forward
 from tether.trainer import algorithms as A
 from tether.trainer.config import TrainerConfig
 from tether.trainer.samples import Sample, collate, make_micro_batches, token_logprobs
@@ -53,6 +60,7 @@ class PolicyTrainer:
         self.autocast = train_dtype == "bfloat16"
         self.share_prefix = True
         self._stop = threading.Event()
+        self._shared_lock: Any = None  # the engine's weights lock once the weights are shared
         self.model = self._maybe_lora(model).to(self.device)
         self.model.train()
         self.ref_model = None
@@ -84,10 +92,33 @@ class PolicyTrainer:
 
     # -- weights --------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Full weights for the engine (LoRA merged into a copy, base names)."""
+    def can_share_weights(self) -> bool:
+        """Whether an engine may decode with :attr:`model` itself.
+
+        Not with LoRA (the engine needs the merged weights, the trainer keeps the
+        adapters apart) and not with dropout (the trainer runs in train mode and
+        the engine in eval mode on one module; without dropout the two agree).
+        """
         if self.cfg.lora is not None:
-            merged = copy.deepcopy(self.model).merge_and_unload()
+            return False
+        config = getattr(self.model, "config", None)
+        rates = [v for k, v in vars(config or object()).items() if "dropout" in k]
+        rates += [m.p for m in self.model.modules() if isinstance(m, torch.nn.Dropout)]
+        return not any(isinstance(r, int | float) and r > 0 for r in rates)
+
+    def share_weights(self, lock: Any) -> None:
+        """The engine decodes with :attr:`model`; ``lock`` (its weights lock) guards each step."""
+        if not self.can_share_weights():
+            raise ValueError("these weights cannot be shared (LoRA or dropout)")
+        self._shared_lock = lock
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Full weights for the engine (LoRA merged into a copy, base names); empty when
+        the engine shares :attr:`model` (it already decodes with the updated tensors)."""
+        if self._shared_lock is not None:
+            return {}
+        if self.cfg.lora is not None:
+            merged = merged_copy(self.model)
             return {k: v.detach().cpu() for k, v in merged.state_dict().items()}
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
 
@@ -114,20 +145,7 @@ class PolicyTrainer:
             if cut < MIN_SHARED_PREFIX or ids.shape[0] < 2:
                 logits = model(input_ids=ids, attention_mask=attn).logits
                 return token_logprobs(logits, ids, batch["temperature"])
-            from transformers import DynamicCache
-
-            cache = DynamicCache(config=getattr(model, "config", None))
-            kw = _cache_kwarg(model)
-            model(input_ids=ids[:1, :cut], use_cache=True, **{kw: cache})
-            cache.batch_repeat_interleave(ids.shape[0])
-            positions = torch.arange(cut, ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
-            logits = model(
-                input_ids=ids[:, cut:],
-                attention_mask=attn,
-                position_ids=positions,
-                **{kw: cache},
-                use_cache=True,
-            ).logits
+            logits = shared_prefix_forward(model, ids[0, :cut], ids[:, cut:], attn).logits
         suffix = token_logprobs(logits, ids[:, cut:], batch["temperature"])
         return torch.cat([suffix.new_zeros(ids.shape[0], cut), suffix], dim=1)
 
@@ -139,7 +157,8 @@ class PolicyTrainer:
         the mean |engine logprob − trainer logprob| over the sampled tokens,
         measured before the first step (≈0 when engine and trainer hold the
         same weights). From the second step on the policy has moved, and the
-        PPO ratio against the engine's logprobs is what gets clipped.
+        PPO ratio is what gets clipped: against the engine's logprobs, or with
+        ``tis_cap`` > 0 against the trainer's own pre-update logprobs (TIS).
         """
         cfg = self.cfg
         # The loss is divided by counts over every sample, but a sample whose advantage
@@ -192,12 +211,12 @@ class PolicyTrainer:
             gap_sum += diff.sum().item()
             gap_max = max(gap_max, diff.max().item())
             n_tokens += int(mask.sum().item())
-            is_weights = (
-                A.truncated_is_weights(logprobs.detach(), old, cfg.tis_cap)
-                if cfg.tis_cap > 0
-                else None
-            )
-            kwargs: dict[str, Any] = {"is_weights": is_weights}
+            kwargs: dict[str, Any] = {}
+            if cfg.tis_cap > 0:  # decoupled PPO + TIS, see the algorithms module docstring
+                # the first step's forward runs on the pre-update weights: kept as π_prox
+                prox = batch.setdefault("prox_logprobs", logprobs.detach())
+                kwargs["prox_logprobs"] = prox
+                kwargs["is_weights"] = A.truncated_is_weights(prox, old, cfg.tis_cap)
             if cfg.policy_loss == "ppo_clip":
                 kwargs.update(clip_low=cfg.clip_low, clip_high=cfg.clip_high)
             per_token, metrics = loss_fn(logprobs, old, batch["advantages"], mask, **kwargs)
@@ -213,7 +232,6 @@ class PolicyTrainer:
                 cfg.aggregation,
                 rollout_index=batch["rollout_index"],
                 stats=stats,
-                max_len=int(batch["input_ids"].shape[1]),
             )
             loss.backward()
             total_loss += loss.item()
@@ -229,7 +247,8 @@ class PolicyTrainer:
             raise FloatingPointError(
                 f"non-finite loss ({total_loss}) or gradient norm ({grad_norm}); step skipped"
             )
-        self.optimizer.step()
+        with self._shared_lock or nullcontext():  # no decode step while the weights change
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {
             "loss": total_loss,
@@ -243,12 +262,12 @@ class PolicyTrainer:
 
 def _aggregate_stats(samples: list[Sample]) -> A.AggregateStats:
     """The counts :func:`algorithms.aggregate` divides by, over all ``samples``."""
-    tokens, seqs, per_rollout = 0, 0, dict[int, int]()
+    tokens, seqs, longest, per_rollout = 0, 0, 0, dict[int, int]()
     for s in samples:
         n = sum(1 for m in s.loss_mask if m)
-        tokens, seqs = tokens + n, seqs + int(n > 0)
+        tokens, seqs, longest = tokens + n, seqs + int(n > 0), max(longest, n)
         per_rollout[s.rollout_index] = per_rollout.get(s.rollout_index, 0) + n
-    return A.AggregateStats(tokens, seqs, per_rollout)
+    return A.AggregateStats(tokens, seqs, per_rollout, longest)
 
 
 def shared_prefix(ids: torch.Tensor, loss_mask: torch.Tensor) -> int:
@@ -263,11 +282,3 @@ def shared_prefix(ids: torch.Tensor, loss_mask: torch.Tensor) -> int:
     masked = loss_mask.bool().any(dim=0)
     first_loss = int(masked.float().argmax()) if bool(masked.any()) else ids.shape[1]
     return max(0, min(lcp, first_loss - 1))
-
-
-def _cache_kwarg(model: torch.nn.Module) -> str:
-    """``cache`` on transformers >= 5.24, ``past_key_values`` before."""
-    import inspect
-
-    base = getattr(model, "get_base_model", lambda: model)()
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"

@@ -10,18 +10,24 @@ task); ``B`` rows (samples) of ``T`` token positions. Per-token tensors are
 aligned with ``input_ids`` (see :mod:`tether.trainer.samples`): column ``t``
 holds token ``t``'s log-probability; ``mask`` marks completion tokens.
 
-Which logprobs go where (``old`` = the engine's recorded ones, the behaviour):
+Which logprobs go where: ``old`` = the engine's recorded ones (the behaviour
+policy μ that sampled the tokens), ``logprobs`` = the trainer's π_θ (with grad).
 
-- plain: ``policy_loss(logprobs, old, adv, mask)``, the ratio taken against
-  the engine. Where engine and trainer numerics differ (vLLM bf16 kernels vs
-  an fp32 trainer) the ratio is not 1 even before any update, and clipping
-  fires on numerical noise.
-- decoupled (with a separate engine): ``prox`` = the trainer's own logprobs
-  before the update (``no_grad``; with one optimizer step per batch,
-  ``logprobs.detach()``); ``prox_logprobs=prox`` makes the ratio and its clip
-  measure only the policy change, ``is_weights=truncated_is_weights(prox, old)``
-  corrects for the mismatch (TIS). With the embedded engine (same weights and
-  dtype as the trainer) the mismatch is ~0 and the weights are ~1.
+- plain (``tis_cap`` = 0, the default): ``policy_loss(logprobs, old, adv, mask)``,
+  the PPO ratio π_θ / μ taken against the engine. Where engine and trainer
+  numerics differ (vLLM bf16 kernels vs an fp32 trainer) the ratio is not 1
+  even before any update, and clipping fires on numerical noise.
+- decoupled PPO with truncated importance sampling (``tis_cap`` > 0): the
+  proximal policy ``prox`` = π_old, the trainer's own logprobs of the same
+  tokens under the weights before this batch's first optimizer step (no
+  grad). The ratio ρ = π_θ / π_old (``prox_logprobs=prox``) and its clip
+  measure only the policy change made by the update; the engine-vs-trainer
+  mismatch (numerics, or a stale engine in async mode) is corrected once, by
+  the per-token weight ``w = min(π_old / μ, cap)`` (``is_weights=
+  truncated_is_weights(prox, old, cap)``, stop-gradient) that multiplies the
+  per-token loss: ``−min(ρ·A, clip(ρ)·A) · w``. The engine's logprobs never
+  enter the ratio, so the correction is not applied twice. With the embedded
+  engine (same weights and dtype) π_old ≈ μ and ``w`` ≈ 1.
 """
 
 from __future__ import annotations
@@ -323,6 +329,7 @@ class AggregateStats:
     num_tokens: int = 0  # masked tokens
     num_seqs: int = 0  # rows with at least one masked token
     rollout_tokens: dict[int, int] = field(default_factory=dict)  # rollout index → masked tokens
+    max_seq_tokens: int = 0  # the most masked tokens in one row (the longest completion)
 
     @property
     def num_rollouts(self) -> int:
@@ -336,14 +343,18 @@ class AggregateStats:
         if rollout_index is not None:
             for r, n in zip(rollout_index.tolist(), per_row.tolist(), strict=True):
                 per_rollout[int(r)] = per_rollout.get(int(r), 0) + int(n)
-        return cls(int(per_row.sum()), int((per_row > 0).sum()), per_rollout)
+        longest = int(per_row.max()) if per_row.numel() else 0
+        return cls(int(per_row.sum()), int((per_row > 0).sum()), per_rollout, longest)
 
     def __add__(self, other: AggregateStats) -> AggregateStats:
         merged = dict(self.rollout_tokens)
         for r, n in other.rollout_tokens.items():
             merged[r] = merged.get(r, 0) + n
         return AggregateStats(
-            self.num_tokens + other.num_tokens, self.num_seqs + other.num_seqs, merged
+            self.num_tokens + other.num_tokens,
+            self.num_seqs + other.num_seqs,
+            merged,
+            max(self.max_seq_tokens, other.max_seq_tokens),
         )
 
     @classmethod
@@ -367,7 +378,10 @@ def aggregate(
     - ``rollout_mean``: mean over rollouts of the token mean of that rollout's
       tokens (all its rows together), so a rollout weighs the same however
       many samples it was cut into. Needs ``rollout_index`` ``[B]``.
-    - ``seq_mean_token_sum_norm`` (Dr. GRPO): sum / (``max_len`` · number of rows).
+    - ``seq_mean_token_sum_norm`` (Dr. GRPO): sum / (``max_len`` · number of rows);
+      ``max_len`` is a batch-level constant: given (e.g. the generation budget),
+      else ``stats.max_seq_tokens``, the longest completion (masked tokens of one
+      row) in the whole batch — never a micro-batch's padded width.
 
     Rows without masked tokens are not counted. Without ``stats`` the counts come
     from this batch. For gradient accumulation give every micro-batch the whole
@@ -390,11 +404,10 @@ def aggregate(
         row_mean = row_sum / m.sum(-1).clamp(min=1)
         return row_mean.sum() / stats.num_seqs if stats.num_seqs else zero
     if mode == "seq_mean_token_sum_norm":
-        if max_len is None or max_len <= 0:
-            raise ValueError(
-                "seq_mean_token_sum_norm needs max_len > 0 (the max completion length)"
-            )
-        return row_sum.sum() / (max_len * stats.num_seqs) if stats.num_seqs else zero
+        norm = stats.max_seq_tokens if max_len is None else max_len
+        if stats.num_seqs and norm <= 0:
+            raise ValueError(f"seq_mean_token_sum_norm needs max_len > 0, not {norm}")
+        return row_sum.sum() / (norm * stats.num_seqs) if stats.num_seqs else zero
     # rollout_mean
     if rollout_index is None:
         raise ValueError("rollout_mean needs rollout_index (one rollout id per row)")

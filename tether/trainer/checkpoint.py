@@ -17,11 +17,6 @@ tether recorded it), is never deleted.
 
 A crash mid-write leaves only a ``*.tmp-*`` folder, which is ignored and
 removed by the next save.
-
-Test-only: with ``TETHER_TEST_KILL_IN_CHECKPOINT=N`` in the environment, the
-process kills itself with SIGKILL while saving step ``N``, after the files are
-written and fsynced and right before the rename
-(``tests/test_trainer_crash.py``). Never set it outside that test.
 """
 
 from __future__ import annotations
@@ -30,13 +25,13 @@ import json
 import os
 import random
 import shutil
-import signal
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from tether._hf import merged_copy
 from tether.store._codec import redact_secrets
 from tether.trainer.errors import CheckpointConflict
 
@@ -47,8 +42,6 @@ __all__ = [
     "prune_checkpoints",
     "save_checkpoint",
 ]
-
-KILL_ENV = "TETHER_TEST_KILL_IN_CHECKPOINT"
 
 
 def _fsync_tree(root: Path) -> None:
@@ -93,9 +86,7 @@ def save_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f"step-{step:06d}.tmp-", dir=directory))
     model = trainer.model
     if trainer.cfg.lora is not None:
-        import copy
-
-        model = copy.deepcopy(model).merge_and_unload()
+        model = merged_copy(model)
     model.save_pretrained(tmp / "model", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "model")
     if base_model_dir is not None:
@@ -126,8 +117,6 @@ def save_checkpoint(
         )
     )
     _fsync_tree(tmp)
-    if os.environ.get(KILL_ENV) == str(step):  # test-only, see the module docstring
-        os.kill(os.getpid(), signal.SIGKILL)
     old = None
     if final.exists():  # moved aside, not deleted in place: a crash never leaves half a folder
         old = Path(tempfile.mkdtemp(prefix=f"step-{step:06d}.tmp-old-", dir=directory))

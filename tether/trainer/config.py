@@ -127,7 +127,9 @@ class TrainerConfig:
     #: KL to the starting model; 0 keeps no reference model.
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
-    #: Truncated importance sampling cap against the engine's logprobs; 0 = off.
+    #: Truncated importance sampling: > 0 takes the PPO ratio against the trainer's own
+    #: pre-update logprobs and weights each token by min(π_trainer / π_engine, tis_cap)
+    #: (decoupled PPO, see algorithms.py); 0 = off, the ratio is against the engine's.
     tis_cap: float = 0.0
     #: Optimizer steps per batch of rollouts (PPO epochs); from the second on, clipping matters.
     updates_per_batch: int = 1
@@ -144,7 +146,8 @@ class TrainerConfig:
     #: the weights it would train is handled by lag_policy.
     max_policy_lag: int = 1
     #: Async: "drop" (counted as groups_dropped_lag) or "reweight" (kept; the loss's ratio
-    #: against the recorded engine logprobs, and tis_cap if set, correct for the lag).
+    #: against the recorded engine logprobs corrects for the lag, or with tis_cap set the
+    #: truncated weight π_trainer / π_engine does).
     lag_policy: str = "drop"
     #: Async: seconds a model call arriving during an update is held before a 503;
     #: unset = gateway.admission_timeout_s.

@@ -175,13 +175,18 @@ class TrainingRun:
             train_dtype=cfg.model.train_dtype,
             pad_id=self.tokenizer.pad_token_id or 0,
         )
+        share = self._engine is None and self.trainer.can_share_weights()  # one copy, not two
         self.engine = self._engine or TransformersEngine(
-            load_model(self.model_path, dtype=torch.float32, device=cfg.model.device),
+            self.trainer.model
+            if share
+            else load_model(self.model_path, dtype=torch.float32, device=cfg.model.device),
             self.tokenizer,
             device=cfg.model.device,
             max_batch_size=cfg.model.max_batch_size,
             seed=cfg.trainer.seed,
         )
+        if share:
+            self.trainer.share_weights(self.engine.weights_lock)
         self.store = Store(self.run_dir / "traces.sqlite")
         self.on_event(
             "status", f"run folder {self.run_dir}  traces {self.run_dir / 'traces.sqlite'}"

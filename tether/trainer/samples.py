@@ -56,7 +56,6 @@ class Sample:
     advantage: float  # the rollout's advantage
     rollout_index: int  # position of the rollout in build_samples' input
     temperature: float  # the sampling temperature; the trainer divides logits by it
-    policy_version_min: int  # the oldest policy version among the merged calls
     num_calls: int = 1
 
     def __len__(self) -> int:
@@ -125,9 +124,7 @@ def build_samples(
             temperature = _effective_temperature(call)
             target = next((s for s in reversed(mine) if _extends(s, call, temperature)), None)
             if target is None:
-                target = Sample(
-                    [], [], [], float(advantage), index, temperature, call.policy_version, 0
-                )
+                target = Sample([], [], [], float(advantage), index, temperature, 0)
                 mine.append(target)
             else:
                 merged += 1
@@ -138,7 +135,6 @@ def build_samples(
             target.input_ids.extend(call.completion_ids)
             target.loss_mask.extend([1] * len(call.completion_ids))
             target.old_logprobs.extend(float(x) for x in call.logprobs)
-            target.policy_version_min = min(target.policy_version_min, call.policy_version)
             target.num_calls += 1
         for s in mine:
             if any(s.loss_mask):
@@ -182,7 +178,7 @@ def collate(samples: Sequence[Sample], pad_id: int = 0) -> dict[str, Tensor]:
     Returns ``input_ids`` ``[B, L]`` long, ``attention_mask`` ``[B, L]`` long,
     ``loss_mask`` ``[B, L]`` float32, ``old_logprobs`` ``[B, L]`` float32,
     ``advantages`` ``[B]`` float32, ``rollout_index`` ``[B]`` long, ``temperature``
-    ``[B]`` float32, ``policy_version_min`` ``[B]`` long.
+    ``[B]`` float32.
     """
     if not samples:
         raise ValueError("collate needs at least one sample")
@@ -205,9 +201,6 @@ def collate(samples: Sequence[Sample], pad_id: int = 0) -> dict[str, Tensor]:
         "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32),
         "rollout_index": torch.tensor([s.rollout_index for s in samples], dtype=torch.long),
         "temperature": torch.tensor([s.temperature for s in samples], dtype=torch.float32),
-        "policy_version_min": torch.tensor(
-            [s.policy_version_min for s in samples], dtype=torch.long
-        ),
     }
 
 

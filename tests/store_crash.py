@@ -1,7 +1,7 @@
 """Crash-safety harness: a store writer killed with SIGKILL at random moments.
 
-Each round starts a writer process (``python -m tether.store._crash PATH MODE
-PREFIX``) on the same file. The writer creates rollouts, records calls of
+Test machinery, outside the library: the store knows nothing of it. Each
+round starts a writer process (``python tests/store_crash.py PATH MODE PREFIX``) on the same file. The writer creates rollouts, records calls of
 known content (a function of rollout, attempt and seq), retries some
 rollouts, finishes them with a reward, and prints one line after each write
 returns (``call RID ATTEMPT SEQ`` / ``finish RID ATTEMPT STATUS``), flushed to
@@ -23,6 +23,7 @@ import os
 import random
 import signal
 import sqlite3
+import struct
 import subprocess
 import sys
 import time
@@ -30,14 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tether.records import Call, RewardSource, Rollout, RolloutStatus
-from tether.store._codec import unpack_ids
-from tether.store._errors import AlreadyExists
-from tether.store._store import Store
+from tether.store import AlreadyExists, Store
 
 __all__ = ["CrashStats", "crash_loop", "expected_call", "verify"]
 
 RUN_ID = "crash-run"
-_ROOT = Path(__file__).resolve().parents[2]  # the directory holding the tether package
+_ROOT = Path(__file__).resolve().parents[1]  # the directory holding the tether package
+
+
+def _int32s(blob: bytes) -> list[int]:
+    return list(struct.unpack(f"<{len(blob) // 4}i", blob))
 
 
 def expected_call(rollout_id: str, attempt: int, seq: int) -> Call:
@@ -49,8 +52,8 @@ def expected_call(rollout_id: str, attempt: int, seq: int) -> Call:
     return Call(
         rollout_id=rollout_id,
         seq=seq,
-        prompt_ids=unpack_ids(rng.randbytes(4 * n_prompt)),
-        completion_ids=unpack_ids(rng.randbytes(4 * n_completion)),
+        prompt_ids=_int32s(rng.randbytes(4 * n_prompt)),
+        completion_ids=_int32s(rng.randbytes(4 * n_completion)),
         logprobs=[-b / 64.0 for b in rng.randbytes(n_completion)],
         policy_version=seq,
         attempt=attempt,
@@ -172,7 +175,7 @@ def crash_loop(
         acks_path = Path(f"{path}.acks")
         with open(acks_path, "wb") as out, open(f"{path}.stderr", "wb") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tether.store._crash", str(path), mode, prefix],
+                [sys.executable, __file__, str(path), mode, prefix],
                 stdout=out, stderr=err, env=env, cwd=_ROOT,
             )  # fmt: skip
         try:
