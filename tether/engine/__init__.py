@@ -5,6 +5,8 @@
 - :class:`TransformersEngine` — embedded, continuous batching, prefix
   caching, CPU or CUDA; :class:`EngineStats` its counters (both imported
   lazily, so importing :mod:`tether.engine` does not import torch)
+- :class:`AdmissionGate` — pause, drain and resume generations (the engines'
+  and the gateway's gate); :class:`AdmissionTimeout` when a held call waits too long
 - :mod:`tether.engine.testing` — fake engines for tests
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tether.engine._gate import AdmissionGate, AdmissionTimeout
 from tether.engine._protocol import (
     Completion,
     Engine,
@@ -27,6 +30,8 @@ if TYPE_CHECKING:
     from tether.engine._worker import EngineStats
 
 __all__ = [
+    "AdmissionGate",
+    "AdmissionTimeout",
     "Completion",
     "Engine",
     "EngineError",

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from tether.engine._gate import Gate
+from tether.engine._gate import AdmissionGate
 from tether.engine._protocol import EngineFailed, GenerateResult, SamplingParams
 from tether.engine._worker import STOP, EngineStats, Request, Scheduler
 from tether.errors import UserError
@@ -60,7 +60,7 @@ class TransformersEngine:
         self._eos = _end_ids(self.model, tokenizer)
         rng = torch.Generator()
         rng.manual_seed(seed) if seed is not None else rng.seed()
-        self._gate = Gate()
+        self._gate = AdmissionGate()
         self._worker = Scheduler(
             self.model,
             tokenizer,
@@ -151,16 +151,11 @@ class TransformersEngine:
     ) -> int:
         """Pause, load ``state_dict`` (keys may be a subset of the model's), bump the version
         (or set it to ``version``: resuming from a checkpoint)."""
-        was_paused = self._gate.paused
-        await self._gate.pause()
-        try:
+        async with self._gate.paused_for_update():
             loop = asyncio.get_running_loop()
             fut: asyncio.Future[int] = loop.create_future()
             self._worker.inbox.put((partial(self._load, version=version), state_dict, fut, loop))
             return await fut
-        finally:
-            if not was_paused:
-                self._gate.resume()
 
     def _load(self, state_dict: dict[str, Any], version: int | None = None) -> int:
         unexpected = sorted(set(state_dict) - set(self.model.state_dict()))

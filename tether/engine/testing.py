@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
-from tether.engine._gate import Gate
+from tether.engine._gate import AdmissionGate
 from tether.engine._protocol import (
     Completion,
     EngineError,
@@ -51,7 +51,7 @@ class FakeEngine:
         self.calls: list[tuple[list[int], SamplingParams]] = []
         self.weights: list[dict[str, Any]] = []
         self._version = 0
-        self._gate = Gate()
+        self._gate = AdmissionGate()
 
     @property
     def policy_version(self) -> int:
@@ -114,13 +114,10 @@ class FakeEngine:
     async def update_weights(
         self, state_dict: dict[str, Any], *, version: int | None = None
     ) -> int:
-        was_paused = self._gate.paused
-        await self._gate.pause()
-        self.weights.append(state_dict)
-        self._version = self._version + 1 if version is None else int(version)
-        if not was_paused:
-            self._gate.resume()
-        return self._version
+        async with self._gate.paused_for_update():
+            self.weights.append(state_dict)
+            self._version = self._version + 1 if version is None else int(version)
+            return self._version
 
     async def close(self) -> None:
         self._gate.close()
@@ -272,14 +269,9 @@ class FaultyEngine(FakeEngine):
     async def update_weights(
         self, state_dict: dict[str, Any], *, version: int | None = None
     ) -> int:
-        was_paused = self._gate.paused
-        await self._gate.pause()
-        try:
+        async with self._gate.paused_for_update():
             self.weights.append(state_dict)
             return await self.inner.update_weights(state_dict, version=version)
-        finally:
-            if not was_paused:
-                self._gate.resume()
 
     async def close(self) -> None:
         self._gate.close()

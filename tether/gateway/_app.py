@@ -367,29 +367,21 @@ def create_app(gw: Gateway) -> FastAPI:
     @app.post("/admin/pause", tags=["admin"])
     async def pause(request: Request) -> dict[str, Any]:
         admin(request)
-        await gw.gate.pause()
-        return _state(gw)
+        await gw.pause()
+        return gw.admission_state()
 
     @app.post("/admin/resume", tags=["admin"])
     async def resume(request: Request) -> dict[str, Any]:
         admin(request)
-        gw.gate.resume()
-        return _state(gw)
+        gw.resume()
+        return gw.admission_state()
 
     @app.get("/admin/state", tags=["admin"])
     async def state(request: Request) -> dict[str, Any]:
         admin(request)
-        return _state(gw)
+        return gw.admission_state()
 
     return app
-
-
-def _state(gw: Gateway) -> dict[str, Any]:
-    return {
-        **gw.gate.state(),
-        "policy_version": gw.engine.policy_version,
-        "engine_calls": gw.engine_calls,
-    }
 
 
 def _models(name: str) -> dict[str, Any]:

@@ -17,14 +17,20 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tether.chat import get_parser, render_text
-from tether.engine import Engine, EngineError, EngineFailed, EngineTimeout, SamplingParams
+from tether.engine import (
+    AdmissionGate,
+    Engine,
+    EngineError,
+    EngineFailed,
+    EngineTimeout,
+    SamplingParams,
+)
 from tether.records import Call, CallStatus, Reward, RewardSource, Rollout, RolloutStatus
 from tether.store import Store
 
 from ._auth import Keys, check_rollout_id, hash_token, new_token
 from ._config import GatewayConfig
 from ._errors import ApiError
-from ._gate import AdmissionGate
 from ._prompt import PromptEncoder
 from ._render import Choice, choices_from, stop_token_ids
 
@@ -240,6 +246,25 @@ class Gateway:
             )
         )
 
+    # -- admission ----------------------------------------------------------
+
+    async def pause(self) -> None:
+        """Hold new model calls and return once the calls in flight have finished."""
+        await self.gate.pause()
+
+    def resume(self) -> None:
+        """Admit model calls again; the held ones go ahead."""
+        self.gate.resume()
+
+    def admission_state(self) -> dict[str, Any]:
+        """``paused``, ``in_flight``, ``held`` now, ``held_total`` and ``held_seconds`` so far,
+        the engine's ``policy_version`` and the gateway's ``engine_calls``."""
+        return {
+            **self.gate.state(),
+            "policy_version": self.engine.policy_version,
+            "engine_calls": self.engine_calls,
+        }
+
     # -- model calls --------------------------------------------------------
 
     def sampling_params(
@@ -347,7 +372,8 @@ class Gateway:
                 result = await _within(
                     self.engine.generate(prompt_ids, params), self.config.engine_timeout_s
                 )
-            except (TimeoutError, EngineTimeout) as exc:
+            # asyncio.TimeoutError: what wait_for raises on Python 3.10 (not the builtin there)
+            except (asyncio.TimeoutError, EngineTimeout) as exc:
                 self._record_failure(
                     rollout_id, attempt, prompt_ids, params, request, t0, "timeout"
                 )

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tether.chat import ChatError, InvalidMessages
-from tether.engine import EngineError, EngineTimeout
+from tether.engine import AdmissionTimeout, EngineError, EngineTimeout
 from tether.store import (
     DuplicateReward,
     IllegalRolloutTransition,
@@ -122,6 +122,8 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(EngineError)
     async def _engine(_: Request, exc: EngineError):
+        if isinstance(exc, AdmissionTimeout):  # held while paused: the engine did not fail
+            return _response(503, str(exc))
         status = 504 if isinstance(exc, EngineTimeout) else 502
         return _response(status, f"engine failed: {exc}")
 
