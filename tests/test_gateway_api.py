@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -318,3 +320,14 @@ async def test_openapi_schema_lists_request_bodies(client: httpx.AsyncClient) ->
     props = op["requestBody"]["content"]["application/json"]["schema"]["properties"]
     assert {"messages", "tools", "temperature"} <= set(props)
     assert json.dumps(schema)  # serializable
+
+
+def test_the_gateway_config_imports_without_fastapi_or_uvicorn() -> None:
+    code = (
+        "import tether.gateway as g; g.GatewayConfig; g.Gateway; import sys; "
+        "assert 'fastapi' not in sys.modules and 'uvicorn' not in sys.modules, "
+        "[m for m in ('fastapi', 'uvicorn') if m in sys.modules]; "
+        "g.create_app, g.make_server, g.LoopServer; assert 'uvicorn' in sys.modules"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

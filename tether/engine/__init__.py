@@ -7,6 +7,8 @@
   lazily, so importing :mod:`tether.engine` does not import torch)
 - :class:`AdmissionGate` — pause, drain and resume generations (the engines'
   and the gateway's gate); :class:`AdmissionTimeout` when a held call waits too long
+- :func:`end_of_turn_ids` — the ids that end a generated turn (one rule for
+  the gateway's stop ids, the engines' defaults and the starter's eos)
 - :mod:`tether.engine.testing` — fake engines for tests
 """
 
@@ -24,6 +26,7 @@ from tether.engine._protocol import (
     GenerateResult,
     SamplingParams,
 )
+from tether.engine._turns import end_of_turn_ids
 
 if TYPE_CHECKING:
     from tether.engine._transformers import TransformersEngine
@@ -41,6 +44,7 @@ __all__ = [
     "GenerateResult",
     "SamplingParams",
     "TransformersEngine",
+    "end_of_turn_ids",
 ]
 
 

@@ -21,6 +21,7 @@ import torch
 
 from tether.engine._gate import AdmissionGate
 from tether.engine._protocol import EngineFailed, GenerateResult, SamplingParams
+from tether.engine._turns import end_of_turn_ids
 from tether.engine._worker import STOP, EngineStats, Request, Scheduler
 from tether.errors import UserError
 
@@ -57,7 +58,7 @@ class TransformersEngine:
         self.tokenizer = tokenizer
         self._vocab = self.model.get_input_embeddings().num_embeddings
         self._max_len = getattr(self.model.config, "max_position_embeddings", None) or 1 << 30
-        self._eos = _end_ids(self.model, tokenizer)
+        self._eos = frozenset(end_of_turn_ids(tokenizer, self.model))
         rng = torch.Generator()
         rng.manual_seed(seed) if seed is not None else rng.seed()
         self._gate = AdmissionGate()
@@ -174,21 +175,3 @@ class TransformersEngine:
         if self._worker.is_alive():
             self._worker.inbox.put(STOP)
             await asyncio.to_thread(self._worker.join, 30)
-
-
-def _end_ids(model: Any, tokenizer: Any) -> frozenset[int]:
-    """The default stop ids: the tokenizer's eos and ``<|im_end|>``, the generation config's eos."""
-    ids: set[int] = set()
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.update([eos] if isinstance(eos, int) else (eos or []))
-    if tokenizer is not None:
-        if getattr(tokenizer, "eos_token_id", None) is not None:
-            ids.add(tokenizer.eos_token_id)
-        end = (
-            tokenizer.convert_tokens_to_ids("<|im_end|>")
-            if "<|im_end|>" in tokenizer.get_vocab()
-            else None
-        )
-        if end is not None:
-            ids.add(end)
-    return frozenset(ids)

@@ -32,6 +32,7 @@ from tether.engine._protocol import (
     GenerateResult,
     SamplingParams,
 )
+from tether.engine._turns import end_of_turn_ids
 
 __all__ = ["FakeEngine", "FaultyEngine", "NullEngine", "ScriptedEngine"]
 
@@ -181,7 +182,8 @@ class ScriptedEngine(FakeEngine):
         self.script: list[ScriptItem] = list(script)
         self.cycle = cycle
         self.position = 0
-        self.end_token_id = end_token_id if end_token_id is not None else _end_id(tokenizer)
+        ends = end_of_turn_ids(tokenizer)
+        self.end_token_id = end_token_id if end_token_id is not None else (ends or (None,))[0]
 
     @property
     def remaining(self) -> int:
@@ -276,16 +278,6 @@ class FaultyEngine(FakeEngine):
     async def close(self) -> None:
         self._gate.close()
         await self.inner.close()
-
-
-def _end_id(tokenizer: Any) -> int | None:
-    if tokenizer is None:
-        return None
-    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
-    if "<|im_end|>" in vocab:
-        return int(vocab["<|im_end|>"])
-    eos = getattr(tokenizer, "eos_token_id", None)
-    return int(eos) if eos is not None else None
 
 
 def _with_stop_id(params: SamplingParams, token_id: int) -> SamplingParams:
