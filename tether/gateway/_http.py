@@ -22,6 +22,7 @@ from ._core import Gateway
 from ._errors import MAPPED, ApiError, error_body, http_error
 
 __all__ = [
+    "STREAMED",
     "body_schema",
     "gateway",
     "install_handlers",
@@ -80,6 +81,15 @@ def body_schema(model: type[BaseModel]) -> dict[str, Any]:
             },
         }
     }
+
+
+# The 200 of a route that answers ``stream: true`` with server-sent events.
+STREAMED: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "the response, or with `stream: true` its chunks as server-sent events",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    }
+}
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

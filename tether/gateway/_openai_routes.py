@@ -17,7 +17,7 @@ from tether.records import RewardSource, RolloutStatus
 from ._auth import bearer, check_rollout_id
 from ._core import Gateway
 from ._errors import ApiError
-from ._http import body_schema, gateway, parse, rollout_attempt, sse
+from ._http import STREAMED, body_schema, gateway, parse, rollout_attempt, sse
 from ._render import chat_body, chat_chunks, completion_body
 from ._schemas import ChatCompletionRequest, CompletionRequest, RewardRequest
 
@@ -84,6 +84,7 @@ async def healthz() -> dict[str, Any]:
     "/rollouts/{rollout_id:rid}/v1/chat/completions",
     tags=["openai"],
     openapi_extra=body_schema(ChatCompletionRequest),
+    responses=STREAMED,
 )
 async def rollout_chat(
     rollout_id: str,
@@ -98,6 +99,7 @@ async def rollout_chat(
     "/rollouts/{rollout_id:rid}/v1/completions",
     tags=["openai"],
     openapi_extra=body_schema(CompletionRequest),
+    responses=STREAMED,
 )
 async def rollout_completions(
     rollout_id: str,
@@ -162,7 +164,10 @@ async def rollout_reward(
 
 
 @router.post(
-    "/v1/chat/completions", tags=["record"], openapi_extra=body_schema(ChatCompletionRequest)
+    "/v1/chat/completions",
+    tags=["record"],
+    openapi_extra=body_schema(ChatCompletionRequest),
+    responses=STREAMED,
 )
 async def record_chat(request: Request, gw: Gateway = Depends(gateway)):
     token = bearer(request.headers.get("authorization"))
