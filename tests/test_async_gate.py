@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from tether.engine import AdmissionGate
 from tether.engine.testing import NullEngine
 from tether.store import Store
 
@@ -64,7 +65,6 @@ def test_pause_holds_new_calls_and_lets_in_flight_ones_finish(tokenizer: Any, st
 
 def test_a_held_call_woken_by_resume_waits_again_if_paused_again() -> None:
     """resume() then pause() at once: the woken call must not slip into the new pause."""
-    from tether.gateway._gate import AdmissionGate
 
     async def go() -> None:
         gate = AdmissionGate()

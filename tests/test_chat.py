@@ -406,3 +406,25 @@ def test_starter_calc_turn_is_prefix_stable(starter_tok) -> None:
     tool = {"role": "tool", "tool_call_id": call_id, "content": calc.calculator("3 + 4")}
     prompt2 = render_prompt(starter_tok, [*msgs, parsed.to_message(), tool], [calc.CALCULATOR_TOOL])
     assert prompt2[: len(prompt1) + len(completion)] == prompt1 + completion
+
+
+def test_prompt_encoder_reuses_prefixes_and_stays_token_exact(tokenizer) -> None:
+    """A growing conversation: every prompt encodes as the whole text does, with reuse."""
+    enc = chat.PromptEncoder(tokenizer)
+    assert enc.turn is not None and enc.turn[0] == "<|im_start|>"
+    messages = [{"role": "system", "content": "Use tools."}, USER]
+    for i in range(4):
+        text = render_text(tokenizer, messages, TOOLS)
+        assert enc.encode(text) == tokenizer.encode(text, add_special_tokens=False)
+        messages += [
+            {"role": "assistant", "content": f"step {i} 3 + {i}"},
+            {"role": "user", "content": f"and {i}?"},
+        ]
+    assert enc.hits >= 3 and enc.tokens_reused > 0
+
+
+def test_prompt_encoder_never_cuts_a_slow_tokenizer() -> None:
+    class Slow:
+        is_fast = False
+
+    assert chat.turn_token(Slow()) is None

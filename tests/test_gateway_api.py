@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -277,6 +279,23 @@ async def test_pause_holds_calls_until_resume(client: httpx.AsyncClient, gw: Any
     assert r.status_code == 200 and len(gw.store.calls("r-p")) == 1
 
 
+async def test_a_call_held_past_the_admission_timeout_is_a_503(make_gateway: Any) -> None:
+    """Not a 500 on Python 3.10, where wait_for's TimeoutError is not the builtin one."""
+    gw = make_gateway(NullEngine(token_ids=[40]), admission_timeout_s=0.2)
+    a = gw.open_rollout({}, rollout_id="r-h")
+    await gw.pause()
+    transport = httpx.ASGITransport(app=create_app(gw))
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
+        r = await asyncio.wait_for(
+            c.post("/rollouts/r-h/v1/chat/completions", json=CHAT, headers=_h(a.token)), 5
+        )
+    assert r.status_code == 503, r.text
+    assert "admission timeout" in r.json()["error"]["message"]
+    state = gw.admission_state()
+    assert state["held"] == 0 and state["held_total"] == 1 and state["held_seconds"] >= 0.2
+    assert gw.store.calls("r-h") == [] and gw.engine.num_calls == 0
+
+
 @pytest.mark.parametrize("fault,status", [("raise", 502), ("hang", 504)])
 async def test_engine_fault_is_5xx_recorded_as_failed(
     fault: str, status: int, make_gateway: Any
@@ -301,3 +320,14 @@ async def test_openapi_schema_lists_request_bodies(client: httpx.AsyncClient) ->
     props = op["requestBody"]["content"]["application/json"]["schema"]["properties"]
     assert {"messages", "tools", "temperature"} <= set(props)
     assert json.dumps(schema)  # serializable
+
+
+def test_the_gateway_config_imports_without_fastapi_or_uvicorn() -> None:
+    code = (
+        "import tether.gateway as g; g.GatewayConfig; g.Gateway; import sys; "
+        "assert 'fastapi' not in sys.modules and 'uvicorn' not in sys.modules, "
+        "[m for m in ('fastapi', 'uvicorn') if m in sys.modules]; "
+        "g.create_app, g.make_server, g.LoopServer; assert 'uvicorn' in sys.modules"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

@@ -3,7 +3,8 @@
 The gateway renders the prompt itself (:func:`render_prompt`), so the ids it
 records are exactly what the model saw, and parses the completion text back
 into an OpenAI assistant message (:func:`get_parser`), streamed or not
-(:func:`stream_chunks`).
+(:func:`stream_chunks`). :class:`PromptEncoder` encodes a growing
+conversation's prompt text reusing the ids of the prefix it has seen.
 
 Exceptions::
 
@@ -38,6 +39,7 @@ from tether.chat._parsers import (
     random_call_id,
     register_parser,
 )
+from tether.chat._prompt import PromptEncoder, turn_token
 from tether.chat._render import (
     decode_completion,
     normalize_messages,
@@ -53,6 +55,7 @@ __all__ = [
     "InvalidMessages",
     "MissingChatTemplate",
     "ParsedMessage",
+    "PromptEncoder",
     "TemplateRenderError",
     "ToolCallParser",
     "UnknownParser",
@@ -69,5 +72,6 @@ __all__ = [
     "render_prompt",
     "render_text",
     "stream_chunks",
+    "turn_token",
     "usage_chunk",
 ]

@@ -5,6 +5,10 @@
 - :class:`TransformersEngine` — embedded, continuous batching, prefix
   caching, CPU or CUDA; :class:`EngineStats` its counters (both imported
   lazily, so importing :mod:`tether.engine` does not import torch)
+- :class:`AdmissionGate` — pause, drain and resume generations (the engines'
+  and the gateway's gate); :class:`AdmissionTimeout` when a held call waits too long
+- :func:`end_of_turn_ids` — the ids that end a generated turn (one rule for
+  the gateway's stop ids, the engines' defaults and the starter's eos)
 - :mod:`tether.engine.testing` — fake engines for tests
 """
 
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tether.engine._gate import AdmissionGate, AdmissionTimeout
 from tether.engine._protocol import (
     Completion,
     Engine,
@@ -21,12 +26,15 @@ from tether.engine._protocol import (
     GenerateResult,
     SamplingParams,
 )
+from tether.engine._turns import end_of_turn_ids
 
 if TYPE_CHECKING:
     from tether.engine._transformers import TransformersEngine
     from tether.engine._worker import EngineStats
 
 __all__ = [
+    "AdmissionGate",
+    "AdmissionTimeout",
     "Completion",
     "Engine",
     "EngineError",
@@ -36,6 +44,7 @@ __all__ = [
     "GenerateResult",
     "SamplingParams",
     "TransformersEngine",
+    "end_of_turn_ids",
 ]
 
 

@@ -1,30 +1,57 @@
-"""The admission gate every engine shares: pause, resume, in-flight counting.
+"""The admission gate: pause, drain and resume generations.
 
-``pause()`` stops admitting new generations and returns when none is in
-flight; ``generate`` calls that arrive while paused wait until ``resume()``.
-The gate lives on the asyncio side, so the engines' worker threads never see
-a half-admitted request. It rebinds its events to whichever event loop is
-running, so one engine can be used from successive loops (e.g. one per test).
+One class serves the engines (their own gate, so an update never meets a
+half-admitted request) and the gateway (admission of the agents' calls while
+the trainer updates)::
+
+    gate = AdmissionGate()
+    async with gate.admit(timeout_s=30):   # waits while paused; counts the body in flight
+        ...
+    async with gate.paused_for_update():   # pause + drain, resume after (unless paused before)
+        ...
+
+While paused, new calls are *held* (they wait, up to ``timeout_s`` when given,
+then :class:`AdmissionTimeout`), not refused; :meth:`AdmissionGate.pause`
+returns once every call already admitted has finished. :meth:`close` refuses
+new calls for good (:class:`EngineFailed`). The gate rebinds its events to
+whichever event loop is running, so one engine can be used from successive
+loops (e.g. one per test).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
-from tether.engine._protocol import EngineFailed
+from tether.engine._protocol import EngineError, EngineFailed
 
-__all__ = ["Gate"]
+__all__ = ["AdmissionGate", "AdmissionTimeout"]
 
 
-class Gate:
-    """Counts generations in flight and holds new ones while paused."""
+class AdmissionTimeout(EngineError):
+    """A call was held while paused for longer than its admission timeout."""
+
+
+class AdmissionGate:
+    """Counts calls in flight, holds new ones while paused, and counts the holds.
+
+    ``held`` is the number of calls held now; ``held_total`` and
+    ``held_seconds`` add up every hold since the gate was made.
+    """
 
     def __init__(self) -> None:
         self.paused = False
         self.closed = False
         self.in_flight = 0
+        self.held = 0
+        self.held_total = 0
+        self.held_seconds = 0.0
+        # Start times of calls held now; resume() settles their hold time at once,
+        # so held_seconds is exact the moment admission reopens.
+        self._holding: dict[object, float] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._open = asyncio.Event()
         self._idle = asyncio.Event()
@@ -47,15 +74,13 @@ class Gate:
             self._idle.set()
 
     @asynccontextmanager
-    async def admit(self) -> AsyncIterator[None]:
-        """Wait while paused, then count the body as one generation in flight."""
+    async def admit(self, timeout_s: float | None = None) -> AsyncIterator[None]:
+        """Wait while paused (up to ``timeout_s``), then count the body as one call in flight."""
         self._bind()
-        while True:
-            if self.closed:
-                raise EngineFailed("engine is closed")
-            if not self.paused:
-                break
-            await self._open.wait()
+        if self.paused and not self.closed:
+            await self._hold(timeout_s)
+        if self.closed:
+            raise EngineFailed("engine is closed")
         self.in_flight += 1
         self._idle.clear()
         try:
@@ -65,6 +90,31 @@ class Gate:
             if self.in_flight == 0:
                 self._idle.set()
 
+    async def _hold(self, timeout_s: float | None) -> None:
+        self.held += 1
+        self.held_total += 1
+        me = object()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            # A call woken by resume() that finds admission closed again (a new
+            # pause came first) waits again: nothing runs while paused.
+            while self.paused and not self.closed:
+                self._holding.setdefault(me, time.monotonic())
+                if deadline is None:
+                    await self._open.wait()
+                else:
+                    await asyncio.wait_for(self._open.wait(), max(deadline - time.monotonic(), 0))
+        # asyncio.TimeoutError: on Python 3.10 it is not the builtin TimeoutError.
+        except asyncio.TimeoutError:
+            raise AdmissionTimeout(
+                "gateway paused for a model update longer than the admission timeout; retry"
+            ) from None
+        finally:
+            self.held -= 1
+            t0 = self._holding.pop(me, None)
+            if t0 is not None:  # not settled by resume(): timed out or cancelled
+                self.held_seconds += time.monotonic() - t0
+
     async def pause(self) -> None:
         """Stop admitting; return when nothing is in flight."""
         self._bind()
@@ -73,12 +123,37 @@ class Gate:
         await self._idle.wait()
 
     def resume(self) -> None:
+        """Admit again; calls held now go ahead."""
         self._bind()
+        now = time.monotonic()
+        self.held_seconds += sum(now - t0 for t0 in self._holding.values())
+        self._holding.clear()
         self.paused = False
         self._open.set()
 
+    @asynccontextmanager
+    async def paused_for_update(self) -> AsyncIterator[None]:
+        """Pause and drain for the body; resume after it unless the gate was paused before."""
+        was_paused = self.paused
+        await self.pause()
+        try:
+            yield
+        finally:
+            if not was_paused:
+                self.resume()
+
     def close(self) -> None:
-        """Refuse new generations; waiters wake up and fail with EngineFailed."""
+        """Refuse new calls for good; held ones wake up and fail with EngineFailed."""
         self._bind()
         self.closed = True
         self._open.set()
+
+    def state(self) -> dict[str, Any]:
+        """The counters, for the admin state route and the async trainer's metrics."""
+        return {
+            "paused": self.paused,
+            "in_flight": self.in_flight,
+            "held": self.held,
+            "held_total": self.held_total,
+            "held_seconds": round(self.held_seconds, 6),
+        }

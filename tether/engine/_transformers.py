@@ -20,8 +20,9 @@ from typing import Any
 
 import torch
 
-from tether.engine._gate import Gate
+from tether.engine._gate import AdmissionGate
 from tether.engine._protocol import EngineFailed, GenerateResult, SamplingParams
+from tether.engine._turns import end_of_turn_ids
 from tether.engine._worker import STOP, EngineStats, Request, Scheduler
 from tether.errors import UserError
 
@@ -58,10 +59,10 @@ class TransformersEngine:
         self.tokenizer = tokenizer
         self._vocab = self.model.get_input_embeddings().num_embeddings
         self._max_len = getattr(self.model.config, "max_position_embeddings", None) or 1 << 30
-        self._eos = _end_ids(self.model, tokenizer)
+        self._eos = frozenset(end_of_turn_ids(tokenizer, self.model))
         rng = torch.Generator()
         rng.manual_seed(seed) if seed is not None else rng.seed()
-        self._gate = Gate()
+        self._gate = AdmissionGate()
         self._worker = Scheduler(
             self.model,
             tokenizer,
@@ -162,16 +163,11 @@ class TransformersEngine:
     ) -> int:
         """Pause, load ``state_dict`` (keys may be a subset of the model's), bump the version
         (or set it to ``version``: resuming from a checkpoint)."""
-        was_paused = self._gate.paused
-        await self._gate.pause()
-        try:
+        async with self._gate.paused_for_update():
             loop = asyncio.get_running_loop()
             fut: asyncio.Future[int] = loop.create_future()
             self._worker.inbox.put((partial(self._load, version=version), state_dict, fut, loop))
             return await fut
-        finally:
-            if not was_paused:
-                self._gate.resume()
 
     def _load(self, state_dict: dict[str, Any], version: int | None = None) -> int:
         unexpected = sorted(set(state_dict) - set(self.model.state_dict()))
@@ -190,21 +186,3 @@ class TransformersEngine:
         if self._worker.is_alive():
             self._worker.inbox.put(STOP)
             await asyncio.to_thread(self._worker.join, 30)
-
-
-def _end_ids(model: Any, tokenizer: Any) -> frozenset[int]:
-    """The default stop ids: the tokenizer's eos and ``<|im_end|>``, the generation config's eos."""
-    ids: set[int] = set()
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.update([eos] if isinstance(eos, int) else (eos or []))
-    if tokenizer is not None:
-        if getattr(tokenizer, "eos_token_id", None) is not None:
-            ids.add(tokenizer.eos_token_id)
-        end = (
-            tokenizer.convert_tokens_to_ids("<|im_end|>")
-            if "<|im_end|>" in tokenizer.get_vocab()
-            else None
-        )
-        if end is not None:
-            ids.add(end)
-    return frozenset(ids)

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
-from tether.engine._gate import Gate
+from tether.engine._gate import AdmissionGate
 from tether.engine._protocol import (
     Completion,
     EngineError,
@@ -32,6 +32,7 @@ from tether.engine._protocol import (
     GenerateResult,
     SamplingParams,
 )
+from tether.engine._turns import end_of_turn_ids
 
 __all__ = ["FakeEngine", "FaultyEngine", "NullEngine", "ScriptedEngine"]
 
@@ -51,7 +52,7 @@ class FakeEngine:
         self.calls: list[tuple[list[int], SamplingParams]] = []
         self.weights: list[dict[str, Any]] = []
         self._version = 0
-        self._gate = Gate()
+        self._gate = AdmissionGate()
 
     @property
     def policy_version(self) -> int:
@@ -114,13 +115,10 @@ class FakeEngine:
     async def update_weights(
         self, state_dict: dict[str, Any], *, version: int | None = None
     ) -> int:
-        was_paused = self._gate.paused
-        await self._gate.pause()
-        self.weights.append(state_dict)
-        self._version = self._version + 1 if version is None else int(version)
-        if not was_paused:
-            self._gate.resume()
-        return self._version
+        async with self._gate.paused_for_update():
+            self.weights.append(state_dict)
+            self._version = self._version + 1 if version is None else int(version)
+            return self._version
 
     async def close(self) -> None:
         self._gate.close()
@@ -184,7 +182,8 @@ class ScriptedEngine(FakeEngine):
         self.script: list[ScriptItem] = list(script)
         self.cycle = cycle
         self.position = 0
-        self.end_token_id = end_token_id if end_token_id is not None else _end_id(tokenizer)
+        ends = end_of_turn_ids(tokenizer)
+        self.end_token_id = end_token_id if end_token_id is not None else (ends or (None,))[0]
 
     def _complete(self, prompt_ids: list[int], params: SamplingParams, index: int) -> list[int]:
         if self.position >= len(self.script):
@@ -268,28 +267,13 @@ class FaultyEngine(FakeEngine):
     async def update_weights(
         self, state_dict: dict[str, Any], *, version: int | None = None
     ) -> int:
-        was_paused = self._gate.paused
-        await self._gate.pause()
-        try:
+        async with self._gate.paused_for_update():
             self.weights.append(state_dict)
             return await self.inner.update_weights(state_dict, version=version)
-        finally:
-            if not was_paused:
-                self._gate.resume()
 
     async def close(self) -> None:
         self._gate.close()
         await self.inner.close()
-
-
-def _end_id(tokenizer: Any) -> int | None:
-    if tokenizer is None:
-        return None
-    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
-    if "<|im_end|>" in vocab:
-        return int(vocab["<|im_end|>"])
-    eos = getattr(tokenizer, "eos_token_id", None)
-    return int(eos) if eos is not None else None
 
 
 def _with_stop_id(params: SamplingParams, token_id: int) -> SamplingParams:

@@ -1,7 +1,8 @@
-"""The gateway's logic, apart from HTTP: rollouts, tokens and model calls.
+"""The gateway's logic, apart from HTTP: model calls (rollouts in ``_rollouts``).
 
 :class:`Gateway` is what the routes call, and what an in-process trainer or
-runner calls directly (the admin routes are a thin layer over it).
+runner calls directly (the routes are a thin layer over it: every store
+access and every admission change goes through it).
 """
 
 from __future__ import annotations
@@ -12,21 +13,27 @@ import logging
 import secrets
 import sys
 import time
-import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from tether.chat import get_parser, render_text
-from tether.engine import Engine, EngineError, EngineFailed, EngineTimeout, SamplingParams
-from tether.records import Call, CallStatus, Reward, RewardSource, Rollout, RolloutStatus
+from tether.chat import PromptEncoder, get_parser, render_text
+from tether.engine import (
+    AdmissionGate,
+    Engine,
+    EngineError,
+    EngineFailed,
+    EngineTimeout,
+    SamplingParams,
+    end_of_turn_ids,
+)
+from tether.records import Call, CallStatus
 from tether.store import Store
 
-from ._auth import Keys, check_rollout_id, hash_token, new_token
+from ._auth import Keys
 from ._config import GatewayConfig
 from ._errors import ApiError
-from ._gate import AdmissionGate
-from ._prompt import PromptEncoder
-from ._render import Choice, choices_from, stop_token_ids
+from ._render import Choice, choices_from
+from ._rollouts import OpenedRollout, Rollouts
 
 __all__ = ["Gateway", "OpenedRollout"]
 
@@ -43,27 +50,7 @@ else:  # pragma: no cover - Python 3.10
     _within = asyncio.wait_for
 
 
-@dataclass(frozen=True)
-class OpenedRollout:
-    """What an agent needs: give it ``base_url`` and ``token`` (never the admin key)."""
-
-    rollout_id: str
-    attempt: int
-    token: str
-    base_url: str
-    reward_url: str
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "rollout_id": self.rollout_id,
-            "attempt": self.attempt,
-            "token": self.token,
-            "base_url": self.base_url,
-            "reward_url": self.reward_url,
-        }
-
-
-class Gateway:
+class Gateway(Rollouts):
     """Serves model calls for rollouts and records every one of them.
 
     A sampled call whose request carries no ``seed`` gets one derived from
@@ -91,7 +78,7 @@ class Gateway:
         self.keys = Keys(config.admin_key, config.record_keys)
         self.parser = get_parser(config.tool_parser)
         self.gate = AdmissionGate()
-        self.stop_ids = stop_token_ids(tokenizer)
+        self.stop_ids = end_of_turn_ids(tokenizer)
         self.prompts = PromptEncoder(tokenizer)
         self.max_context = int(getattr(tokenizer, "model_max_length", 0) or 0)
         self.engine_calls = 0
@@ -104,141 +91,24 @@ class Gateway:
         # rollout id -> (attempt, base of its derived seeds, calls made so far in the attempt)
         self._draws: dict[str, tuple[int, bytes, int]] = {}
 
-    # -- rollouts -----------------------------------------------------------
+    # -- admission ----------------------------------------------------------
 
-    def open_rollout(
-        self,
-        task: dict[str, Any] | None = None,
-        *,
-        rollout_id: str | None = None,
-        run_id: str | None = None,
-        group_id: str | None = None,
-        task_id: str | None = None,
-        sampling: dict[str, float] | None = None,
-        queued: bool = False,
-    ) -> OpenedRollout:
-        """Create a rollout, start its first attempt and mint its token.
+    async def pause(self) -> None:
+        """Hold new model calls and return once the calls in flight have finished."""
+        await self.gate.pause()
 
-        ``sampling`` overrides what the agent asks for (``temperature``,
-        ``top_p``) on every call of this rollout: the trainer uses it to
-        evaluate an unchanged agent greedily. ``queued``: the attempt waits
-        for a runner, which calls :meth:`mark_running` when it starts the
-        agent (the agent's first call does it too); else it is running now.
-        """
-        rid = check_rollout_id(rollout_id) if rollout_id else f"r-{uuid.uuid4().hex[:16]}"
-        if self.store.get_rollout(rid) is not None:
-            raise ApiError(409, f"rollout {rid!r} already exists", param="rollout_id")
-        self.store.create_rollout(
-            Rollout(
-                id=rid,
-                run_id=run_id or self.default_run_id,
-                task_id=task_id,
-                group_id=group_id,
-                task=task or {},
-            )
-        )
-        if sampling:
-            unknown = set(sampling) - {"temperature", "top_p"}
-            if unknown:
-                raise ApiError(
-                    400, f"sampling overrides {sorted(unknown)} are not supported", param="sampling"
-                )
-            self._sampling[rid] = dict(sampling)
-        return self._start(rid, queued)
+    def resume(self) -> None:
+        """Admit model calls again; the held ones go ahead."""
+        self.gate.resume()
 
-    def retry_rollout(
-        self, rollout_id: str, *, sampling: dict[str, float] | None = None, queued: bool = False
-    ) -> OpenedRollout:
-        """Start a new attempt (after a failure or timeout); the old token then gets 409.
-
-        ``sampling`` restores the overrides given to :meth:`open_rollout`
-        (finishing the failed attempt dropped them).
-        """
-        if sampling:
-            self._sampling[rollout_id] = dict(sampling)
-        return self._start(rollout_id, queued)
-
-    def mark_running(self, rollout_id: str, attempt: int) -> None:
-        """A ``queued`` attempt's agent has started (runners call this); no-op if running."""
-        self.store.mark_running(rollout_id, attempt)
-
-    def _start(self, rollout_id: str, queued: bool = False) -> OpenedRollout:
-        token = new_token()
-        previous = self.store.rollout_auth(rollout_id)
-        attempt = self.store.start_attempt(rollout_id, hash_token(token), queued=queued)
-        if previous is not None and previous[2]:
-            self.keys.supersede(previous[2], hash_token(token))
-        base = self.config.base_url
-        return OpenedRollout(
-            rollout_id=rollout_id,
-            attempt=attempt,
-            token=token,
-            base_url=f"{base}/rollouts/{rollout_id}/v1",
-            reward_url=f"{base}/rollouts/{rollout_id}/reward",
-        )
-
-    def finish_rollout(
-        self,
-        rollout_id: str,
-        status: RolloutStatus,
-        *,
-        attempt: int | None = None,
-        reward: float | None = None,
-        source: RewardSource = RewardSource.GRADER,
-        final_answer: str | None = None,
-        error: str | None = None,
-        exit_code: int | None = None,
-        output_tail: str = "",
-        success: bool | None = None,
-    ) -> Rollout:
-        """End a rollout's attempt (its token stops working) with an optional final reward.
-
-        ``exit_code``, ``output_tail`` (what the agent printed) and ``success``
-        are kept with the attempt (:meth:`Store.attempts`)."""
-        self._sampling.pop(rollout_id, None)
-        self._draws.pop(rollout_id, None)
-        auth = self.store.rollout_auth(rollout_id)
-        if attempt is None:
-            if auth is None:
-                raise ApiError(404, f"no rollout {rollout_id!r}")
-            attempt = auth[1]
-        if (
-            auth is not None
-            and auth[0] is RolloutStatus.QUEUED
-            and auth[1] == attempt >= 1
-            and RolloutStatus(status) is not RolloutStatus.CANCELLED
-        ):  # its runner ran it without saying so: queued → running → final, never a jump
-            self.store.mark_running(rollout_id, attempt)
-        return self.store.finish_rollout(
-            rollout_id,
-            status,
-            attempt=attempt,
-            reward=reward,
-            reward_source=source if reward is not None else None,
-            final_answer=final_answer,
-            error=error,
-            exit_code=exit_code,
-            output_tail=output_tail,
-            success=success,
-        )
-
-    def record_agent_reward(
-        self, rollout_id: str, attempt: int, value: float, call_seq: int | None
-    ) -> None:
-        if not self.config.allow_agent_rewards:
-            raise ApiError(
-                403,
-                "this run does not accept rewards from agents (gateway.allow_agent_rewards is off)",
-            )
-        self.store.record_reward(
-            Reward(
-                rollout_id=rollout_id,
-                value=float(value),
-                source=RewardSource.AGENT,
-                attempt=attempt,
-                call_seq=call_seq,
-            )
-        )
+    def admission_state(self) -> dict[str, Any]:
+        """``paused``, ``in_flight``, ``held`` now, ``held_total`` and ``held_seconds`` so far,
+        the engine's ``policy_version`` and the gateway's ``engine_calls``."""
+        return {
+            **self.gate.state(),
+            "policy_version": self.engine.policy_version,
+            "engine_calls": self.engine_calls,
+        }
 
     # -- model calls --------------------------------------------------------
 
@@ -347,7 +217,8 @@ class Gateway:
                 result = await _within(
                     self.engine.generate(prompt_ids, params), self.config.engine_timeout_s
                 )
-            except (TimeoutError, EngineTimeout) as exc:
+            # asyncio.TimeoutError: what wait_for raises on Python 3.10 (not the builtin there)
+            except (asyncio.TimeoutError, EngineTimeout) as exc:
                 self._record_failure(
                     rollout_id, attempt, prompt_ids, params, request, t0, "timeout"
                 )

@@ -1,23 +1,21 @@
 """OpenAI-style errors. HTTP status codes are chosen here and nowhere else.
 
-Every error body has the OpenAI shape
+:func:`http_error` is the one mapping from what tether raises to a status;
+:class:`ApiError` carries a status the gateway chose itself (a bad rollout id,
+a missing key, a cap). Every error body has the OpenAI shape
 ``{"error": {"message", "type", "param", "code"}}`` so that the official
 clients raise their usual exception classes (``BadRequestError``,
 ``AuthenticationError``, ``PermissionDeniedError``, ``NotFoundError``,
-``ConflictError``, ``InternalServerError``, ...).
+``ConflictError``, ``InternalServerError``, ...). This module does not
+import FastAPI (``_http`` installs the handlers).
 """
 
 from __future__ import annotations
 
 import logging
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
 from tether.chat import ChatError, InvalidMessages
-from tether.engine import EngineError, EngineTimeout
+from tether.engine import AdmissionTimeout, EngineError, EngineTimeout
 from tether.store import (
     DuplicateReward,
     IllegalRolloutTransition,
@@ -27,7 +25,7 @@ from tether.store import (
     StoreError,
 )
 
-__all__ = ["ApiError", "error_body", "install_handlers"]
+__all__ = ["MAPPED", "ApiError", "error_body", "http_error"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +57,42 @@ class ApiError(Exception):
         self.code = code
 
 
+# tether's error classes → (status, message prefix), most specific first.
+_STATUSES: tuple[tuple[type[Exception], int, str], ...] = (
+    (InvalidMessages, 400, ""),
+    (ChatError, 500, "gateway set-up error: "),  # no chat template, unknown parser
+    (AdmissionTimeout, 503, ""),  # held while paused: the engine did not fail
+    (EngineTimeout, 504, "engine failed: "),
+    (EngineError, 502, "engine failed: "),
+    (NotFound, 404, ""),
+    (RolloutClosed, 401, "rollout has ended: "),
+    (StaleAttempt, 409, ""),
+    (DuplicateReward, 409, ""),
+    (IllegalRolloutTransition, 409, ""),
+    (StoreError, 503, ""),
+)
+
+
+# The error classes :func:`http_error` answers (others are the gateway's bugs: a 500).
+MAPPED: tuple[type[Exception], ...] = tuple(cls for cls, _, _ in _STATUSES)
+
+
+def http_error(exc: Exception) -> ApiError | None:
+    """The status and message ``exc`` is answered with; None for an unexpected error (a 500)."""
+    if isinstance(exc, ApiError):
+        return exc
+    match = next((row for row in _STATUSES if isinstance(exc, row[0])), None)
+    if match is None:
+        return None
+    _, status, prefix = match
+    if status in (500, 503) and not isinstance(exc, AdmissionTimeout):
+        log.error("%s: %s", type(exc).__name__, exc)  # the gateway's set-up or its store
+    if isinstance(exc, StoreError) and status == 503:
+        return ApiError(503, "trace store unavailable")
+    param = "messages" if isinstance(exc, InvalidMessages) else None
+    return ApiError(status, f"{prefix}{exc}", param=param)
+
+
 def error_body(
     status: int, message: str, param: str | None = None, code: str | None = None
 ) -> dict:
@@ -70,68 +104,3 @@ def error_body(
             "code": code,
         }
     }
-
-
-def _response(status: int, message: str, param: str | None = None, code: str | None = None):
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(
-        error_body(status, message, param, code), status_code=status, headers=headers
-    )
-
-
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
-    if not errors:
-        return "invalid request body", None
-    first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
-    kind = first.get("type", "")
-    if kind == "extra_forbidden":
-        return (f"unsupported field '{param}': tether does not implement it; remove it", param)
-    if kind == "json_invalid":
-        return ("request body is not valid JSON", None)
-    msg = first.get("msg", "invalid value")
-    return (f"{param}: {msg}" if param else msg, param)
-
-
-def install_handlers(app: FastAPI) -> None:
-    """Map every error tether raises to its status and an OpenAI error body."""
-
-    @app.exception_handler(ApiError)
-    async def _api(_: Request, exc: ApiError):
-        return _response(exc.status, exc.message, exc.param, exc.code)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError):
-        message, param = _validation_message(exc)
-        return _response(400, message, param)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException):
-        return _response(exc.status_code, str(exc.detail))
-
-    @app.exception_handler(ChatError)
-    async def _chat(_: Request, exc: ChatError):
-        if isinstance(exc, InvalidMessages):
-            return _response(400, str(exc), "messages")
-        log.error(
-            "gateway set-up error: %s", exc
-        )  # no chat template, unknown parser: not the caller's fault
-        return _response(500, f"gateway set-up error: {exc}")
-
-    @app.exception_handler(EngineError)
-    async def _engine(_: Request, exc: EngineError):
-        status = 504 if isinstance(exc, EngineTimeout) else 502
-        return _response(status, f"engine failed: {exc}")
-
-    @app.exception_handler(StoreError)
-    async def _store(_: Request, exc: StoreError):
-        if isinstance(exc, NotFound):
-            return _response(404, str(exc))
-        if isinstance(exc, RolloutClosed):
-            return _response(401, f"rollout has ended: {exc}")
-        if isinstance(exc, StaleAttempt | DuplicateReward | IllegalRolloutTransition):
-            return _response(409, str(exc))
-        log.error("store error: %s", exc)
-        return _response(503, "trace store unavailable")

@@ -22,20 +22,7 @@ __all__ = [
     "chat_chunks",
     "choices_from",
     "completion_body",
-    "stop_token_ids",
 ]
-
-_STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>")
-
-
-def stop_token_ids(tokenizer: Any) -> tuple[int, ...]:
-    """Ids that end an assistant turn: eos plus the usual end-of-turn tokens in the vocabulary."""
-    ids: set[int] = set()
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    vocab = tokenizer.get_vocab()
-    ids.update(vocab[t] for t in _STOP_TOKENS if t in vocab)
-    return tuple(sorted(ids))
 
 
 @dataclass

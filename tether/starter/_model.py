@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
-from tether.starter._template import ENDOFTEXT, IM_END
+from tether.engine import end_of_turn_ids
 
 __all__ = ["ModelRecipe", "build_model", "generation_config", "stop_token_ids"]
 
@@ -31,8 +31,9 @@ class ModelRecipe:
 
 
 def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """The ids that end an assistant turn: ``<|im_end|>`` then ``<|endoftext|>``."""
-    return [int(tokenizer.convert_tokens_to_ids(t)) for t in (IM_END, ENDOFTEXT)]
+    """The ids that end an assistant turn (:func:`tether.engine.end_of_turn_ids`):
+    for the starter, ``<|im_end|>`` then ``<|endoftext|>``."""
+    return list(end_of_turn_ids(tokenizer))
 
 
 def model_config(recipe: ModelRecipe, tokenizer: PreTrainedTokenizerBase) -> Qwen2Config:

@@ -208,13 +208,12 @@ class AsyncRollouts:
 
     async def step(self, step: int) -> dict[str, float]:
         """Wait for a batch, pause admission, drain, learn, resume; the step's metrics."""
-        gate = self.gw.gate
         t0 = time.perf_counter()
         self.fill()
         dropped = await self.wait_ready()
         t1 = time.perf_counter()
-        held0, hold0 = gate.held_total, gate.held_seconds
-        await gate.pause()
+        before = self.gw.admission_state()
+        await self.gw.pause()
         t2 = time.perf_counter()
         try:
             # Groups that finished during the drain; the version has not moved, so the
@@ -226,16 +225,17 @@ class AsyncRollouts:
             lags = [group_lag(g, version) for g in batch]
             m = await self.learn([g.outcomes for g in batch])
         finally:
-            gate.resume()
+            self.gw.resume()
         t3 = time.perf_counter()
+        after = self.gw.admission_state()
         calls = [c for g in batch for o in g.outcomes for c in o.calls]
         m.update(
             {
                 "wait_s": t1 - t0,
                 "drain_s": t2 - t1,
                 "paused_s": t3 - t1,
-                "calls_held": float(gate.held_total - held0),
-                "hold_s": gate.held_seconds - hold0,
+                "calls_held": float(after["held_total"] - before["held_total"]),
+                "hold_s": after["held_seconds"] - before["held_seconds"],
                 "groups_dropped_lag": float(dropped),
                 "groups_carried": float(len(self.ready) + len(self.running)),
                 "policy_lag_max": float(max(lags)),

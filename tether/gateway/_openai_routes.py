@@ -1,0 +1,193 @@
+"""The agents' routes: OpenAI-compatible chat and completions per rollout, the reward
+route, and record mode (``/v1/...`` without a rollout, with a record key).
+
+Each route checks its credentials, parses its body and calls :class:`Gateway`;
+the response bodies are built in ``_render``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from tether.records import RewardSource, RolloutStatus
+
+from ._auth import bearer, check_rollout_id
+from ._core import Gateway
+from ._errors import ApiError
+from ._http import STREAMED, body_schema, gateway, parse, rollout_attempt, sse
+from ._render import chat_body, chat_chunks, completion_body
+from ._schemas import ChatCompletionRequest, CompletionRequest, RewardRequest
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+async def _chat(gw: Gateway, rollout_id: str, attempt: int, request: Request) -> Any:
+    req: ChatCompletionRequest = await parse(request, ChatCompletionRequest)
+    top = req.top_logprobs or 0
+    if top and not req.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    params = gw.sampling_params(
+        req,
+        max_tokens=req.max_completion_tokens or req.max_tokens,
+        top_logprobs=top,
+        rollout_id=rollout_id,
+    )
+    prompt_ids = gw.render(req.messages, req.tools)
+    gw.check_prompt(prompt_ids, params)
+    record = {
+        "messages": req.messages,
+        "tools": req.tools,
+        "params": req.model_dump(exclude={"messages", "tools"}, exclude_none=True),
+    }
+    choices, _ = await gw.generate(
+        rollout_id,
+        attempt,
+        prompt_ids,
+        params,
+        record,
+        parse_tools=bool(req.tools) and req.tool_choice != "none",
+        max_tool_calls=1 if req.parallel_tool_calls is False else None,
+    )
+    body = chat_body(
+        gw.tokenizer,
+        req.model,
+        len(prompt_ids),
+        choices,
+        logprobs=bool(req.logprobs),
+        top_logprobs=top,
+        policy_version=gw.engine.policy_version,
+    )
+    if req.stream:
+        include_usage = bool((req.stream_options or {}).get("include_usage"))
+        return sse(chat_chunks(gw.tokenizer, body, choices, include_usage=include_usage))
+    return JSONResponse(body)
+
+
+def _models(name: str) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [{"id": name, "object": "model", "created": 0, "owned_by": "tether"}],
+    }
+
+
+@router.get("/healthz", tags=["health"])
+async def healthz() -> dict[str, Any]:
+    return {"status": "ok"}
+
+
+@router.post(
+    "/rollouts/{rollout_id:rid}/v1/chat/completions",
+    tags=["openai"],
+    openapi_extra=body_schema(ChatCompletionRequest),
+    responses=STREAMED,
+)
+async def rollout_chat(
+    rollout_id: str,
+    request: Request,
+    gw: Gateway = Depends(gateway),
+    attempt: int = Depends(rollout_attempt),
+):
+    return await _chat(gw, rollout_id, attempt, request)
+
+
+@router.post(
+    "/rollouts/{rollout_id:rid}/v1/completions",
+    tags=["openai"],
+    openapi_extra=body_schema(CompletionRequest),
+    responses=STREAMED,
+)
+async def rollout_completions(
+    rollout_id: str,
+    request: Request,
+    gw: Gateway = Depends(gateway),
+    attempt: int = Depends(rollout_attempt),
+):
+    req: CompletionRequest = await parse(request, CompletionRequest)
+    top = req.logprobs or 0
+    params = gw.sampling_params(
+        req, max_tokens=req.max_tokens, top_logprobs=top, rollout_id=rollout_id
+    )
+    if isinstance(req.prompt, str):
+        prompt_ids = gw.tokenizer.encode(req.prompt, add_special_tokens=False)
+    else:
+        vocab = len(gw.tokenizer)
+        if any(not 0 <= t < vocab for t in req.prompt):
+            raise ApiError(400, f"prompt token ids must be in 0..{vocab - 1}", param="prompt")
+        prompt_ids = list(req.prompt)
+    gw.check_prompt(prompt_ids, params)
+    record = {"prompt": req.prompt, "params": req.model_dump(exclude={"prompt"}, exclude_none=True)}
+    choices, _ = await gw.generate(
+        rollout_id, attempt, prompt_ids, params, record, parse_tools=False
+    )
+    body = completion_body(
+        gw.tokenizer,
+        req.model,
+        len(prompt_ids),
+        choices,
+        logprobs=req.logprobs,
+        policy_version=gw.engine.policy_version,
+    )
+    if req.stream:
+        base = {k: body[k] for k in ("id", "object", "created", "model")}
+        return sse([{**base, "choices": [c]} for c in body["choices"]])
+    return JSONResponse(body)
+
+
+@router.get("/rollouts/{rollout_id:rid}/v1/models", tags=["openai"])
+async def rollout_models(
+    gw: Gateway = Depends(gateway), _: int = Depends(rollout_attempt)
+) -> dict[str, Any]:
+    return _models(gw.config.served_model_name)
+
+
+@router.post(
+    "/rollouts/{rollout_id:rid}/reward", tags=["rollouts"], openapi_extra=body_schema(RewardRequest)
+)
+async def rollout_reward(
+    rollout_id: str, request: Request, gw: Gateway = Depends(gateway)
+) -> dict[str, Any]:
+    """The agent's reward with its rollout token, or the admin's with the admin key."""
+    check_rollout_id(rollout_id)
+    if gw.keys.is_admin(bearer(request.headers.get("authorization"))):
+        req: RewardRequest = await parse(request, RewardRequest)
+        gw.record_reward(rollout_id, req.value, call_seq=req.call_seq, source=RewardSource.ADMIN)
+        return {"ok": True}
+    attempt = rollout_attempt(rollout_id, request)
+    req = await parse(request, RewardRequest)
+    gw.record_reward(rollout_id, req.value, call_seq=req.call_seq, attempt=attempt)
+    return {"ok": True}
+
+
+@router.post(
+    "/v1/chat/completions",
+    tags=["record"],
+    openapi_extra=body_schema(ChatCompletionRequest),
+    responses=STREAMED,
+)
+async def record_chat(request: Request, gw: Gateway = Depends(gateway)):
+    token = bearer(request.headers.get("authorization"))
+    if token is None:
+        raise ApiError(401, "missing bearer token: record mode needs a record key")
+    if not gw.keys.is_recorder(token):
+        raise ApiError(
+            401,
+            "invalid key for record mode (tether serve --record-key KEY, or gateway.record_keys)",
+        )
+    opened = gw.open_rollout({}, run_id=None)
+    try:
+        return await _chat(gw, opened.rollout_id, opened.attempt, request)
+    finally:
+        gw.finish_rollout(opened.rollout_id, RolloutStatus.SUCCEEDED, attempt=opened.attempt)
+
+
+@router.get("/v1/models", tags=["record"])
+async def models(request: Request, gw: Gateway = Depends(gateway)) -> dict[str, Any]:
+    token = bearer(request.headers.get("authorization"))
+    if not (gw.keys.is_recorder(token) or gw.keys.is_admin(token)):
+        raise ApiError(401, "missing or invalid key")
+    return _models(gw.config.served_model_name)
