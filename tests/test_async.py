@@ -299,8 +299,11 @@ def test_lag_zero_drops_carried_groups_and_trains_only_fresh_ones(
     # Every trained group ran entirely on the weights it trained (version = step).
     for step, batch in enumerate(ar.trained):
         assert all(group_lag(g, step) == 0 for g in batch)
-    # Groups 2 and 3 made their first calls on version 0 and cannot train at version 1.
-    assert {2, 3} <= {g.index for g in ar.dropped}
+    # Of the four groups started before the first update, the two it did not train made
+    # their first calls on version 0 and cannot train at version 1. Which two finish first
+    # is up to timing (ordering them by index made this test flaky).
+    carried = {0, 1, 2, 3} - {g.index for g in ar.trained[0]}
+    assert len(carried) == 2 and carried <= {g.index for g in ar.dropped}
     assert sum(m["groups_dropped_lag"] for m in metrics) == len(ar.dropped)
     # Each dropped group really was behind when it was dropped, and none was trained.
     trained = {g.index for b in ar.trained for g in b}
