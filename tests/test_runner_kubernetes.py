@@ -18,9 +18,9 @@ from tether.engine.testing import NullEngine
 from tether.errors import UserError
 from tether.gateway import Gateway, GatewayConfig
 from tether.records import RolloutStatus, Task
+from tether.run import collect_groups
 from tether.runner import KubernetesConfig, Launch, RunnerConfig, RunnerConfigError, make_runner
 from tether.runner._k8s_manifest import job_manifest, job_name, label_value
-from tether.trainer._collect import collect_groups
 
 pytest.importorskip("kubernetes")
 

@@ -13,18 +13,19 @@ from rich.console import Console
 
 from tether._interrupt import Interrupts
 from tether._progress import Progress, plot_curve
-from tether.runner import RunnerConfig, kill_live_groups
-from tether.trainer._rundir import check_new_run
-from tether.trainer.checkpoint import checkpoint_state
-from tether.trainer.config import (
+from tether.run import (
     CheckpointConfig,
     EvalConfig,
+    EvalResult,
     RolloutConfig,
     TasksConfig,
     TrainConfig,
     TrainerConfig,
+    TrainingRun,
+    check_new_run,
 )
-from tether.trainer.loop import EvalResult, TrainingRun
+from tether.runner import RunnerConfig, kill_live_groups
+from tether.trainer.checkpoint import checkpoint_state
 
 __all__ = [
     "demo_config",

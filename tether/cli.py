@@ -261,7 +261,7 @@ def train(
     """Train from a config file, with overrides."""
     _setup_logging(log_level)
     from tether.configio import load_config
-    from tether.trainer.config import TrainConfig
+    from tether.run import TrainConfig
 
     from ._cli_train import run_train
 
@@ -287,7 +287,7 @@ def eval_(
     """Evaluate on the val split (the config's model, or a checkpoint)."""
     _setup_logging(log_level)
     from tether.configio import load_config
-    from tether.trainer.config import TrainConfig
+    from tether.run import TrainConfig
 
     from ._cli_train import run_eval
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from tether.store._codec import redact_secrets
+from tether.store import redact_secrets
 from tether.trainer.errors import CheckpointConflict
 
 __all__ = [

@@ -51,18 +51,18 @@ from tether.configio import dump
 from tether.engine import Engine, TransformersEngine
 from tether.gateway import Gateway, LoopServer, create_app
 from tether.records import Checkpoint
+from tether.run._async import AsyncRollouts
+from tether.run._collect import Collected, RolloutOutcome, collect_groups, load_grader
+from tether.run._events import Counted, EvalStart
+from tether.run._failures import check_collection
+from tether.run._rundir import ResumePoint, past_metrics, resume_point
+from tether.run._tasks import load_tasks, tasks_for_step
+from tether.run.config import TrainConfig
 from tether.runner import make_runner
 from tether.store import Store
+from tether.trainer import PolicyTrainer
 from tether.trainer import algorithms as A
-from tether.trainer._async import AsyncRollouts
-from tether.trainer._collect import Collected, RolloutOutcome, collect_groups, load_grader
-from tether.trainer._events import Counted, EvalStart
-from tether.trainer._failures import check_collection
-from tether.trainer._rundir import ResumePoint, past_metrics, resume_point
-from tether.trainer._tasks import load_tasks, tasks_for_step
-from tether.trainer._update import PolicyTrainer
 from tether.trainer.checkpoint import load_checkpoint, save_checkpoint
-from tether.trainer.config import TrainConfig
 from tether.trainer.errors import PolicyCollapsed, TrainerError
 from tether.trainer.samples import build_samples
 
@@ -389,7 +389,7 @@ class TrainingRun:
         self.on_event("step", report)
         return report
 
-    # -- async mode (tether/trainer/_async.py) ------------------------------------
+    # -- async mode (tether/run/_async.py) ----------------------------------------
 
     def _async_rollouts(self) -> AsyncRollouts:
         if self._async is None:
