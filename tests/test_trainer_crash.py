@@ -70,9 +70,9 @@ def _config(out: Path, model: Path, resume: bool) -> Any:
         trainer=TrainerConfig(steps=STEPS, lr=1e-3, seed=5),
         eval=EvalConfig(tasks=1, samples=2, greedy=False),
         checkpoint=CheckpointConfig(every=1, keep=STEPS + 1),
+        resume=resume,
     )
     cfg.model.path = str(model)
-    cfg.extra["resume"] = resume
     return cfg
 
 

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     )
     from tether.run._events import EvalStart
     from tether.run._failures import check_collection
-    from tether.run._loop import EvalResult, StepReport, TrainingRun
+    from tether.run._loop import EvalResult, StepReport, TrainingRun, end_status
     from tether.run._rundir import (
         ResumePoint,
         check_new_run,
@@ -76,6 +76,7 @@ __all__ = [
     "check_collection",
     "check_new_run",
     "collect_groups",
+    "end_status",
     "free_name",
     "group_lag",
     "holds_run",
@@ -105,7 +106,7 @@ _LAZY = {
     ),
     "EvalStart": "tether.run._events",
     "check_collection": "tether.run._failures",
-    **dict.fromkeys(["EvalResult", "StepReport", "TrainingRun"], "tether.run._loop"),
+    **dict.fromkeys(["EvalResult", "StepReport", "TrainingRun", "end_status"], "tether.run._loop"),
     **dict.fromkeys(
         ["ResumePoint", "check_new_run", "free_name", "holds_run", "past_metrics", "resume_point"],
         "tether.run._rundir",

@@ -20,7 +20,7 @@ first collection failed. "Success" is each rollout's own verdict (the
 grader's flag or ``rollout.success_threshold``, see ``_collect``), so train
 steps and evals count it the same way.
 
-With ``extra.resume`` (``tether train --resume``) the run continues from its
+With ``resume`` (``tether train --resume``) the run continues from its
 newest checkpoint (``_rundir.py``): at the checkpoint's step, with the
 engine at the checkpoint's policy version, in a new store record linked to
 the one it continues, and with the earlier sessions' metrics and evals in
@@ -35,6 +35,7 @@ update, push, resume.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import random
@@ -46,11 +47,12 @@ from typing import Any
 
 import torch
 
+from tether._interrupt import Interrupted
 from tether._memory import resident_mb, trim_heap
 from tether.configio import dump
 from tether.engine import Engine, TransformersEngine
-from tether.gateway import Gateway, LoopServer, create_app
-from tether.records import Checkpoint
+from tether.gateway import Gateway, GatewayConfig, LoopServer, create_app
+from tether.records import Checkpoint, RunStatus
 from tether.run._async import AsyncRollouts
 from tether.run._collect import Collected, RolloutOutcome, collect_groups, load_grader
 from tether.run._events import Counted, EvalStart
@@ -66,7 +68,7 @@ from tether.trainer.checkpoint import load_checkpoint, save_checkpoint
 from tether.trainer.errors import PolicyCollapsed, TrainerError
 from tether.trainer.samples import build_samples
 
-__all__ = ["EvalResult", "EvalStart", "StepReport", "TrainingRun"]
+__all__ = ["EvalResult", "EvalStart", "StepReport", "TrainingRun", "end_status"]
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +106,43 @@ def _success(collected: Collected) -> float:
     return sum(1 for o in outs if o.success) / max(len(outs), 1)
 
 
+def _record_config(cfg: TrainConfig, command: str, resume: ResumePoint | None) -> dict[str, Any]:
+    """``cfg`` as the run's store record holds it: ``extra`` says an eval's record is not a
+    training run, and links a resumed session to the record it continues (see _rundir.py)."""
+    record = dump(cfg)
+    notes = dict(record.get("extra") or {})
+    if command != "train":
+        notes["command"] = command
+    if resume is not None and resume.run_id is not None:
+        notes.update(resumed_from=resume.run_id, resumed_at=resume.step)
+    record["extra"] = notes
+    return record
+
+
+def _gateway_config(cfg: TrainConfig) -> GatewayConfig:
+    """The run's gateway config: an admin key (the operator's, or a fresh one), and in async
+    mode ``trainer.hold_timeout_s`` as the admission timeout."""
+    gcfg = cfg.gateway
+    if not gcfg.admin_key:  # the operator's key reaches the admin API of the run's gateway
+        key = os.environ.get("TETHER_ADMIN_KEY") or secrets.token_urlsafe(32)
+        gcfg = dataclasses.replace(gcfg, admin_key=key)
+    hold = cfg.trainer.hold_timeout_s
+    if cfg.trainer.mode == "async" and hold is not None:
+        gcfg = dataclasses.replace(gcfg, admission_timeout_s=hold)
+    return gcfg
+
+
+def end_status(exc_type: object) -> RunStatus:
+    """A run's final status from the exception that ended it (None: it finished)."""
+    if exc_type is None:
+        return RunStatus.FINISHED
+    if isinstance(exc_type, type) and issubclass(
+        exc_type, (Interrupted, KeyboardInterrupt, asyncio.CancelledError)
+    ):
+        return RunStatus.INTERRUPTED  # Ctrl-C or SIGTERM (Interrupts cancels the main task)
+    return RunStatus.FAILED
+
+
 def resolve_model_path(path: str) -> Path:
     if path == "starter":
         from tether.starter import build_starter
@@ -126,8 +165,12 @@ class TrainingRun:
         on_event: Any = None,
         model_path: Path | None = None,
         engine: Engine | None = None,
+        command: str = "train",
     ):
         self.cfg = cfg
+        #: "train", or "eval" for ``tether eval``: its store record is then not a training
+        #: run (``extra.command: eval`` in the record, see _rundir.py).
+        self.command = command
         self._engine = engine
         self.on_event = on_event or (lambda kind, payload: None)
         self.run_dir = Path(cfg.dir) / cfg.name
@@ -142,14 +185,20 @@ class TrainingRun:
         self.last_checkpoint: Path | None = None  # the newest checkpoint of this run
         self._async: AsyncRollouts | None = None
         self._collections = 0  # checked so far (the first one stops the run if all fail)
+        #: The run's config as its store record and checkpoints hold it (``extra`` gains
+        #: ``command``, ``resumed_from``, ``resumed_at``); ``cfg`` itself is never changed.
+        self.record_config: dict[str, Any] = {}
+        #: The gateway's effective config: the admin key made when none was given, the
+        #: server's URL, async mode's hold timeout (``cfg.gateway`` is left as given).
+        self.gateway_config: GatewayConfig | None = None
 
     # -- set-up and teardown ---------------------------------------------------
 
     async def __aenter__(self) -> TrainingRun:
         try:
             return await self._open()
-        except BaseException:  # cancelled (Ctrl-C) or failed half-way: close what was built
-            await self.__aexit__()
+        except BaseException as exc:  # cancelled (Ctrl-C) or failed half-way: close what was built
+            await self.__aexit__(type(exc), exc, exc.__traceback__)
             raise
 
     async def _open(self) -> TrainingRun:
@@ -157,9 +206,7 @@ class TrainingRun:
 
         cfg = self.cfg
         resume = (  # before the slow part: "nothing to resume" is a one-line error at once
-            resume_point(Path(cfg.dir), cfg.name, cfg.trainer.steps)
-            if cfg.extra.get("resume", False)
-            else None
+            resume_point(Path(cfg.dir), cfg.name, cfg.trainer.steps) if cfg.resume else None
         )
         torch.manual_seed(cfg.trainer.seed)
         random.seed(cfg.trainer.seed)
@@ -186,23 +233,21 @@ class TrainingRun:
         self.on_event(
             "status", f"run folder {self.run_dir}  traces {self.run_dir / 'traces.sqlite'}"
         )
-        if resume is not None and resume.run_id is not None:
-            cfg.extra.update(resumed_from=resume.run_id, resumed_at=resume.step)
+        self.record_config = _record_config(cfg, self.command, resume)
         self.run_record = self.store.create_run(
-            dump(cfg), run_id=f"{cfg.name}-{secrets.token_hex(4)}"
+            self.record_config, run_id=f"{cfg.name}-{secrets.token_hex(4)}"
         )
         self.lineage = (resume.run if resume else None) or self.run_record.id
         self.train_tasks, self.val_tasks = load_tasks(cfg.tasks)
         self.grader = load_grader(cfg.rollout.grader)
-        gcfg = cfg.gateway
-        if not gcfg.admin_key:  # the operator's key reaches the admin API of the run's gateway
-            gcfg.admin_key = os.environ.get("TETHER_ADMIN_KEY") or secrets.token_urlsafe(32)
+        gcfg = _gateway_config(cfg)
         gcfg.check_bind()
         self.on_event("status", "starting the gateway and the agent runner")
         self.gateway = Gateway(self.engine, self.tokenizer, self.store, gcfg, seed=cfg.trainer.seed)
         self.server = await LoopServer(create_app(self.gateway), gcfg.host, gcfg.port).start()
-        if not gcfg.public_url:
-            gcfg.public_url = self.server.url
+        if not gcfg.public_url:  # port 0: the URL is known once the server listens
+            gcfg = self.gateway.config = dataclasses.replace(gcfg, public_url=self.server.url)
+        self.gateway_config = gcfg
         self.runner = make_runner(cfg.agent)
         # rollouts wait as "queued" until the runner starts their agent
         self.runner.on_start = lambda launch: self.gateway.mark_running(
@@ -246,6 +291,8 @@ class TrainingRun:
             except Exception:  # teardown must reach every part
                 log.exception("error while shutting down")
         if getattr(self, "store", None) is not None:
+            if getattr(self, "run_record", None) is not None:
+                self.store.set_run_status(self.run_record.id, end_status(exc[0] if exc else None))
             self.store.close()
 
     # -- evaluation ------------------------------------------------------------
@@ -393,28 +440,7 @@ class TrainingRun:
 
     def _async_rollouts(self) -> AsyncRollouts:
         if self._async is None:
-            cfg = self.cfg
-            running = cfg.groups_in_flight * cfg.rollout.n
-            if cfg.agent.concurrency < running:
-                log.warning(
-                    "agent.concurrency (%d) is below max_groups_in_flight × rollout.n (%d): "
-                    "at most %d rollouts run at once",
-                    cfg.agent.concurrency,
-                    running,
-                    cfg.agent.concurrency,
-                )
-            t = cfg.trainer
-            if t.lag_policy == "drop" and cfg.groups_in_flight > (t.max_policy_lag + 1) * (
-                cfg.rollout.batch_groups
-            ):
-                log.warning(
-                    "max_groups_in_flight (%d) is above (max_policy_lag + 1) × batch_groups "
-                    "(%d): many groups will finish too late and be dropped for lag",
-                    cfg.groups_in_flight,
-                    (t.max_policy_lag + 1) * cfg.rollout.batch_groups,
-                )
-            if cfg.trainer.hold_timeout_s is not None:
-                self.gateway.config.admission_timeout_s = cfg.trainer.hold_timeout_s
+            cfg = self.cfg  # its sanity warnings are TrainConfig.__post_init__'s
             self._async = AsyncRollouts(
                 self.gateway,
                 self.runner,
@@ -481,7 +507,7 @@ class TrainingRun:
             trainer=self.trainer,
             tokenizer=self.tokenizer,
             base_model_dir=self.model_path,
-            config=dump(self.cfg),
+            config=self.record_config,
             keep=self.cfg.checkpoint.keep,
             run=self.lineage,
             run_id=self.run_record.id,

@@ -14,6 +14,7 @@ always relative to the current directory. The exact rules are in
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,8 @@ __all__ = [
     "TrainConfig",
     "TrainerConfig",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def _positive(section: str, **values: float) -> None:
@@ -82,8 +85,6 @@ class RolloutConfig:
     #: When a rollout counts as a success (the success rate of train steps and evals), unless
     #: the grader says so itself: None = reward > 0; a number = reward >= success_threshold.
     success_threshold: float | None = None
-    #: Trainer and engine use the temperature recorded per call; this one is for the report.
-    temperature: float = 1.0
 
     def __post_init__(self) -> None:
         if self.n < 2:
@@ -152,14 +153,35 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     gateway: GatewayConfig = field(default_factory=lambda: GatewayConfig(port=0))
+    #: Continue the run of this name from its newest checkpoint (``tether train --resume``).
+    resume: bool = False
+    #: Free-form notes kept with the run's store record; tether reads none of them.
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         t, b = self.trainer, self.rollout.batch_groups
-        if t.mode == "async" and t.max_groups_in_flight and t.max_groups_in_flight < b:
+        if t.mode != "async":
+            return
+        if t.max_groups_in_flight and t.max_groups_in_flight < b:
             raise UserError(
                 f"trainer.max_groups_in_flight ({t.max_groups_in_flight}) must be >= "
                 f"rollout.batch_groups ({b}); raise it (e.g. {2 * b}) or set 0 for 2 × batch_groups"
+            )
+        running = self.groups_in_flight * self.rollout.n
+        if self.agent.concurrency < running:
+            log.warning(
+                "agent.concurrency (%d) is below max_groups_in_flight × rollout.n (%d): "
+                "at most %d rollouts run at once",
+                self.agent.concurrency,
+                running,
+                self.agent.concurrency,
+            )
+        if t.lag_policy == "drop" and self.groups_in_flight > (t.max_policy_lag + 1) * b:
+            log.warning(
+                "max_groups_in_flight (%d) is above (max_policy_lag + 1) × batch_groups "
+                "(%d): many groups will finish too late and be dropped for lag",
+                self.groups_in_flight,
+                (t.max_policy_lag + 1) * b,
             )
 
     resolve_file_paths = staticmethod(resolve_file_paths)  # the load_config hook (configio)
