@@ -3,8 +3,9 @@ the store and the trainer.
 
 - :class:`TrainingRun` (``_loop.py``): one run over a :class:`TrainConfig`;
   sync collection (``_collect.py``) or async (``_async.py``), tasks
-  (``_tasks.py``), failed-collection checks (``_failures.py``), run folders
-  and ``--resume`` (``_rundir.py``);
+  (``_tasks.py``), held-out evals (``_evaluate.py``), failed-collection
+  checks (``_failures.py``), run folders and ``--resume`` (``_rundir.py``),
+  what a run derives from its config and its final status (``_setup.py``);
 - :mod:`tether.run.config`: the run's composite config, one YAML file.
 
 It is the only package that imports the gateway, the runner and the starter
@@ -40,9 +41,10 @@ if TYPE_CHECKING:
         load_grader,
         read_grade,
     )
+    from tether.run._evaluate import EvalResult, StepReport
     from tether.run._events import EvalStart
     from tether.run._failures import check_collection
-    from tether.run._loop import EvalResult, StepReport, TrainingRun, end_status
+    from tether.run._loop import TrainingRun
     from tether.run._rundir import (
         ResumePoint,
         check_new_run,
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
         past_metrics,
         resume_point,
     )
+    from tether.run._setup import end_status
     from tether.run._tasks import load_tasks, tasks_for_step
 
 __all__ = [
@@ -106,7 +109,9 @@ _LAZY = {
     ),
     "EvalStart": "tether.run._events",
     "check_collection": "tether.run._failures",
-    **dict.fromkeys(["EvalResult", "StepReport", "TrainingRun", "end_status"], "tether.run._loop"),
+    **dict.fromkeys(["EvalResult", "StepReport"], "tether.run._evaluate"),
+    "TrainingRun": "tether.run._loop",
+    "end_status": "tether.run._setup",
     **dict.fromkeys(
         ["ResumePoint", "check_new_run", "free_name", "holds_run", "past_metrics", "resume_point"],
         "tether.run._rundir",

@@ -37,27 +37,31 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import random
 import secrets
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from tether._interrupt import Interrupted
 from tether._memory import resident_mb, trim_heap
-from tether.configio import dump
 from tether.engine import Engine, TransformersEngine
 from tether.gateway import Gateway, GatewayConfig, LoopServer, create_app
-from tether.records import Checkpoint, RunStatus
+from tether.records import Checkpoint
 from tether.run._async import AsyncRollouts
-from tether.run._collect import Collected, RolloutOutcome, collect_groups, load_grader
+from tether.run._collect import RolloutOutcome, collect_groups, load_grader
+from tether.run._evaluate import EvalResult, StepReport, collect_eval, success_rate
 from tether.run._events import Counted, EvalStart
 from tether.run._failures import check_collection
 from tether.run._rundir import ResumePoint, past_metrics, resume_point
+from tether.run._setup import (
+    async_rollouts,
+    end_status,
+    gateway_config,
+    record_config,
+    resolve_model_path,
+)
 from tether.run._tasks import load_tasks, tasks_for_step
 from tether.run.config import TrainConfig
 from tether.runner import make_runner
@@ -68,87 +72,9 @@ from tether.trainer.checkpoint import load_checkpoint, save_checkpoint
 from tether.trainer.errors import PolicyCollapsed, TrainerError
 from tether.trainer.samples import build_samples
 
-__all__ = ["EvalResult", "EvalStart", "StepReport", "TrainingRun", "end_status"]
+__all__ = ["TrainingRun"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class EvalResult:
-    step: int
-    sampled: float  # success rate at the eval temperature, several samples per task
-    greedy: float | None  # success rate at temperature 0, one per task
-    tasks: int
-    rollouts: int
-    wall_s: float
-
-    @classmethod
-    def from_metrics(cls, step: int, m: dict[str, float]) -> EvalResult:
-        """Rebuilt from the ``eval/*`` metrics that :meth:`TrainingRun.evaluate` stores."""
-        return cls(
-            step,
-            m.get("eval/sampled_success", float("nan")),
-            m.get("eval/greedy_success"),
-            int(m.get("eval/tasks", 0)),
-            int(m.get("eval/rollouts", 0)),
-            m.get("eval/wall_s", 0.0),
-        )
-
-
-@dataclass
-class StepReport:
-    step: int
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-def _success(collected: Collected) -> float:
-    outs = collected.outcomes
-    return sum(1 for o in outs if o.success) / max(len(outs), 1)
-
-
-def _record_config(cfg: TrainConfig, command: str, resume: ResumePoint | None) -> dict[str, Any]:
-    """``cfg`` as the run's store record holds it: ``extra`` says an eval's record is not a
-    training run, and links a resumed session to the record it continues (see _rundir.py)."""
-    record = dump(cfg)
-    notes = dict(record.get("extra") or {})
-    if command != "train":
-        notes["command"] = command
-    if resume is not None and resume.run_id is not None:
-        notes.update(resumed_from=resume.run_id, resumed_at=resume.step)
-    record["extra"] = notes
-    return record
-
-
-def _gateway_config(cfg: TrainConfig) -> GatewayConfig:
-    """The run's gateway config: an admin key (the operator's, or a fresh one), and in async
-    mode ``trainer.hold_timeout_s`` as the admission timeout."""
-    gcfg = cfg.gateway
-    if not gcfg.admin_key:  # the operator's key reaches the admin API of the run's gateway
-        key = os.environ.get("TETHER_ADMIN_KEY") or secrets.token_urlsafe(32)
-        gcfg = dataclasses.replace(gcfg, admin_key=key)
-    hold = cfg.trainer.hold_timeout_s
-    if cfg.trainer.mode == "async" and hold is not None:
-        gcfg = dataclasses.replace(gcfg, admission_timeout_s=hold)
-    return gcfg
-
-
-def end_status(exc_type: object) -> RunStatus:
-    """A run's final status from the exception that ended it (None: it finished)."""
-    if exc_type is None:
-        return RunStatus.FINISHED
-    if isinstance(exc_type, type) and issubclass(
-        exc_type, (Interrupted, KeyboardInterrupt, asyncio.CancelledError)
-    ):
-        return RunStatus.INTERRUPTED  # Ctrl-C or SIGTERM (Interrupts cancels the main task)
-    return RunStatus.FAILED
-
-
-def resolve_model_path(path: str) -> Path:
-    if path == "starter":
-        from tether.starter import build_starter
-
-        return Path(build_starter(warm=True))
-    return Path(path)
 
 
 class TrainingRun:
@@ -233,14 +159,14 @@ class TrainingRun:
         self.on_event(
             "status", f"run folder {self.run_dir}  traces {self.run_dir / 'traces.sqlite'}"
         )
-        self.record_config = _record_config(cfg, self.command, resume)
+        self.record_config = record_config(cfg, self.command, resume)
         self.run_record = self.store.create_run(
             self.record_config, run_id=f"{cfg.name}-{secrets.token_hex(4)}"
         )
         self.lineage = (resume.run if resume else None) or self.run_record.id
         self.train_tasks, self.val_tasks = load_tasks(cfg.tasks)
         self.grader = load_grader(cfg.rollout.grader)
-        gcfg = _gateway_config(cfg)
+        gcfg = gateway_config(cfg)
         gcfg.check_bind()
         self.on_event("status", "starting the gateway and the agent runner")
         self.gateway = Gateway(self.engine, self.tokenizer, self.store, gcfg, seed=cfg.trainer.seed)
@@ -306,49 +232,20 @@ class TrainingRun:
         t0 = time.perf_counter()
         total = len(tasks) * (e.samples + (1 if e.greedy else 0))
         self.on_event("eval_start", EvalStart(step, total, what))
-        runner = Counted(self.runner, lambda: self.on_event("eval_progress", None))
-        sampled = await collect_groups(
+        sampled, greedy, outcomes = await collect_eval(
             self.gateway,
-            runner,
+            Counted(self.runner, lambda: self.on_event("eval_progress", None)),
             tasks,
-            e.samples,
+            e,
+            step=step,
             grader=self.grader,
             run_id=self.run_record.id,
-            tag=f"eval{step}-s",
-            sampling={"temperature": e.temperature},
             success_threshold=self.cfg.rollout.success_threshold,
         )
-        greedy = None
-        outcomes = list(sampled.outcomes)
-        if e.greedy:
-            g = await collect_groups(
-                self.gateway,
-                runner,
-                tasks,
-                1,
-                grader=self.grader,
-                run_id=self.run_record.id,
-                tag=f"eval{step}-g",
-                sampling={"temperature": 0.0},
-                success_threshold=self.cfg.rollout.success_threshold,
-            )
-            greedy = _success(g)
-            outcomes += g.outcomes
         self._check(outcomes, f"the step-{step} eval")
-        result = EvalResult(
-            step, _success(sampled), greedy, len(tasks), len(outcomes), time.perf_counter() - t0
-        )
-        self.store.log_metrics(
-            self.run_record.id,
-            step,
-            {
-                "eval/sampled_success": result.sampled,
-                **({"eval/greedy_success": greedy} if greedy is not None else {}),
-                "eval/tasks": float(result.tasks),
-                "eval/rollouts": float(result.rollouts),
-                "eval/wall_s": result.wall_s,
-            },
-        )
+        wall_s = time.perf_counter() - t0
+        result = EvalResult(step, sampled, greedy, len(tasks), len(outcomes), wall_s)
+        self.store.log_metrics(self.run_record.id, step, result.metrics())
         self.evals.append(result)
         trim_heap()
         self.on_event("eval", result)
@@ -391,7 +288,7 @@ class TrainingRun:
         rewards_all = [o.reward for o in outcomes if o.reward is not None]
         m: dict[str, float] = {
             "reward_mean": sum(rewards_all) / max(len(rewards_all), 1),
-            "success": _success(Collected(outcomes, 0.0, 0)),
+            "success": success_rate(outcomes),
             "groups_dropped": float(len(groups) - len(kept)),
             "rollouts": float(len(outcomes)),
         }
@@ -439,24 +336,8 @@ class TrainingRun:
     # -- async mode (tether/run/_async.py) ----------------------------------------
 
     def _async_rollouts(self) -> AsyncRollouts:
-        if self._async is None:
-            cfg = self.cfg  # its sanity warnings are TrainConfig.__post_init__'s
-            self._async = AsyncRollouts(
-                self.gateway,
-                self.runner,
-                lambda i: tasks_for_step(self.train_tasks, i, 1, cfg.tasks.seed)[0],
-                cfg.rollout.n,
-                grader=self.grader,
-                run_id=self.run_record.id,
-                batch_groups=cfg.rollout.batch_groups,
-                max_in_flight=cfg.groups_in_flight,
-                max_lag=cfg.trainer.max_policy_lag,
-                lag_policy=cfg.trainer.lag_policy,
-                learn=self.learn,
-                version=lambda: self.engine.policy_version,
-                first_group=self.start_step * cfg.rollout.batch_groups,
-                success_threshold=cfg.rollout.success_threshold,
-            )
+        if self._async is None:  # the config's sanity warnings are TrainConfig.__post_init__'s
+            self._async = async_rollouts(self)
         return self._async
 
     async def stop_rollouts(self) -> None:
