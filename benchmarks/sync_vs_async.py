@@ -52,8 +52,7 @@ async def agent(task: dict[str, Any], client: Any) -> str:
 
 
 def config(args: argparse.Namespace, mode: str, out: Path) -> Any:
-    from tether.runner import RunnerConfig
-    from tether.trainer.config import (
+    from tether.run import (
         CheckpointConfig,
         EvalConfig,
         RolloutConfig,
@@ -61,6 +60,7 @@ def config(args: argparse.Namespace, mode: str, out: Path) -> Any:
         TrainConfig,
         TrainerConfig,
     )
+    from tether.runner import RunnerConfig
 
     in_flight = args.in_flight or 2 * args.batch_groups
     return TrainConfig(
@@ -89,7 +89,7 @@ def config(args: argparse.Namespace, mode: str, out: Path) -> Any:
 
 
 async def one_run(args: argparse.Namespace, mode: str, latency: float, out: Path) -> dict:
-    from tether.trainer.loop import TrainingRun
+    from tether.run import TrainingRun
 
     os.environ[LATENCY_ENV] = str(latency)
     cfg = config(args, mode, out / f"{mode}-{latency:g}")

@@ -93,7 +93,7 @@ def child(name: str, updates: int) -> None:
     import torch
 
     from tether.starter import build_starter, load_model, load_tokenizer
-    from tether.trainer._update import PolicyTrainer
+    from tether.trainer import PolicyTrainer
     from tether.trainer.config import TrainerConfig
 
     spec = CONFIGS[name]

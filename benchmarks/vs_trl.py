@@ -122,16 +122,16 @@ def val_tasks(n: int) -> list[dict]:
 
 
 def run_tether(args: argparse.Namespace) -> dict:
-    from tether.runner import RunnerConfig
-    from tether.trainer.config import (
+    from tether.run import (
         CheckpointConfig,
         EvalConfig,
         RolloutConfig,
         TasksConfig,
         TrainConfig,
         TrainerConfig,
+        TrainingRun,
     )
-    from tether.trainer.loop import TrainingRun
+    from tether.runner import RunnerConfig
 
     os.environ[MAX_TOKENS_ENV] = str(args.max_tokens)
     cfg = TrainConfig(

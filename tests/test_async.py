@@ -15,17 +15,19 @@ from tether.engine.testing import FakeEngine
 from tether.errors import UserError
 from tether.gateway import Gateway, GatewayConfig, LoopServer, create_app
 from tether.records import Call, RolloutStatus, Split, Task
-from tether.runner import RunnerConfig, make_runner
-from tether.store import Store
-from tether.trainer._async import AsyncRollouts, Group, group_lag
-from tether.trainer._collect import RolloutOutcome
-from tether.trainer.config import (
+from tether.run import (
+    AsyncRollouts,
     EvalConfig,
+    Group,
     RolloutConfig,
+    RolloutOutcome,
     TasksConfig,
     TrainConfig,
     TrainerConfig,
+    group_lag,
 )
+from tether.runner import RunnerConfig, make_runner
+from tether.store import Store
 
 from .conftest import ADMIN_KEY
 
@@ -329,7 +331,7 @@ def test_async_config_is_validated() -> None:
 
 
 def test_two_async_steps_with_the_starter_model(starter_dir: Path, tmp_path: Path) -> None:
-    from tether.trainer.loop import TrainingRun
+    from tether.run import TrainingRun
 
     cfg = TrainConfig(
         name="async",

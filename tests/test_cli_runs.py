@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tether.run import holds_run
 from tether.store import Store
-from tether.trainer._rundir import holds_run
 from tether.trainer.checkpoint import checkpoint_state
 
 ROOT = Path(__file__).resolve().parents[1]

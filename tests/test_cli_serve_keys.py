@@ -132,9 +132,8 @@ def test_a_short_record_key_is_refused_in_one_line(tmp_path: Path) -> None:
 def test_train_gateway_takes_the_admin_key_from_the_environment(
     starter_dir: Path, tmp_path: Path, monkeypatch
 ) -> None:
+    from tether.run import EvalConfig, RolloutConfig, TasksConfig, TrainConfig, TrainingRun
     from tether.runner import RunnerConfig
-    from tether.trainer.config import EvalConfig, RolloutConfig, TasksConfig, TrainConfig
-    from tether.trainer.loop import TrainingRun
 
     monkeypatch.setenv("TETHER_ADMIN_KEY", "operator-key-0123456789")
     cfg = TrainConfig(

@@ -19,9 +19,7 @@ import pytest
 
 from tether.errors import UserError
 from tether.records import Call, RolloutStatus
-from tether.trainer._collect import RolloutOutcome, is_success, read_grade
-from tether.trainer._failures import check_collection
-from tether.trainer.config import RolloutConfig
+from tether.run import RolloutConfig, RolloutOutcome, check_collection, is_success, read_grade
 from tether.trainer.errors import AgentsFailing, TrainerError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -221,7 +219,7 @@ def _outcome(i: int, ok: bool, tokens: int = 3) -> RolloutOutcome:
 
 def test_check_collection_warns_once_and_stops_only_a_first_total_failure(caplog) -> None:
     assert issubclass(AgentsFailing, TrainerError)
-    caplog.set_level(logging.WARNING, "tether.trainer._failures")
+    caplog.set_level(logging.WARNING, "tether.run._failures")
     check_collection(
         [_outcome(0, True), _outcome(1, True), _outcome(2, False)], "step 2", first=True
     )

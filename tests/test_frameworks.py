@@ -370,7 +370,7 @@ def test_unsupported_fields_are_refused_by_name(
 @pytest.mark.parametrize("name", list(FRAMEWORKS))
 def test_training_config_names_the_framework_agent(name: str) -> None:
     from tether.configio import load_config
-    from tether.trainer.config import TrainConfig
+    from tether.run import TrainConfig
 
     cfg = load_config(TrainConfig, EXAMPLES / name / "config.yaml")
     target = cfg.agent.agent.rpartition(":")[0] if cfg.agent.agent else cfg.agent.command[-1]

@@ -11,21 +11,21 @@ import pytest
 
 from tether.configio import load_config
 from tether.errors import UserError
-from tether.store import Store
-from tether.trainer._rundir import (
+from tether.run import (
+    TrainConfig,
     check_new_run,
     free_name,
     holds_run,
     past_metrics,
     resume_point,
 )
+from tether.store import Store
 from tether.trainer.checkpoint import (
     checkpoint_state,
     latest_checkpoint,
     prune_checkpoints,
     save_checkpoint,
 )
-from tether.trainer.config import TrainConfig
 from tether.trainer.errors import CheckpointConflict
 
 
@@ -64,7 +64,7 @@ def test_a_new_one_step_run_keeps_its_checkpoint_beside_an_older_runs_higher_ste
 ) -> None:
     """The bug: keep=1 kept the highest step of the folder, deleting the new run's step-1."""
     from tether.starter import load_model
-    from tether.trainer._update import PolicyTrainer
+    from tether.trainer import PolicyTrainer
     from tether.trainer.config import TrainerConfig
 
     trainer = PolicyTrainer(load_model(starter_dir), TrainerConfig())

@@ -20,6 +20,7 @@ from tests.test_runner import alive, launch, script
 from tether.engine.testing import NullEngine
 from tether.gateway import Gateway, GatewayConfig, LoopServer, create_app
 from tether.records import RolloutStatus, Task
+from tether.run import RetryPolicy, collect_groups
 from tether.runner import (
     Attempt,
     AttemptResult,
@@ -28,7 +29,6 @@ from tether.runner import (
     RunnerConfigError,
     make_runner,
 )
-from tether.trainer._collect import RetryPolicy, collect_groups
 
 PY = sys.executable
 

@@ -18,6 +18,7 @@ from tether.engine.testing import NullEngine
 from tether.errors import UserError
 from tether.gateway import Gateway, GatewayConfig
 from tether.records import RolloutStatus, Task
+from tether.run import collect_groups
 from tether.runner import (
     KubernetesConfig,
     Launch,
@@ -29,7 +30,6 @@ from tether.runner import (
     make_runner,
     rebase,
 )
-from tether.trainer._collect import collect_groups
 
 pytest.importorskip("kubernetes")
 

@@ -19,8 +19,8 @@ from tether.engine.testing import NullEngine
 from tether.errors import UserError
 from tether.gateway import Gateway, GatewayConfig, LoopServer, create_app
 from tether.records import RolloutStatus, Task
+from tether.run import collect_groups
 from tether.runner import Launch, RunnerConfig, RunnerConfigError, make_runner
-from tether.trainer._collect import collect_groups
 
 ray = pytest.importorskip("ray")
 
@@ -148,15 +148,15 @@ def test_one_training_step_with_rollouts_as_ray_tasks(
     """A short training run whose rollouts are Ray tasks: the packaged calc agent, the
     starter model behind the real gateway, one GRPO update on what the Ray workers did."""
     from tests.test_trainer import alternating_grader  # noqa: F401 (the grader spec below)
-    from tether.trainer.config import (
+    from tether.run import (
         CheckpointConfig,
         EvalConfig,
         RolloutConfig,
         TasksConfig,
         TrainConfig,
         TrainerConfig,
+        TrainingRun,
     )
-    from tether.trainer.loop import TrainingRun
 
     agent = build(
         RunnerConfig,

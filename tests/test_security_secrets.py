@@ -24,8 +24,8 @@ import uvicorn
 from tether.engine.testing import FaultyEngine, NullEngine
 from tether.gateway import LoopServer, create_app
 from tether.records import RolloutStatus, Split, Task
+from tether.run import collect_groups
 from tether.runner import Launch, RunnerConfig, agent_env, make_runner
-from tether.trainer._collect import collect_groups
 from tether.trainer.samples import build_samples
 
 from .conftest import ADMIN_KEY

@@ -27,9 +27,8 @@ from tether.configio import load_config
 from tether.engine.testing import ScriptedEngine
 from tether.gateway import BackgroundServer, create_app
 from tether.records import RewardSource, RolloutStatus
+from tether.run import TrainConfig, TrainingRun
 from tether.store import Store
-from tether.trainer.config import TrainConfig
-from tether.trainer.loop import TrainingRun
 
 from .test_tasks_units import EXAMPLES, load, read_jsonl
 

@@ -15,20 +15,20 @@ import torch
 from tether.configio import load_config
 from tether.errors import UserError
 from tether.records import Call, Split, Task
-from tether.runner import RunnerConfig
-from tether.starter import load_model
-from tether.trainer._tasks import tasks_for_step
-from tether.trainer._update import PolicyTrainer
-from tether.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from tether.trainer.config import (
+from tether.run import (
     CheckpointConfig,
     EvalConfig,
     RolloutConfig,
     TasksConfig,
     TrainConfig,
     TrainerConfig,
+    TrainingRun,
+    tasks_for_step,
 )
-from tether.trainer.loop import TrainingRun
+from tether.runner import RunnerConfig
+from tether.starter import load_model
+from tether.trainer import PolicyTrainer
+from tether.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from tether.trainer.samples import build_samples
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,7 +109,7 @@ def test_zero_advantage_samples_are_skipped_without_changing_the_gradient(
 
 
 def test_lora_update_trains_only_adapters(starter_dir: Path) -> None:
-    from tether.trainer.config import LoraConfig
+    from tether.run import LoraConfig
 
     model = load_model(starter_dir)
     base = model.model.layers[0].self_attn.q_proj.weight.detach().clone()

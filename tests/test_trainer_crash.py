@@ -50,8 +50,7 @@ def grade_alternately(task: dict, answer: str | None) -> float:
 
 
 def _config(out: Path, model: Path, resume: bool) -> Any:
-    from tether.runner import RunnerConfig
-    from tether.trainer.config import (
+    from tether.run import (
         CheckpointConfig,
         EvalConfig,
         RolloutConfig,
@@ -59,6 +58,7 @@ def _config(out: Path, model: Path, resume: bool) -> Any:
         TrainConfig,
         TrainerConfig,
     )
+    from tether.runner import RunnerConfig
 
     cfg = TrainConfig(
         name="crash",
@@ -71,17 +71,17 @@ def _config(out: Path, model: Path, resume: bool) -> Any:
         trainer=TrainerConfig(steps=STEPS, lr=1e-3, seed=5),
         eval=EvalConfig(tasks=1, samples=2, greedy=False),
         checkpoint=CheckpointConfig(every=1, keep=STEPS + 1),
+        resume=resume,
     )
     cfg.model.path = str(model)
-    cfg.extra["resume"] = resume
     return cfg
 
 
 def _drive(out: Path, model: Path, resume: bool) -> None:
     """The subprocess: one real training run (resumed from its latest checkpoint with ``resume``)."""
     from tether.engine import TransformersEngine
+    from tether.run import TrainingRun
     from tether.starter import load_model, load_tokenizer
-    from tether.trainer.loop import TrainingRun
 
     torch.set_num_threads(1)
     cfg = _config(out, model, resume)

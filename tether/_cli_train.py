@@ -13,18 +13,19 @@ from rich.console import Console
 
 from tether._interrupt import Interrupts
 from tether._progress import Progress, plot_curve
-from tether.runner import RunnerConfig, kill_live_groups
-from tether.trainer._rundir import check_new_run
-from tether.trainer.checkpoint import checkpoint_state
-from tether.trainer.config import (
+from tether.run import (
     CheckpointConfig,
     EvalConfig,
+    EvalResult,
     RolloutConfig,
     TasksConfig,
     TrainConfig,
     TrainerConfig,
+    TrainingRun,
+    check_new_run,
 )
-from tether.trainer.loop import EvalResult, TrainingRun
+from tether.runner import RunnerConfig, kill_live_groups
+from tether.trainer.checkpoint import checkpoint_state
 
 __all__ = [
     "demo_config",
@@ -144,9 +145,9 @@ def run_train(
     resume_command: str | None = None,
 ) -> list[EvalResult]:
     """``tether train``: a new run (refused when its folder holds one) or, with
-    ``extra.resume``, the continuation of the run of that name."""
+    ``resume``, the continuation of the run of that name."""
     t0 = time.monotonic()
-    if not cfg.extra.get("resume"):
+    if not cfg.resume:
         check_new_run(Path(cfg.dir), cfg.name)
     evals, run = _train(cfg, console, interrupts or Interrupts(), resume_command)
     png = plot_curve(run.history, evals, run.run_dir / "reward_curve.png")
@@ -168,13 +169,14 @@ def run_eval(
 ) -> EvalResult:
     """``tether eval``: the config's model or a checkpoint, reported at the checkpoint's step."""
     _quiet_loading()
-    cfg.extra["command"] = "eval"  # its store record is not a training run (see _rundir.py)
     step = int(checkpoint_state(checkpoint).get("step", 0)) if checkpoint else 0
     interrupts = interrupts or Interrupts()
     model_path = (
         checkpoint / "model" if checkpoint and (checkpoint / "model").is_dir() else checkpoint
     )
-    run = TrainingRun(cfg, on_event=Progress(0, console, live=False), model_path=model_path)
+    run = TrainingRun(  # command="eval": its store record is not a training run
+        cfg, on_event=Progress(0, console, live=False), model_path=model_path, command="eval"
+    )
     _on_interrupt(interrupts, lambda: "interrupted during the evaluation; no result")
 
     async def go() -> EvalResult:

@@ -32,14 +32,18 @@ def print_rollouts(store: Any, *, run: str | None, status: str | None, limit: in
         raise UserError(f"unknown status {status!r}: use one of {names}") from None
     rows = store.list_rollouts(run_id=run, status=st)
     rows = rows[-limit:] if limit > 0 else rows
-    cols = ("id", "run", "group", "status", "attempt", "calls", "reward", "answer", "created")
+    cols = (
+        "id", "run", "run_status", "group", "status", "attempt", "calls", "reward", "answer", "created"
+    )  # fmt: skip
     data = []
+    run_status = {run.id: run.status.value for run in store.list_runs()}
     for r in rows:
         reward = "-" if r.reward is None else f"{r.reward:g}"
         data.append(
             (
                 r.id,
                 r.run_id or "-",
+                run_status.get(r.run_id or "", "-"),
                 r.group_id or "-",
                 r.status.value,
                 str(r.attempt),

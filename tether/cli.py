@@ -9,8 +9,6 @@ says where, and exits 130 or 143.
 from __future__ import annotations
 
 import logging
-import os
-import secrets
 import shlex
 import sys
 from pathlib import Path
@@ -85,62 +83,35 @@ def _setup_logging(level: str) -> None:
     )
 
 
-def _admin_key(store: Path, host: str) -> tuple[str, Path | None]:
-    """TETHER_ADMIN_KEY, or on loopback the key in ``admin_key`` next to the store.
-
-    The file is made once (mode 600) and reused at every later start, so the key
-    stays the same across restarts of the same store; a file others can read is refused.
-    """
-    key = os.environ.get("TETHER_ADMIN_KEY")
-    if key:
-        return key, None
-    from tether.gateway import is_loopback
-
-    if not is_loopback(host):
-        raise UserError(
-            f"refusing to bind {host} without an admin key: set TETHER_ADMIN_KEY "
-            "(e.g. export TETHER_ADMIN_KEY=$(openssl rand -hex 32)) or bind 127.0.0.1"
-        )
-    path = store.parent / "admin_key"
-    if path.exists():
-        mode = path.stat().st_mode & 0o777
-        if mode & 0o077:
-            raise UserError(
-                f"admin key file {path} is readable by others (mode {mode:o}): "
-                f"run chmod 600 {path}, or delete it to get a new key"
-            )
-        key = path.read_text().strip()
-        if key:
-            return key, path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    key = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(key + "\n")
-    os.chmod(path, 0o600)
-    return key, path
-
-
 @app.command()
 def serve(
+    config: Annotated[
+        str | None, typer.Argument(help="YAML config (optional): model, store, gateway.*.")
+    ] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="dotted.key=value overrides, e.g. gateway.log_prompts=true"),
+    ] = None,
     model: Annotated[
         str | None, typer.Option(help="Model folder or hub id; the starter model if omitted.")
     ] = None,
     host: Annotated[
-        str, typer.Option(help="Address to bind; non-loopback needs TETHER_ADMIN_KEY.")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8321,
-    store: Annotated[Path, typer.Option(help="SQLite trace store file.")] = DEFAULT_STORE,
-    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
+        str | None, typer.Option(help="Address to bind (127.0.0.1); others need an admin key.")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on (8321).")] = None,
+    store: Annotated[
+        Path | None, typer.Option(help=f"SQLite trace store file ({DEFAULT_STORE}).")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N.")] = None,
     max_batch_size: Annotated[
-        int, typer.Option(help="Most sequences the engine decodes at once.")
-    ] = 64,
+        int | None, typer.Option(help="Most sequences the engine decodes at once (64).")
+    ] = None,
     tool_parser: Annotated[
-        str, typer.Option(help="Tool-call format of the model: hermes, llama3_json.")
-    ] = "hermes",
+        str | None, typer.Option(help="Tool-call format of the model: hermes, llama3_json.")
+    ] = None,
     allow_agent_rewards: Annotated[
-        bool, typer.Option(help="Let agents post their own reward.")
-    ] = False,
+        bool | None, typer.Option(help="Let agents post their own reward.")
+    ] = None,
     record_key: Annotated[
         list[str] | None,
         typer.Option(
@@ -153,74 +124,21 @@ def serve(
 ) -> None:
     """Serve a model behind the gateway and record every call."""
     _setup_logging(log_level)
-    if model:  # a misspelled or unreachable model fails here, before torch loads
-        from tether.starter import model_source
+    from ._cli_serve import run_serve, serve_config
 
-        model_source(model)
-    from tether.gateway import Gateway, GatewayConfig, create_app, make_server
-    from tether.store import Store
-
-    key, key_path = _admin_key(store, host)
-    cfg = GatewayConfig(
-        host=host,
-        port=port,
-        admin_key=key,
-        tool_parser=tool_parser,
-        allow_agent_rewards=allow_agent_rewards,
-        record_keys=_record_keys(record_key),
-    )
-    cfg.check_bind()
-    model_path, engine, tokenizer = _load_engine(
-        model, device=device, max_batch_size=max_batch_size
-    )
-    store.parent.mkdir(parents=True, exist_ok=True)
-    db = Store(store)
-    gw = Gateway(engine, tokenizer, db, cfg)
-    run = db.create_run({"command": "serve", "model": model_path, "tool_parser": tool_parser})
-    gw.default_run_id = run.id
-    console.print(f"tether gateway on [bold]http://{host}:{port}[/]  store {store}")
-    if key_path:
-        console.print(
-            f"admin key in {key_path} (mode 600, kept across restarts): "
-            f"export TETHER_ADMIN_KEY=$(cat {key_path})"
-        )
-    console.print(
-        f"create a rollout: POST http://{host}:{port}/admin/rollouts  (Bearer: admin key)"
-    )
-    if cfg.record_keys:
-        console.print(
-            f"record mode: POST http://{host}:{port}/v1/chat/completions  "
-            f"(Bearer: one of {len(cfg.record_keys)} record key(s))"
-        )
-    server = make_server(create_app(gw), host, port, log_level="warning")
-    try:
-        server.run()
-    finally:
-        db.close()
-
-
-def _record_keys(given: list[str] | None) -> tuple[str, ...]:
-    """--record-key values; TETHER_RECORD_KEYS may hold several, comma-separated."""
-    keys = [k.strip() for v in given or [] for k in v.split(",") if k.strip()]
-    short = [k for k in keys if len(k) < 16]
-    if short:
-        raise UserError(
-            f"a record key must be at least 16 characters ({len(short[0])} given): "
-            "use e.g. --record-key $(openssl rand -hex 16)"
-        )
-    return tuple(keys)
-
-
-def _load_engine(model: str | None, *, device: str, max_batch_size: int):
-    from tether.engine import TransformersEngine
-    from tether.starter import build_starter, load_tokenizer
-
-    path = model or str(build_starter(warm=True))
-    tokenizer = load_tokenizer(path)
-    engine = TransformersEngine.from_pretrained(
-        path, tokenizer=tokenizer, device=device, max_batch_size=max_batch_size
-    )
-    return path, engine, tokenizer
+    flags = {
+        "model": model,
+        "host": host,
+        "port": port,
+        "store": None if store is None else str(store),
+        "device": device,
+        "max_batch_size": max_batch_size,
+        "tool_parser": tool_parser,
+        "allow_agent_rewards": allow_agent_rewards,
+        "record_keys": record_key or None,
+    }
+    cfg = serve_config(config, list(overrides or []), flags)
+    run_serve(cfg, console)
 
 
 def _interrupts(ctx: typer.Context) -> Interrupts:
@@ -261,13 +179,13 @@ def train(
     """Train from a config file, with overrides."""
     _setup_logging(log_level)
     from tether.configio import load_config
-    from tether.trainer.config import TrainConfig
+    from tether.run import TrainConfig
 
     from ._cli_train import run_train
 
-    cfg = load_config(TrainConfig, config, list(overrides or []))
-    if resume:
-        cfg.extra["resume"] = True
+    cfg = load_config(
+        TrainConfig, config, [*(overrides or []), *(["resume=true"] if resume else [])]
+    )
     again = shlex.join(["tether", "train", str(config), *(overrides or []), "--resume"])
     run_train(cfg, Console(soft_wrap=True), _interrupts(ctx), resume_command=again)
 
@@ -287,7 +205,7 @@ def eval_(
     """Evaluate on the val split (the config's model, or a checkpoint)."""
     _setup_logging(log_level)
     from tether.configio import load_config
-    from tether.trainer.config import TrainConfig
+    from tether.run import TrainConfig
 
     from ._cli_train import run_eval
 

@@ -47,10 +47,13 @@ class Split(str, enum.Enum):
 
 
 class RunStatus(str, enum.Enum):
+    """``running`` from its start; then ``finished``, ``failed`` (an error ended it) or
+    ``interrupted`` (Ctrl-C or SIGTERM). A run killed outright stays ``running``."""
+
     RUNNING = "running"
-    SUCCEEDED = "succeeded"
+    FINISHED = "finished"
     FAILED = "failed"
-    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
 
 
 class RolloutStatus(str, enum.Enum):

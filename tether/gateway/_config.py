@@ -50,7 +50,6 @@ class GatewayConfig:
     # How long a call waits while admission is paused before a 503.
     admission_timeout_s: float = 600.0
     log_prompts: bool = False
-    extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("max_n", "max_tokens", "max_messages", "max_tools", "max_body_bytes"):

@@ -28,6 +28,7 @@ Errors (see ``_errors``)::
         └── InvalidRecord              (also a ValueError)
 """
 
+from tether.store._codec import redact_secrets
 from tether.store._errors import (
     AlreadyExists,
     DuplicateReward,
@@ -50,4 +51,5 @@ __all__ = [
     "StaleAttempt",
     "Store",
     "StoreError",
+    "redact_secrets",
 ]

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from tether._hf import merged_copy
-from tether.store._codec import redact_secrets
+from tether.store import redact_secrets
 from tether.trainer.errors import CheckpointConflict
 
 __all__ = [

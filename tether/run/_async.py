@@ -37,14 +37,14 @@ from typing import Any
 
 from tether.gateway import Gateway, OpenedRollout
 from tether.records import RolloutStatus, Task
-from tether.runner import Runner
-from tether.trainer._collect import (
+from tether.run._collect import (
     Grader,
     RetryPolicy,
     RolloutOutcome,
     finish_outcome,
     run_attempts,
 )
+from tether.runner import Runner
 from tether.trainer.errors import TrainerError
 
 __all__ = ["AsyncRollouts", "Group", "group_lag"]

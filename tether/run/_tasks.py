@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tether.errors import UserError
 from tether.records import Split, Task
-from tether.trainer.config import TasksConfig
+from tether.run.config import TasksConfig
 
 __all__ = ["load_tasks", "tasks_for_step"]
 

@@ -1,4 +1,4 @@
-"""What the training run tells its on_event listener while an eval runs (see loop.py)."""
+"""What the training run tells its on_event listener while an eval runs (see _loop.py)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ first collection failed. "Success" is each rollout's own verdict (the
 grader's flag or ``rollout.success_threshold``, see ``_collect``), so train
 steps and evals count it the same way.
 
-With ``extra.resume`` (``tether train --resume``) the run continues from its
+With ``resume`` (``tether train --resume``) the run continues from its
 newest checkpoint (``_rundir.py``): at the checkpoint's step, with the
 engine at the checkpoint's policy version, in a new store record linked to
 the one it continues, and with the earlier sessions' metrics and evals in
@@ -35,81 +35,46 @@ update, push, resume.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-import os
 import random
 import secrets
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from tether._memory import resident_mb, trim_heap
-from tether.configio import dump
 from tether.engine import Engine, TransformersEngine
-from tether.gateway import Gateway, LoopServer, create_app
+from tether.gateway import Gateway, GatewayConfig, LoopServer, create_app
 from tether.records import Checkpoint
+from tether.run._async import AsyncRollouts
+from tether.run._collect import RolloutOutcome, collect_groups, load_grader
+from tether.run._evaluate import EvalResult, StepReport, collect_eval, success_rate
+from tether.run._events import Counted, EvalStart
+from tether.run._failures import check_collection
+from tether.run._rundir import ResumePoint, past_metrics, resume_point
+from tether.run._setup import (
+    async_rollouts,
+    end_status,
+    gateway_config,
+    record_config,
+    resolve_model_path,
+)
+from tether.run._tasks import load_tasks, tasks_for_step
+from tether.run.config import TrainConfig
 from tether.runner import make_runner
 from tether.store import Store
+from tether.trainer import PolicyTrainer
 from tether.trainer import algorithms as A
-from tether.trainer._async import AsyncRollouts
-from tether.trainer._collect import Collected, RolloutOutcome, collect_groups, load_grader
-from tether.trainer._events import Counted, EvalStart
-from tether.trainer._failures import check_collection
-from tether.trainer._rundir import ResumePoint, past_metrics, resume_point
-from tether.trainer._tasks import load_tasks, tasks_for_step
-from tether.trainer._update import PolicyTrainer
 from tether.trainer.checkpoint import load_checkpoint, save_checkpoint
-from tether.trainer.config import TrainConfig
 from tether.trainer.errors import PolicyCollapsed, TrainerError
 from tether.trainer.samples import build_samples
 
-__all__ = ["EvalResult", "EvalStart", "StepReport", "TrainingRun"]
+__all__ = ["TrainingRun"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class EvalResult:
-    step: int
-    sampled: float  # success rate at the eval temperature, several samples per task
-    greedy: float | None  # success rate at temperature 0, one per task
-    tasks: int
-    rollouts: int
-    wall_s: float
-
-    @classmethod
-    def from_metrics(cls, step: int, m: dict[str, float]) -> EvalResult:
-        """Rebuilt from the ``eval/*`` metrics that :meth:`TrainingRun.evaluate` stores."""
-        return cls(
-            step,
-            m.get("eval/sampled_success", float("nan")),
-            m.get("eval/greedy_success"),
-            int(m.get("eval/tasks", 0)),
-            int(m.get("eval/rollouts", 0)),
-            m.get("eval/wall_s", 0.0),
-        )
-
-
-@dataclass
-class StepReport:
-    step: int
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-def _success(collected: Collected) -> float:
-    outs = collected.outcomes
-    return sum(1 for o in outs if o.success) / max(len(outs), 1)
-
-
-def resolve_model_path(path: str) -> Path:
-    if path == "starter":
-        from tether.starter import build_starter
-
-        return Path(build_starter(warm=True))
-    return Path(path)
 
 
 class TrainingRun:
@@ -126,8 +91,12 @@ class TrainingRun:
         on_event: Any = None,
         model_path: Path | None = None,
         engine: Engine | None = None,
+        command: str = "train",
     ):
         self.cfg = cfg
+        #: "train", or "eval" for ``tether eval``: its store record is then not a training
+        #: run (``extra.command: eval`` in the record, see _rundir.py).
+        self.command = command
         self._engine = engine
         self.on_event = on_event or (lambda kind, payload: None)
         self.run_dir = Path(cfg.dir) / cfg.name
@@ -142,14 +111,20 @@ class TrainingRun:
         self.last_checkpoint: Path | None = None  # the newest checkpoint of this run
         self._async: AsyncRollouts | None = None
         self._collections = 0  # checked so far (the first one stops the run if all fail)
+        #: The run's config as its store record and checkpoints hold it (``extra`` gains
+        #: ``command``, ``resumed_from``, ``resumed_at``); ``cfg`` itself is never changed.
+        self.record_config: dict[str, Any] = {}
+        #: The gateway's effective config: the admin key made when none was given, the
+        #: server's URL, async mode's hold timeout (``cfg.gateway`` is left as given).
+        self.gateway_config: GatewayConfig | None = None
 
     # -- set-up and teardown ---------------------------------------------------
 
     async def __aenter__(self) -> TrainingRun:
         try:
             return await self._open()
-        except BaseException:  # cancelled (Ctrl-C) or failed half-way: close what was built
-            await self.__aexit__()
+        except BaseException as exc:  # cancelled (Ctrl-C) or failed half-way: close what was built
+            await self.__aexit__(type(exc), exc, exc.__traceback__)
             raise
 
     async def _open(self) -> TrainingRun:
@@ -157,9 +132,7 @@ class TrainingRun:
 
         cfg = self.cfg
         resume = (  # before the slow part: "nothing to resume" is a one-line error at once
-            resume_point(Path(cfg.dir), cfg.name, cfg.trainer.steps)
-            if cfg.extra.get("resume", False)
-            else None
+            resume_point(Path(cfg.dir), cfg.name, cfg.trainer.steps) if cfg.resume else None
         )
         torch.manual_seed(cfg.trainer.seed)
         random.seed(cfg.trainer.seed)
@@ -191,23 +164,21 @@ class TrainingRun:
         self.on_event(
             "status", f"run folder {self.run_dir}  traces {self.run_dir / 'traces.sqlite'}"
         )
-        if resume is not None and resume.run_id is not None:
-            cfg.extra.update(resumed_from=resume.run_id, resumed_at=resume.step)
+        self.record_config = record_config(cfg, self.command, resume)
         self.run_record = self.store.create_run(
-            dump(cfg), run_id=f"{cfg.name}-{secrets.token_hex(4)}"
+            self.record_config, run_id=f"{cfg.name}-{secrets.token_hex(4)}"
         )
         self.lineage = (resume.run if resume else None) or self.run_record.id
         self.train_tasks, self.val_tasks = load_tasks(cfg.tasks)
         self.grader = load_grader(cfg.rollout.grader)
-        gcfg = cfg.gateway
-        if not gcfg.admin_key:  # the operator's key reaches the admin API of the run's gateway
-            gcfg.admin_key = os.environ.get("TETHER_ADMIN_KEY") or secrets.token_urlsafe(32)
+        gcfg = gateway_config(cfg)
         gcfg.check_bind()
         self.on_event("status", "starting the gateway and the agent runner")
         self.gateway = Gateway(self.engine, self.tokenizer, self.store, gcfg, seed=cfg.trainer.seed)
         self.server = await LoopServer(create_app(self.gateway), gcfg.host, gcfg.port).start()
-        if not gcfg.public_url:
-            gcfg.public_url = self.server.url
+        if not gcfg.public_url:  # port 0: the URL is known once the server listens
+            gcfg = self.gateway.config = dataclasses.replace(gcfg, public_url=self.server.url)
+        self.gateway_config = gcfg
         self.runner = make_runner(cfg.agent)
         # rollouts wait as "queued" until the runner starts their agent
         self.runner.on_start = lambda launch: self.gateway.mark_running(
@@ -251,6 +222,8 @@ class TrainingRun:
             except Exception:  # teardown must reach every part
                 log.exception("error while shutting down")
         if getattr(self, "store", None) is not None:
+            if getattr(self, "run_record", None) is not None:
+                self.store.set_run_status(self.run_record.id, end_status(exc[0] if exc else None))
             self.store.close()
 
     # -- evaluation ------------------------------------------------------------
@@ -264,49 +237,20 @@ class TrainingRun:
         t0 = time.perf_counter()
         total = len(tasks) * (e.samples + (1 if e.greedy else 0))
         self.on_event("eval_start", EvalStart(step, total, what))
-        runner = Counted(self.runner, lambda: self.on_event("eval_progress", None))
-        sampled = await collect_groups(
+        sampled, greedy, outcomes = await collect_eval(
             self.gateway,
-            runner,
+            Counted(self.runner, lambda: self.on_event("eval_progress", None)),
             tasks,
-            e.samples,
+            e,
+            step=step,
             grader=self.grader,
             run_id=self.run_record.id,
-            tag=f"eval{step}-s",
-            sampling={"temperature": e.temperature},
             success_threshold=self.cfg.rollout.success_threshold,
         )
-        greedy = None
-        outcomes = list(sampled.outcomes)
-        if e.greedy:
-            g = await collect_groups(
-                self.gateway,
-                runner,
-                tasks,
-                1,
-                grader=self.grader,
-                run_id=self.run_record.id,
-                tag=f"eval{step}-g",
-                sampling={"temperature": 0.0},
-                success_threshold=self.cfg.rollout.success_threshold,
-            )
-            greedy = _success(g)
-            outcomes += g.outcomes
         self._check(outcomes, f"the step-{step} eval")
-        result = EvalResult(
-            step, _success(sampled), greedy, len(tasks), len(outcomes), time.perf_counter() - t0
-        )
-        self.store.log_metrics(
-            self.run_record.id,
-            step,
-            {
-                "eval/sampled_success": result.sampled,
-                **({"eval/greedy_success": greedy} if greedy is not None else {}),
-                "eval/tasks": float(result.tasks),
-                "eval/rollouts": float(result.rollouts),
-                "eval/wall_s": result.wall_s,
-            },
-        )
+        wall_s = time.perf_counter() - t0
+        result = EvalResult(step, sampled, greedy, len(tasks), len(outcomes), wall_s)
+        self.store.log_metrics(self.run_record.id, step, result.metrics())
         self.evals.append(result)
         trim_heap()
         self.on_event("eval", result)
@@ -349,7 +293,7 @@ class TrainingRun:
         rewards_all = [o.reward for o in outcomes if o.reward is not None]
         m: dict[str, float] = {
             "reward_mean": sum(rewards_all) / max(len(rewards_all), 1),
-            "success": _success(Collected(outcomes, 0.0, 0)),
+            "success": success_rate(outcomes),
             "groups_dropped": float(len(groups) - len(kept)),
             "rollouts": float(len(outcomes)),
         }
@@ -394,48 +338,11 @@ class TrainingRun:
         self.on_event("step", report)
         return report
 
-    # -- async mode (tether/trainer/_async.py) ------------------------------------
+    # -- async mode (tether/run/_async.py) ----------------------------------------
 
     def _async_rollouts(self) -> AsyncRollouts:
-        if self._async is None:
-            cfg = self.cfg
-            running = cfg.groups_in_flight * cfg.rollout.n
-            if cfg.agent.concurrency < running:
-                log.warning(
-                    "agent.concurrency (%d) is below max_groups_in_flight × rollout.n (%d): "
-                    "at most %d rollouts run at once",
-                    cfg.agent.concurrency,
-                    running,
-                    cfg.agent.concurrency,
-                )
-            t = cfg.trainer
-            if t.lag_policy == "drop" and cfg.groups_in_flight > (t.max_policy_lag + 1) * (
-                cfg.rollout.batch_groups
-            ):
-                log.warning(
-                    "max_groups_in_flight (%d) is above (max_policy_lag + 1) × batch_groups "
-                    "(%d): many groups will finish too late and be dropped for lag",
-                    cfg.groups_in_flight,
-                    (t.max_policy_lag + 1) * cfg.rollout.batch_groups,
-                )
-            if cfg.trainer.hold_timeout_s is not None:
-                self.gateway.config.admission_timeout_s = cfg.trainer.hold_timeout_s
-            self._async = AsyncRollouts(
-                self.gateway,
-                self.runner,
-                lambda i: tasks_for_step(self.train_tasks, i, 1, cfg.tasks.seed)[0],
-                cfg.rollout.n,
-                grader=self.grader,
-                run_id=self.run_record.id,
-                batch_groups=cfg.rollout.batch_groups,
-                max_in_flight=cfg.groups_in_flight,
-                max_lag=cfg.trainer.max_policy_lag,
-                lag_policy=cfg.trainer.lag_policy,
-                learn=self.learn,
-                version=lambda: self.engine.policy_version,
-                first_group=self.start_step * cfg.rollout.batch_groups,
-                success_threshold=cfg.rollout.success_threshold,
-            )
+        if self._async is None:  # the config's sanity warnings are TrainConfig.__post_init__'s
+            self._async = async_rollouts(self)
         return self._async
 
     async def stop_rollouts(self) -> None:
@@ -486,7 +393,7 @@ class TrainingRun:
             trainer=self.trainer,
             tokenizer=self.tokenizer,
             base_model_dir=self.model_path,
-            config=dump(self.cfg),
+            config=self.record_config,
             keep=self.cfg.checkpoint.keep,
             run=self.lineage,
             run_id=self.run_record.id,

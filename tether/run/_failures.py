@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from tether.trainer._collect import RolloutOutcome
+from tether.run._collect import RolloutOutcome
 from tether.trainer.errors import AgentsFailing
 
 __all__ = ["FAIL_SHARE", "check_collection", "failure_line"]

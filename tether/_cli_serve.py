@@ -1,0 +1,177 @@
+"""``tether serve``: its config (a YAML file and dotted overrides, like ``tether train``;
+the flags are shortcuts for a few keys) and the gateway + engine it runs.
+
+::
+
+    tether serve                                  # the starter model on 127.0.0.1:8321
+    tether serve serve.yaml gateway.log_prompts=true gateway.max_tokens=2048
+    tether serve model=Qwen/Qwen2.5-0.5B-Instruct --port 9000
+
+A flag given on the command line wins over the file and the overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from tether.configio import load_config
+from tether.errors import UserError
+from tether.gateway import GatewayConfig, is_loopback
+
+__all__ = ["ServeConfig", "run_serve", "serve_config"]
+
+#: The flags of ``tether serve`` that set a key of ``gateway:``; the others set a top-level key.
+GATEWAY_FLAGS = ("host", "port", "tool_parser", "allow_agent_rewards", "record_keys")
+
+
+@dataclass
+class ServeConfig:
+    #: A model folder or hub id; unset = tether's starter model.
+    model: str | None = None
+    #: cpu, cuda, cuda:1, ...
+    device: str = "cpu"
+    #: Most sequences the engine decodes at once.
+    max_batch_size: int = 64
+    #: The SQLite trace store file; relative to the current directory.
+    store: str = ".tether/traces.sqlite"
+    #: host, port, record_keys, log_prompts, the caps, ... (tether/gateway/_config.py).
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise UserError(f"max_batch_size ({self.max_batch_size}) must be >= 1")
+
+
+def serve_config(config: str | None, overrides: list[str], flags: dict[str, Any]) -> ServeConfig:
+    """The file (optional; an ``a.b=c`` in its place is an override), the overrides, then
+    the flags that were given (None = not given)."""
+    if config is not None and "=" in config and not Path(config).is_file():
+        config, overrides = None, [config, *overrides]
+    cfg = load_config(ServeConfig, config, overrides)
+    given = {k: v for k, v in flags.items() if v is not None}
+    gateway = {k: given.pop(k) for k in GATEWAY_FLAGS if k in given}
+    if "record_keys" in gateway:
+        gateway["record_keys"] = tuple(gateway["record_keys"])
+    if gateway:
+        given["gateway"] = dataclasses.replace(cfg.gateway, **gateway)
+    return dataclasses.replace(cfg, **given) if given else cfg
+
+
+def run_serve(cfg: ServeConfig, console: Console) -> None:
+    """Serve ``cfg.model`` behind the gateway until stopped; every call goes to the store."""
+    if cfg.model:  # a misspelled or unreachable model fails here, before torch loads
+        from tether.starter import model_source
+
+        model_source(cfg.model)
+    from tether.gateway import Gateway, create_app, make_server
+    from tether.records import RunStatus
+    from tether.run import end_status
+    from tether.store import Store
+
+    store = Path(cfg.store)
+    host, port = cfg.gateway.host, cfg.gateway.port
+    key, key_path = _admin_key(store, host, cfg.gateway.admin_key)
+    gcfg = dataclasses.replace(
+        cfg.gateway, admin_key=key, record_keys=_record_keys(cfg.gateway.record_keys)
+    )
+    gcfg.check_bind()
+    model_path, engine, tokenizer = _load_engine(
+        cfg.model, device=cfg.device, max_batch_size=cfg.max_batch_size
+    )
+    store.parent.mkdir(parents=True, exist_ok=True)
+    db = Store(store)
+    gw = Gateway(engine, tokenizer, db, gcfg)
+    run = db.create_run({"command": "serve", "model": model_path, "tool_parser": gcfg.tool_parser})
+    gw.default_run_id = run.id
+    console.print(f"tether gateway on [bold]http://{host}:{port}[/]  store {store}")
+    if key_path:
+        console.print(
+            f"admin key in {key_path} (mode 600, kept across restarts): "
+            f"export TETHER_ADMIN_KEY=$(cat {key_path})"
+        )
+    console.print(
+        f"create a rollout: POST http://{host}:{port}/admin/rollouts  (Bearer: admin key)"
+    )
+    if gcfg.record_keys:
+        console.print(
+            f"record mode: POST http://{host}:{port}/v1/chat/completions  "
+            f"(Bearer: one of {len(gcfg.record_keys)} record key(s))"
+        )
+    server = make_server(create_app(gw), host, port, log_level="warning")
+    status = RunStatus.FINISHED
+    try:
+        server.run()
+    except BaseException as exc:
+        status = end_status(type(exc))
+        raise
+    finally:
+        db.set_run_status(run.id, status)
+        db.close()
+
+
+def _admin_key(store: Path, host: str, configured: str | None) -> tuple[str, Path | None]:
+    """TETHER_ADMIN_KEY, else ``gateway.admin_key``, else on loopback the key in
+    ``admin_key`` next to the store.
+
+    The file is made once (mode 600) and reused at every later start, so the key
+    stays the same across restarts of the same store; a file others can read is refused.
+    """
+    key = os.environ.get("TETHER_ADMIN_KEY")
+    if key or configured:
+        return key or str(configured), None
+
+    if not is_loopback(host):
+        raise UserError(
+            f"refusing to bind {host} without an admin key: set TETHER_ADMIN_KEY "
+            "(e.g. export TETHER_ADMIN_KEY=$(openssl rand -hex 32)) or bind 127.0.0.1"
+        )
+    path = store.parent / "admin_key"
+    if path.exists():
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise UserError(
+                f"admin key file {path} is readable by others (mode {mode:o}): "
+                f"run chmod 600 {path}, or delete it to get a new key"
+            )
+        key = path.read_text().strip()
+        if key:
+            return key, path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    os.chmod(path, 0o600)
+    return key, path
+
+
+def _record_keys(given: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """--record-key values or ``gateway.record_keys``; TETHER_RECORD_KEYS may hold several,
+    comma-separated."""
+    keys = [k.strip() for v in given for k in v.split(",") if k.strip()]
+    short = [k for k in keys if len(k) < 16]
+    if short:
+        raise UserError(
+            f"a record key must be at least 16 characters ({len(short[0])} given): "
+            "use e.g. --record-key $(openssl rand -hex 16)"
+        )
+    return tuple(keys)
+
+
+def _load_engine(model: str | None, *, device: str, max_batch_size: int):
+    from tether.engine import TransformersEngine
+    from tether.starter import build_starter, load_tokenizer
+
+    path = model or str(build_starter(warm=True))
+    tokenizer = load_tokenizer(path)
+    engine = TransformersEngine.from_pretrained(
+        path, tokenizer=tokenizer, device=device, max_batch_size=max_batch_size
+    )
+    return path, engine, tokenizer

@@ -1,0 +1,103 @@
+"""What a training run derives from its config before it starts, async mode's
+rollouts (``_async.py``) built from the run's parts, and how the run ended.
+
+A run never changes its config: the values it settles at start-up (the admin
+key it makes, the server's URL, async mode's hold timeout, the ``extra``
+notes of its store record) are new objects kept on the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import secrets
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tether._interrupt import Interrupted
+from tether.configio import dump
+from tether.gateway import GatewayConfig
+from tether.records import RunStatus
+from tether.run._async import AsyncRollouts
+from tether.run._rundir import ResumePoint
+from tether.run._tasks import tasks_for_step
+from tether.run.config import TrainConfig
+
+if TYPE_CHECKING:
+    from tether.run._loop import TrainingRun
+
+__all__ = [
+    "async_rollouts",
+    "end_status",
+    "gateway_config",
+    "record_config",
+    "resolve_model_path",
+]
+
+
+def record_config(cfg: TrainConfig, command: str, resume: ResumePoint | None) -> dict[str, Any]:
+    """``cfg`` as the run's store record holds it: ``extra`` says an eval's record is not a
+    training run, and links a resumed session to the record it continues (see _rundir.py)."""
+    record = dump(cfg)
+    notes = dict(record.get("extra") or {})
+    if command != "train":
+        notes["command"] = command
+    if resume is not None and resume.run_id is not None:
+        notes.update(resumed_from=resume.run_id, resumed_at=resume.step)
+    record["extra"] = notes
+    return record
+
+
+def gateway_config(cfg: TrainConfig) -> GatewayConfig:
+    """The run's gateway config: an admin key (the operator's, or a fresh one), and in async
+    mode ``trainer.hold_timeout_s`` as the admission timeout."""
+    gcfg = cfg.gateway
+    if not gcfg.admin_key:  # the operator's key reaches the admin API of the run's gateway
+        key = os.environ.get("TETHER_ADMIN_KEY") or secrets.token_urlsafe(32)
+        gcfg = dataclasses.replace(gcfg, admin_key=key)
+    hold = cfg.trainer.hold_timeout_s
+    if cfg.trainer.mode == "async" and hold is not None:
+        gcfg = dataclasses.replace(gcfg, admission_timeout_s=hold)
+    return gcfg
+
+
+def end_status(exc_type: object) -> RunStatus:
+    """A run's final status from the exception that ended it (None: it finished)."""
+    if exc_type is None:
+        return RunStatus.FINISHED
+    if isinstance(exc_type, type) and issubclass(
+        exc_type, (Interrupted, KeyboardInterrupt, asyncio.CancelledError)
+    ):
+        return RunStatus.INTERRUPTED  # Ctrl-C or SIGTERM (Interrupts cancels the main task)
+    return RunStatus.FAILED
+
+
+def resolve_model_path(path: str) -> Path:
+    if path == "starter":
+        from tether.starter import build_starter
+
+        return Path(build_starter(warm=True))
+    return Path(path)
+
+
+def async_rollouts(run: TrainingRun) -> AsyncRollouts:
+    """Async mode's rollouts for an open ``run``: groups of its train tasks, learned from
+    with ``run.learn``, from the group its start step (``--resume``) is at."""
+    cfg = run.cfg
+    return AsyncRollouts(
+        run.gateway,
+        run.runner,
+        lambda i: tasks_for_step(run.train_tasks, i, 1, cfg.tasks.seed)[0],
+        cfg.rollout.n,
+        grader=run.grader,
+        run_id=run.run_record.id,
+        batch_groups=cfg.rollout.batch_groups,
+        max_in_flight=cfg.groups_in_flight,
+        max_lag=cfg.trainer.max_policy_lag,
+        lag_policy=cfg.trainer.lag_policy,
+        learn=run.learn,
+        version=lambda: run.engine.policy_version,
+        first_group=run.start_step * cfg.rollout.batch_groups,
+        success_threshold=cfg.rollout.success_threshold,
+    )
