@@ -41,11 +41,6 @@ from tether.store import Store
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="tether.gateway's package import loads FastAPI until its app/server imports are lazy "
-    "(the gateway engineer's part of issue 12); tether.run.config itself imports neither",
-)
 def test_importing_the_run_config_loads_neither_fastapi_nor_uvicorn() -> None:
     code = (
         "import sys, tether.run.config, tether.trainer.config; "
