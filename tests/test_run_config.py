@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +28,7 @@ from tether._cli_serve import ServeConfig, serve_config
 from tether._interrupt import Interrupted
 from tether.configio import build, dump, load_config
 from tether.errors import UserError
+from tether.gateway import DEFAULT_PORT
 from tether.records import Rollout, RunStatus
 from tether.run import (
     EvalConfig,
@@ -175,3 +178,25 @@ def test_serve_reads_a_file_and_overrides_and_its_flags_win(tmp_path: Path) -> N
     assert bare.gateway.record_keys == ("k" * 16,) and bare.store == ServeConfig().store
     with pytest.raises(UserError, match="did you mean"):
         serve_config(None, ["gateway.log_prompt=true"], {})
+
+
+def test_a_gateway_section_keeps_the_training_gateway_on_a_free_port(
+    starter_dir: Path, tmp_path: Path
+) -> None:
+    """Setting any ``gateway.*`` key of a run once reset its port to serve's 8321, so a run
+    collided with a running ``tether serve`` (or another run). Unset, the port is free."""
+    cfg = load_config(TrainConfig, None, ["gateway.default_max_tokens=24"])
+    assert cfg.gateway.port is None and cfg.gateway.default_max_tokens == 24
+    cfg = dataclasses.replace(_cfg(tmp_path, "port"), gateway=cfg.gateway)
+    with socket.socket() as taken:  # 8321 busy, as with a `tether serve` running
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        with contextlib.suppress(OSError):  # already busy is the same situation
+            taken.bind(("127.0.0.1", DEFAULT_PORT))
+            taken.listen()
+
+        async def go() -> int:
+            async with TrainingRun(cfg, model_path=starter_dir) as run:
+                return run.server.port
+
+        assert asyncio.run(go()) not in (0, DEFAULT_PORT)
+    assert serve_config(None, [], {}).gateway.port is None  # serve resolves it to 8321

@@ -23,7 +23,7 @@ from rich.console import Console
 
 from tether.configio import load_config
 from tether.errors import UserError
-from tether.gateway import GatewayConfig, is_loopback
+from tether.gateway import DEFAULT_PORT, GatewayConfig, is_loopback
 
 __all__ = ["ServeConfig", "run_serve", "serve_config"]
 
@@ -76,10 +76,11 @@ def run_serve(cfg: ServeConfig, console: Console) -> None:
     from tether.store import Store
 
     store = Path(cfg.store)
-    host, port = cfg.gateway.host, cfg.gateway.port
+    host = cfg.gateway.host
+    port = DEFAULT_PORT if cfg.gateway.port is None else cfg.gateway.port
     key, key_path = _admin_key(store, host, cfg.gateway.admin_key)
     gcfg = dataclasses.replace(
-        cfg.gateway, admin_key=key, record_keys=_record_keys(cfg.gateway.record_keys)
+        cfg.gateway, port=port, admin_key=key, record_keys=_record_keys(cfg.gateway.record_keys)
     )
     gcfg.check_bind()
     model_path, engine, tokenizer = _load_engine(

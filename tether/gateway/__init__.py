@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._config import GatewayConfig, is_loopback
+from ._config import DEFAULT_PORT, GatewayConfig, is_loopback
 from ._core import Gateway, OpenedRollout
 from ._errors import ApiError
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ._server import BackgroundServer, LoopServer, make_server
 
 __all__ = [
+    "DEFAULT_PORT",
     "ApiError",
     "BackgroundServer",
     "Gateway",

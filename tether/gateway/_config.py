@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 
 from tether.errors import UserError
 
-__all__ = ["GatewayConfig", "is_loopback"]
+__all__ = ["DEFAULT_PORT", "GatewayConfig", "is_loopback"]
+
+#: ``tether serve``'s port when ``gateway.port`` is not set.
+DEFAULT_PORT = 8321
 
 
 def is_loopback(host: str) -> bool:
@@ -29,7 +32,9 @@ class GatewayConfig:
     """
 
     host: str = "127.0.0.1"
-    port: int = 8321
+    #: None: DEFAULT_PORT (8321) for ``tether serve``, any free port for a training run's
+    #: gateway (so a run never collides with a server, or another run, by default).
+    port: int | None = None
     admin_key: str | None = field(default=None, repr=False)
     # Keys that may use record mode (``POST /v1/chat/completions`` without a rollout).
     record_keys: tuple[str, ...] = field(default=(), repr=False)
@@ -62,7 +67,7 @@ class GatewayConfig:
                 f"gateway.default_max_tokens ({self.default_max_tokens}) must be between 1 "
                 f"and gateway.max_tokens ({self.max_tokens})"
             )
-        if not 0 <= self.port <= 65535:
+        if self.port is not None and not 0 <= self.port <= 65535:
             raise UserError(f"gateway.port ({self.port}) must be in 0..65535")
         if self.engine_timeout_s <= 0 or self.admission_timeout_s <= 0:
             raise UserError("gateway.engine_timeout_s and admission_timeout_s must be > 0")
@@ -80,4 +85,4 @@ class GatewayConfig:
         if self.public_url:
             return self.public_url.rstrip("/")
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"http://{host}:{DEFAULT_PORT if self.port is None else self.port}"

@@ -175,7 +175,7 @@ class TrainingRun:
         gcfg.check_bind()
         self.on_event("status", "starting the gateway and the agent runner")
         self.gateway = Gateway(self.engine, self.tokenizer, self.store, gcfg, seed=cfg.trainer.seed)
-        self.server = await LoopServer(create_app(self.gateway), gcfg.host, gcfg.port).start()
+        self.server = await LoopServer(create_app(self.gateway), gcfg.host, gcfg.port or 0).start()
         if not gcfg.public_url:  # port 0: the URL is known once the server listens
             gcfg = self.gateway.config = dataclasses.replace(gcfg, public_url=self.server.url)
         self.gateway_config = gcfg

@@ -152,7 +152,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    gateway: GatewayConfig = field(default_factory=lambda: GatewayConfig(port=0))
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
     #: Continue the run of this name from its newest checkpoint (``tether train --resume``).
     resume: bool = False
     #: Free-form notes kept with the run's store record; tether reads none of them.
