@@ -17,7 +17,6 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-import tether.engine
 from tether.engine import (
     Engine,
     EngineFailed,
@@ -89,14 +88,7 @@ PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], list(range(20, 47)), [1]]
 # -- the fakes ---------------------------------------------------------------------------------
 
 
-def test_exports_match():
-    public = {
-        n
-        for n, obj in vars(tether.engine).items()
-        if not n.startswith("_") and getattr(obj, "__module__", "").startswith("tether")
-    }
-    assert public | {"TransformersEngine", "EngineStats"} == set(tether.engine.__all__)
-    assert all(getattr(tether.engine, n) for n in tether.engine.__all__)
+def test_fakes_are_engines():
     for eng in (NullEngine(), ScriptedEngine([]), FaultyEngine()):
         assert isinstance(eng, Engine)
 
