@@ -15,10 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.helpers import alive, launch, script
 from tether.records import RolloutStatus
 from tether.runner import (
     AgentLoadError,
-    Launch,
     PoolRunner,
     RunnerConfig,
     RunnerConfigError,
@@ -28,24 +28,6 @@ from tether.runner import (
 
 PY = sys.executable
 CONTRACT = {"OPENAI_BASE_URL", "OPENAI_API_KEY", "TETHER_ROLLOUT_ID", "TETHER_TASK"}
-
-
-def launch(i: int = 0, task: dict | None = None, **kw) -> Launch:
-    kw.setdefault("reward_url", f"http://gw/rollouts/r{i}/reward")
-    return Launch(f"r{i}", 1, f"http://gw/rollouts/r{i}/v1", f"tok-{i}", task or {"x": i}, **kw)
-
-
-def script(tmp_path: Path, name: str, code: str) -> str:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(code))
-    return str(path)
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def expected_env_names() -> set[str]:
