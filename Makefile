@@ -29,6 +29,7 @@ setup: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check tether tests benchmarks examples
+	$(BIN)/ruff format --check tether tests benchmarks examples
 	$(BIN)/python -m pytest -q
 
 demo: $(STAMP)

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import ADMIN_KEY
+
 
 @pytest.fixture(scope="session")
 def starter_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -47,9 +49,6 @@ def store(tmp_path: Path) -> Iterator[Any]:
     s = Store(tmp_path / "traces.sqlite")
     yield s
     s.close()
-
-
-ADMIN_KEY = "test-admin-key-0123456789"
 
 
 @pytest.fixture

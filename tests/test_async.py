@@ -343,7 +343,7 @@ def test_two_async_steps_with_the_starter_model(starter_dir: Path, tmp_path: Pat
             concurrency=16,
             timeout_s=60,
         ),
-        rollout=RolloutConfig(n=2, batch_groups=2, grader="tests.test_trainer:alternating_grader"),
+        rollout=RolloutConfig(n=2, batch_groups=2, grader="tests.helpers:alternating_grader"),
         trainer=TrainerConfig(steps=2, lr=1e-3, mode="async", max_groups_in_flight=4),
         eval=EvalConfig(tasks=1, samples=2, greedy=False),
     )

@@ -278,13 +278,11 @@ def test_agent_main_against_a_stub_server(stub: StubOpenAI, capsys) -> None:
     check_requests(stub)
 
 
-def test_agent_requests_render_prefix_stable(stub: StubOpenAI) -> None:
+def test_agent_requests_render_prefix_stable(stub: StubOpenAI, tokenizer: Any) -> None:
     """The SDK's second request, rendered by the starter template, extends the first
     prompt plus the canonical completion token for token."""
-    from tether.starter._tokenizer import build_tokenizer
-
     load_example("agent").main()
-    tok = build_tokenizer()
+    tok = tokenizer
     first, second = stub.requests
 
     def ids(body: dict[str, Any], gen: bool) -> list[int]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 from random import Random
 
@@ -60,13 +59,6 @@ def any_tok(request: pytest.FixtureRequest) -> PreTrainedTokenizerFast:
 
 
 # --- rendering ---------------------------------------------------------------------------
-
-
-def test_exports_match_all() -> None:
-    public = {
-        n for n in vars(chat) if not n.startswith("_") and not inspect.ismodule(getattr(chat, n))
-    }
-    assert set(chat.__all__) == public - {"annotations"}
 
 
 def test_render_full_conversation(tok: PreTrainedTokenizerFast) -> None:

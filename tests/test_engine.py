@@ -17,7 +17,6 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-import tether.engine
 from tether.engine import (
     Engine,
     EngineFailed,
@@ -89,14 +88,7 @@ PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], list(range(20, 47)), [1]]
 # -- the fakes ---------------------------------------------------------------------------------
 
 
-def test_exports_match():
-    public = {
-        n
-        for n, obj in vars(tether.engine).items()
-        if not n.startswith("_") and getattr(obj, "__module__", "").startswith("tether")
-    }
-    assert public | {"TransformersEngine", "EngineStats"} == set(tether.engine.__all__)
-    assert all(getattr(tether.engine, n) for n in tether.engine.__all__)
+def test_fakes_are_engines():
     for eng in (NullEngine(), ScriptedEngine([]), FaultyEngine()):
         assert isinstance(eng, Engine)
 
@@ -116,11 +108,16 @@ async def test_null_engine_honours_params():
 async def test_scripted_engine_texts_ids_and_faults(tokenizer):
     text = chr(0x100) + chr(0x105)
     eng = ScriptedEngine([text, [3, 4], ValueError("boom")], tokenizer)
+    with pytest.raises(AssertionError, match="3 of 3 script items were never used"):
+        eng.assert_exhausted()
     first = (await eng.generate([1], SamplingParams())).completions[0]
     assert first.token_ids == [0, 5, IM_END] and first.finish_reason == "stop"
     assert (await eng.generate([1], SamplingParams())).completions[0].token_ids == [3, 4]
+    with pytest.raises(AssertionError, match="1 of 3"):
+        eng.assert_exhausted()
     with pytest.raises(EngineFailed, match="boom"):
         await eng.generate([1], SamplingParams())
+    eng.assert_exhausted()
     with pytest.raises(EngineFailed, match="exhausted"):
         await eng.generate([1], SamplingParams())
 

@@ -210,6 +210,7 @@ def test_tool_call_comes_back_in_openai_form(stream: bool, tokenizer: Any, tmp_p
         assert args == '{"expression": "17 + 25"}'
         assert finish == "tool_calls"
         (call,) = lv.store.calls("r-tool")
+        engine.assert_exhausted()
         assert call.prompt_ids == render_prompt(tokenizer, MESSAGES, TOOLS)
         assert call.response["tool_calls"][0]["function"]["name"] == "calculator"
     finally:

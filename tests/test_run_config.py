@@ -25,9 +25,8 @@ from pathlib import Path
 import pytest
 
 from tether._cli_serve import ServeConfig, serve_config
-from tether._interrupt import Interrupted
 from tether.configio import build, dump, load_config
-from tether.errors import UserError
+from tether.errors import Interrupted, UserError
 from tether.gateway import DEFAULT_PORT
 from tether.records import Rollout, RunStatus
 from tether.run import (

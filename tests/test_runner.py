@@ -15,11 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-import tether.runner
+from tests.helpers import alive, launch, script
 from tether.records import RolloutStatus
 from tether.runner import (
     AgentLoadError,
-    Launch,
     PoolRunner,
     RunnerConfig,
     RunnerConfigError,
@@ -29,24 +28,6 @@ from tether.runner import (
 
 PY = sys.executable
 CONTRACT = {"OPENAI_BASE_URL", "OPENAI_API_KEY", "TETHER_ROLLOUT_ID", "TETHER_TASK"}
-
-
-def launch(i: int = 0, task: dict | None = None, **kw) -> Launch:
-    kw.setdefault("reward_url", f"http://gw/rollouts/r{i}/reward")
-    return Launch(f"r{i}", 1, f"http://gw/rollouts/r{i}/v1", f"tok-{i}", task or {"x": i}, **kw)
-
-
-def script(tmp_path: Path, name: str, code: str) -> str:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(code))
-    return str(path)
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def expected_env_names() -> set[str]:
@@ -64,11 +45,6 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # --- public face, config, env ------------------------------------------------------------
-
-
-def test_exports_match_all() -> None:
-    public = {n for n in dir(tether.runner) if not n.startswith("_") and n != "annotations"}
-    assert set(tether.runner.__all__) == public
 
 
 def test_configs_load_no_runner() -> None:

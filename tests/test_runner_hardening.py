@@ -15,8 +15,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import ADMIN_KEY
-from tests.test_runner import alive, launch, script
+from tests.helpers import ADMIN_KEY, alive, launch, script
 from tether.engine.testing import NullEngine
 from tether.gateway import Gateway, GatewayConfig, LoopServer, create_app
 from tether.records import RolloutStatus, Task

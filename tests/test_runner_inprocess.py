@@ -18,7 +18,7 @@ from typing import ClassVar
 import pytest
 
 import tether.runner
-from tests.test_runner import launch, script
+from tests.helpers import launch, script
 from tether.records import RolloutStatus
 from tether.runner import (
     AgentLoadError,

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ADMIN_KEY
 from tests.fake_kubernetes import FakeKubernetes
+from tests.helpers import ADMIN_KEY
 from tether.configio import build
 from tether.engine.testing import NullEngine
 from tether.errors import UserError

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ADMIN_KEY
+from tests.helpers import ADMIN_KEY
 from tether.configio import build
 from tether.engine.testing import NullEngine
 from tether.errors import UserError
@@ -147,7 +147,7 @@ def test_one_training_step_with_rollouts_as_ray_tasks(
 ) -> None:
     """A short training run whose rollouts are Ray tasks: the packaged calc agent, the
     starter model behind the real gateway, one GRPO update on what the Ray workers did."""
-    from tests.test_trainer import alternating_grader  # noqa: F401 (the grader spec below)
+    from tests.helpers import alternating_grader  # noqa: F401 (the grader spec below)
     from tether.run import (
         CheckpointConfig,
         EvalConfig,
@@ -174,7 +174,7 @@ def test_one_training_step_with_rollouts_as_ray_tasks(
         dir=str(tmp_path),
         tasks=TasksConfig(source="calc", train_size=20, val_size=2),
         agent=agent,
-        rollout=RolloutConfig(n=2, batch_groups=2, grader="tests.test_trainer:alternating_grader"),
+        rollout=RolloutConfig(n=2, batch_groups=2, grader="tests.helpers:alternating_grader"),
         trainer=TrainerConfig(steps=1, lr=1e-3),
         eval=EvalConfig(every=0, tasks=1, samples=2, greedy=False),
         checkpoint=CheckpointConfig(every=0),

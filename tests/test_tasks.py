@@ -96,7 +96,8 @@ def test_agent_solves_a_task_through_the_gateway(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     task, turns, last_tool_result = SCRIPTS[task_name]()
-    gw = make_gateway(ScriptedEngine(turns, tokenizer=tokenizer))
+    engine = ScriptedEngine(turns, tokenizer=tokenizer)
+    gw = make_gateway(engine)
     server = BackgroundServer(create_app(gw)).start()
     try:
         gw.config.public_url = server.url
@@ -122,6 +123,7 @@ def test_agent_solves_a_task_through_the_gateway(
     assert rollout.reward == 1.0 and rollout.usable
     calls = gw.store.calls(opened.rollout_id)
     assert len(calls) == len(turns)
+    engine.assert_exhausted()  # the agent made every scripted call
     for call, turn in zip(calls[:-1], turns, strict=False):
         (parsed,) = call.response["tool_calls"]  # the model's text, parsed into OpenAI form
         wanted = json.loads(turn.split("\n")[1])

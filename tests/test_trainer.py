@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import random
 import sys
 from pathlib import Path
@@ -212,20 +211,6 @@ def test_config_file_with_overrides_and_clear_errors(tmp_path: Path) -> None:
         load_config(TrainConfig, None, ["trainer.lr=fast"])
 
 
-_graded: collections.Counter[str] = collections.Counter()
-
-
-def alternating_grader(task: dict, answer: str | None) -> float:
-    """Rewards 0, 1, 0, 1, ... per task in grading order: every group of even size has variance.
-
-    Counted per task, not globally: rollouts of concurrent groups finish interleaved, and a
-    global count could hand one group 0, 0 (no variance, so no update).
-    """
-    n = _graded[task["id"]]
-    _graded[task["id"]] += 1
-    return float(n % 2)
-
-
 def test_two_step_training_through_gateway_and_subprocess_agents(
     starter_dir: Path, tmp_path: Path
 ) -> None:
@@ -239,7 +224,7 @@ def test_two_step_training_through_gateway_and_subprocess_agents(
             concurrency=4,
             timeout_s=60,
         ),
-        rollout=RolloutConfig(n=2, batch_groups=2, grader="tests.test_trainer:alternating_grader"),
+        rollout=RolloutConfig(n=2, batch_groups=2, grader="tests.helpers:alternating_grader"),
         trainer=TrainerConfig(steps=2, lr=1e-3),
         eval=EvalConfig(tasks=1, samples=2, greedy=False),
         checkpoint=CheckpointConfig(every=1, keep=3),

@@ -16,7 +16,7 @@ import torch
 
 from tether.records import Call
 from tether.starter import load_model
-from tether.trainer._update import PolicyTrainer
+from tether.trainer import PolicyTrainer
 from tether.trainer.config import TrainerConfig
 from tether.trainer.samples import build_samples
 

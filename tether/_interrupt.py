@@ -51,25 +51,14 @@ from collections.abc import Callable, Coroutine
 from types import FrameType
 from typing import Any, TypeVar
 
+from tether.errors import Interrupted  # defined there so that tether.run can catch it
+
 __all__ = ["SHUTDOWN_GRACE_S", "Interrupted", "Interrupts"]
 
 SHUTDOWN_GRACE_S = 5.0  # longest clean stop after the first signal before a forced exit
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 T = TypeVar("T")
-
-
-class Interrupted(BaseException):
-    """The command was stopped by a signal. A BaseException, like ``KeyboardInterrupt``,
-    so that no ``except Exception`` on the way out swallows it."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
 
 
 class Interrupts:

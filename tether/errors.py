@@ -17,7 +17,9 @@ HTTP status codes are chosen only in :mod:`tether.gateway`; the CLI turns any
 
 from __future__ import annotations
 
-__all__ = ["TetherError", "UserError"]
+import signal
+
+__all__ = ["Interrupted", "TetherError", "UserError"]
 
 
 class TetherError(Exception):
@@ -26,3 +28,18 @@ class TetherError(Exception):
 
 class UserError(TetherError, ValueError):
     """Something the user gave is wrong; the message names the value, the rule and the fix."""
+
+
+class Interrupted(BaseException):
+    """The command was stopped by a signal. A BaseException, like ``KeyboardInterrupt``,
+    so that no ``except Exception`` on the way out swallows it. Raised by the CLI's
+    ``tether._interrupt.Interrupts``; defined here so that :mod:`tether.run` can name it
+    without importing the CLI layer."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum

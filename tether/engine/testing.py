@@ -185,6 +185,15 @@ class ScriptedEngine(FakeEngine):
         ends = end_of_turn_ids(tokenizer)
         self.end_token_id = end_token_id if end_token_id is not None else (ends or (None,))[0]
 
+    def assert_exhausted(self) -> None:
+        """Raise AssertionError unless every script item was used (for ``cycle=True``: unless
+        the last pass through the script ended at its last item)."""
+        left = len(self.script) - self.position
+        if left:
+            raise AssertionError(
+                f"ScriptedEngine: {left} of {len(self.script)} script items were never used"
+            )
+
     def _complete(self, prompt_ids: list[int], params: SamplingParams, index: int) -> list[int]:
         if self.position >= len(self.script):
             if not (self.cycle and self.script):

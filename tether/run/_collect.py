@@ -64,7 +64,7 @@ def load_grader(spec: str) -> Grader | None:
     if not sep:
         raise UserError(f"rollout.grader ({spec!r}) must look like 'module:function'")
     if module.endswith(".py") or "/" in module:
-        from tether.runner._worker import load_callable
+        from tether.runner import load_callable
 
         try:
             return load_callable(spec)

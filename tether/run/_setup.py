@@ -15,8 +15,8 @@ import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tether._interrupt import Interrupted
 from tether.configio import dump
+from tether.errors import Interrupted
 from tether.gateway import GatewayConfig
 from tether.records import RunStatus
 from tether.run._async import AsyncRollouts

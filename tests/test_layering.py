@@ -1,0 +1,174 @@
+"""The import graph of ``tether/`` follows the layering table.
+
+Every module under ``tether/`` is parsed with :mod:`ast` (function-level and
+``TYPE_CHECKING`` imports count too) and each ``tether.*`` import is checked against
+:data:`KNOWS`, the "knows about" column of the components table in
+``/README.md`` ("Layout") and the design notes: arrows point down the table, never up.
+A second rule: no package imports another package's ``_private`` module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = sorted((ROOT / "tether").rglob("*.py"))
+
+# The components table (README "Layout"), as data: component -> the components it may import.
+# Shared leaves: ``errors`` (the exception root), ``configio`` (config files), ``_hf`` (the one
+# transformers/peft compatibility module: torch/transformers/peft only), ``_memory``.
+LEAVES = {"errors", "configio", "_hf", "_memory"}
+KNOWS: dict[str, set[str]] = {
+    "records": set(),
+    "errors": set(),
+    "configio": {"errors"},
+    "_hf": set(),
+    "_memory": set(),
+    "store": {"records", "errors"},
+    "engine": {"records", "errors", "_hf"},
+    "chat": {"errors"},
+    "gateway": {"engine", "chat", "store", "records", "errors", "configio"},
+    "runner": {"records", "store", "errors", "configio"},
+    "trainer": {"records", "errors", "_hf"},  # and torch, transformers/peft
+    "starter": {"engine", "chat", "errors", "_hf"},  # and transformers
+    # orchestration: everything below the CLI
+    "run": {"gateway", "engine", "chat", "store", "runner", "trainer", "starter", "records"}
+    | LEAVES,
+    # the CLI layer: everything; nothing depends on it
+    "cli": {"run", "gateway", "engine", "chat", "store", "runner", "trainer", "starter"}
+    | {"records", "cli"}
+    | LEAVES,
+}
+CLI_MODULES = {"cli", "_cli_serve", "_cli_stores", "_cli_train", "_cli_views", "_progress"}
+CLI_MODULES |= {"_interrupt"}
+
+# Imports that cross the table on purpose: (importing module, imported component) -> why.
+EXCEPTIONS = {
+    ("tether.engine._transformers", "starter"): (
+        "TransformersEngine('starter') resolves the starter model's folder and tokenizer "
+        "(imported inside the function, on first use)"
+    ),
+    ("tether.trainer.checkpoint", "store"): (
+        "a checkpoint saves the run config with the store's secret-redaction rule"
+    ),
+}
+
+# The trainer learns only: whatever else changes, these stay out of it (issue 12).
+NEVER = {"trainer": {"gateway", "runner", "starter", "run", "cli"}}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def component(module: str) -> str:
+    first = module.split(".")[1] if "." in module else ""
+    return "cli" if first in CLI_MODULES else first
+
+
+def tether_imports(path: Path) -> list[str]:
+    """Every ``tether.*`` module name an import in ``path`` names (``from x import y``
+    yields ``x.y``, so that a private submodule imported by name is seen too)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found += [module] + [f"{module}.{a.name}" for a in node.names]
+    return [m for m in found if m == "tether" or m.startswith("tether.")]
+
+
+def private_of_other_package(importer: str, imported: str) -> bool:
+    """``imported`` reaches into a ``_private`` module of a package other than ``importer``'s."""
+    parts = imported.split(".")
+    for i, part in enumerate(parts[2:], start=2):
+        if part.startswith("_") and not part.startswith("__"):
+            owner = ".".join(parts[:i])
+            return not (importer == owner or importer.startswith(owner + "."))
+    return False
+
+
+def test_the_table_matches_the_tree() -> None:
+    components = {component(module_name(p)) for p in SOURCES}
+    assert components == set(KNOWS), "a package was added or removed: update KNOWS"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: module_name(p))
+def test_imports_follow_the_layering(path: Path) -> None:
+    importer = module_name(path)
+    mine = component(importer)
+    wrong = []
+    for imported in tether_imports(path):
+        theirs = component(imported)
+        if not theirs or theirs == mine or (importer, theirs) in EXCEPTIONS:
+            continue
+        if theirs not in KNOWS[mine] or theirs in NEVER.get(mine, ()):
+            wrong.append(f"{imported} ({mine} must not know {theirs})")
+    assert not wrong, f"{importer} imports up or across the table: {wrong}"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: module_name(p))
+def test_no_private_module_of_another_package(path: Path) -> None:
+    importer = module_name(path)
+    if component(importer) == "cli":  # the CLI's own private modules import each other
+        private = [
+            m
+            for m in tether_imports(path)
+            if component(m) != "cli" and private_of_other_package(importer, m)
+        ]
+    else:
+        private = [m for m in tether_imports(path) if private_of_other_package(importer, m)]
+    assert not private, f"{importer} imports private modules of other packages: {private}"
+
+
+def test_the_checks_catch_violations() -> None:
+    """The rules themselves: a trainer module importing the gateway or a store private fails."""
+    assert component("tether.trainer._update") == "trainer"
+    assert "gateway" not in KNOWS["trainer"]
+    assert private_of_other_package("tether.trainer._update", "tether.store._codec")
+    assert not private_of_other_package("tether.store._runs", "tether.store._codec")
+    assert not private_of_other_package("tether.run._loop", "tether._memory")
+    assert component("tether._cli_views") == "cli"
+
+
+# Tests import public names; these test package internals that have no public name, on purpose.
+TEST_PRIVATE_IMPORTS = {
+    ("test_engine", "tether.engine._prefix"): "the prefix cache's block and eviction rules",
+    ("test_trainer", "tether.trainer._update"): "shared_prefix, the update's prefix cut",
+    ("test_starter", "tether.starter._evaluate"): "the starter's own tests: its internals",
+    ("test_starter", "tether.starter._model"): "the starter's own tests: its internals",
+    ("test_starter", "tether.starter._template"): "the starter's own tests: its internals",
+    ("test_starter", "tether.starter._tokenizer"): "the starter's own tests: its internals",
+    ("test_starter", "tether.starter._warmup"): "the starter's own tests: its internals",
+}
+
+
+def test_tests_import_public_names() -> None:
+    private = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                modules = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            else:
+                continue
+            for module in modules:
+                # tether._x (the CLI layer, _hf, _memory) has no package face: tested directly.
+                hidden = any(p.startswith("_") for p in module.split(".")[2:])
+                allowed = (path.stem, module) in TEST_PRIVATE_IMPORTS
+                if module.startswith("tether.") and hidden and not allowed:
+                    private.append(f"{path.name}: {module}")
+    assert not private, f"tests import private modules where public names exist: {private}"
