@@ -108,13 +108,15 @@ class RunLog:
             )
             if conn.total_changes - before == len(values):
                 return
-            for task_id, run_id, split, data in values:  # some were there: the slow check
+            for tid, rid, split, data in values:  # some were there: the slow check
                 old = conn.execute(
-                    "SELECT split, data FROM tasks WHERE id = ? AND run_id IS ?", (task_id, run_id)
+                    "SELECT split, data FROM tasks WHERE ifnull(run_id, '') = ifnull(?, '') "
+                    "AND id = ?",  # the unique index's own expression, so the index is used
+                    (rid, tid),
                 ).fetchone()
                 if tuple(old) != (split, data):
                     raise AlreadyExists(
-                        f"task {task_id!r} of run {run_id!r} already exists with other content"
+                        f"task {tid!r} of run {rid!r} already exists with other content"
                     )
 
     def get_task(self, task_id: str, run_id: str | None = None) -> Task:
@@ -123,7 +125,7 @@ class RunLog:
         sql = f"SELECT {rows.TASK_COLUMNS} FROM tasks WHERE id = ?"
         params: list[Any] = [task_id]
         if run_id is not None:
-            sql += " AND run_id = ?"
+            sql += " AND ifnull(run_id, '') = ?"  # as the unique index has it
             params.append(run_id)
         with self._db.read() as conn:
             row = conn.execute(sql + " ORDER BY rowid LIMIT 1", params).fetchone()
