@@ -96,3 +96,24 @@ def test_show_without_the_runs_tokenizer_keeps_a_dash_and_says_why(tmp_path: Pat
     assert not empty_cache.exists()  # nothing was built to show the tokens
     shown = _show(path, "r-2")
     assert "is not on this machine" in shown.stdout and _token_rows(shown.stdout) == {5: "-"}
+
+
+def test_tasks_sharing_an_id_are_not_stored_and_the_run_still_opens(
+    starter_dir: Path, tmp_path: Path, caplog: Any
+) -> None:
+    source = tmp_path / "tasks.jsonl"
+    source.write_text('{"id": "same", "q": "1+1"}\n{"id": "same", "q": "2+2"}\n')
+    cfg = TrainConfig(name="dup", dir=str(tmp_path), tasks=TasksConfig(source=str(source)))
+
+    async def open_and_close() -> TrainingRun:
+        async with TrainingRun(cfg, model_path=starter_dir) as run:
+            return run
+
+    with caplog.at_level("WARNING", logger="tether.run"):
+        run = asyncio.run(open_and_close())
+    assert len(run.train_tasks) == 2
+    assert any(
+        "tasks not stored" in r.getMessage() and "own id" in r.getMessage() for r in caplog.records
+    )
+    with Store(tmp_path / "dup" / "traces.sqlite") as db:
+        assert db.list_tasks(run_id=run.run_record.id) == []  # all or nothing
