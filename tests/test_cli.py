@@ -8,10 +8,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
+
+from tether.store import Store
 
 TETHER = [sys.executable, "-m", "tether.cli"]
 
@@ -32,7 +35,9 @@ def _run(*args: str, env: dict | None = None, timeout: float = 120) -> subproces
     )
 
 
-def test_serve_then_call_with_openai_then_list_and_show(starter_dir: Path, tmp_path: Path) -> None:
+def test_serve_then_call_with_openai_then_list_and_show(
+    starter_dir: Path, tokenizer: Any, tmp_path: Path
+) -> None:
     port = _free_port()
     store = tmp_path / "traces.sqlite"
     env = {**os.environ, "TETHER_ADMIN_KEY": "cli-admin-key"}
@@ -92,6 +97,16 @@ def test_serve_then_call_with_openai_then_list_and_show(starter_dir: Path, tmp_p
     assert shown.returncode == 0, shown.stderr
     assert "call 0" in shown.stdout and "logprob" in shown.stdout
     assert opened["token"] not in shown.stdout + listed.stdout
+    # The token column is each completion token's text, decoded with the served model's tokenizer.
+    with Store(store) as db:
+        ids = db.calls("r-cli")[0].completion_ids
+    rows = [ln.split() for ln in shown.stdout.splitlines()]
+    by_id = {int(r[-3]): r for r in rows if len(r) >= 5 and r[-3].isdigit() and r[0].isdigit()}
+    assert ids and set(ids) <= set(by_id)
+    for tid in ids:
+        text = repr(tokenizer.decode([tid], skip_special_tokens=False))
+        assert " ".join(by_id[tid][1:-3]) == text, (tid, text, by_id[tid])
+    assert "token text not shown" not in shown.stdout
 
 
 def test_non_loopback_bind_without_key_is_refused_in_one_line(tmp_path: Path) -> None:

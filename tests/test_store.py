@@ -9,6 +9,7 @@ import math
 import sqlite3
 import struct
 import threading
+import time
 from contextlib import closing
 from dataclasses import asdict
 
@@ -109,7 +110,7 @@ SCHEMA = {
                  "success", "finished_at"],
 }  # fmt: skip
 INDEXES = {
-    "tasks": {"tasks_run_split": 0, "sqlite_autoindex_tasks_1": 1},
+    "tasks": {"tasks_run_split": 0, "tasks_run_id": 1},
     "runs": {"sqlite_autoindex_runs_1": 1},
     "rollouts": {"rollouts_run_status": 0, "rollouts_group": 0, "rollouts_status": 0,
                  "sqlite_autoindex_rollouts_1": 1},
@@ -170,11 +171,46 @@ def test_migration_2_adds_attempts_to_an_existing_file(tmp_path, monkeypatch):
             old.create_rollout(Rollout(id="r-old"))
             assert old.schema_version() == 1
     with Store(path) as store:
-        assert store._db.migrations_run == 1 and store.schema_version() == 2
+        assert store._db.migrations_run == len(_migrations.MIGRATIONS) - 1
+        assert store.schema_version() == len(_migrations.MIGRATIONS)
         assert store.get_rollout("r-old") is not None and store.attempts("r-old") == []
         attempt = store.start_attempt("r-old")
         store.finish_rollout("r-old", "failed", attempt=attempt, output_tail="boom\n")
         assert [a.output_tail for a in store.attempts("r-old")] == ["boom\n"]
+
+
+def test_migration_3_keys_tasks_by_run_and_keeps_them(tmp_path, monkeypatch):
+    """A file made before migration 3 keeps its tasks, in order; then two runs may
+    each store a task of the same id (a resumed run records its task set again)."""
+    path = tmp_path / "v2.db"
+    with monkeypatch.context() as m:
+        m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:2])
+        with Store(path) as old:
+            old.create_run({}, run_id="a")
+            old.add_tasks([Task("t1", {"q": 1}, run_id="a"), Task("t0", {"q": 0})])
+    with Store(path) as store:
+        assert store._db.migrations_run == 1
+        assert [(t.id, t.run_id) for t in store.list_tasks()] == [("t1", "a"), ("t0", None)]
+        store.create_run({}, run_id="b")
+        store.add_tasks([Task("t1", {"q": "other"}, run_id="b")])
+        assert store.get_task("t1", run_id="b").data == {"q": "other"}
+        assert store.get_task("t1").run_id == "a"  # without a run: the first stored
+        with pytest.raises(AlreadyExists, match="run 'a'"):
+            store.add_tasks([Task("t1", {"q": 2}, run_id="a")])
+
+
+def test_add_tasks_stores_a_runs_4000_tasks_in_one_cheap_transaction(db):
+    db.create_run({}, run_id="big")
+    tasks = [
+        Task(f"calc-{i}", {"q": f"{i}+1", "a": i + 1}, Split.TRAIN if i % 8 else Split.VAL, "big")
+        for i in range(4000)
+    ]
+    t0 = time.perf_counter()
+    db.add_tasks(tasks)
+    db.add_tasks(tasks)  # again: all identical, a no-op (the per-row check, by index)
+    assert time.perf_counter() - t0 < 1.0  # ~50 ms; a per-row scan took 1.1 s
+    assert db.list_tasks(run_id="big") == tasks
+    assert len(db.list_tasks(run_id="big", split="val")) == 500
 
 
 @pytest.mark.parametrize(("mode", "level"), [("NORMAL", 1), ("full", 2)])

@@ -5,13 +5,16 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from tether.errors import UserError
 from tether.records import RolloutStatus
+from tether.store import NotFound
 
 __all__ = ["print_rollout", "print_rollouts"]
 
@@ -66,25 +69,63 @@ def print_rollouts(store: Any, *, run: str | None, status: str | None, limit: in
     out.print(table)
 
 
-def run_tokenizer(store: Any, rollout_id: str, model: str | None) -> Any:
-    """The tokenizer of ``model``, or of the model the rollout's run served; None if unknown."""
-    if model is None:
-        r = store.get_rollout(rollout_id)
-        config = store.get_run(r.run_id).config if r is not None and r.run_id else {}
-        model = config.get("model")
-        if isinstance(model, dict):  # a training run's config
-            model = model.get("path")
-    if not model or model == "starter":
-        return None
-    from tether.starter import load_tokenizer
+def run_tokenizer(store: Any, rollout_id: str) -> tuple[Any, str]:
+    """(the tokenizer of the model the rollout's run served, "") or (None, why not).
 
+    The model is the run record's ``model.path`` (``tether train``) or ``model``
+    (``tether serve``); "starter" is the warm starter folder, never built here.
+    """
+    r = store.get_rollout(rollout_id)
+    if r is None or not r.run_id:
+        return None, "the rollout belongs to no run, so its model is unknown"
+    model = store.get_run(r.run_id).config.get("model")
+    if isinstance(model, dict):  # a training run's config
+        model = model.get("path")
+    if not model:
+        return None, f"run {r.run_id}'s config names no model"
+    from tether.starter import is_starter, load_tokenizer, starter_path
+
+    if model == "starter":  # as tether.run resolves it, without building it
+        folder = starter_path(warm=True)
+        if not is_starter(folder):
+            return None, (
+                f"the starter model is not built on this machine ({folder}): "
+                "`python -m tether.starter --warm` builds it"
+            )
+        model = str(folder)
+    elif not Path(model).expanduser().is_dir() and _hub_cache(model) is None:
+        return None, f"the model {model} of run {r.run_id} is not on this machine"
     try:
-        return load_tokenizer(model)
-    except Exception:  # token text is a nicety; ids and logprobs are shown regardless
+        return load_tokenizer(_hub_cache(model) or model), ""
+    except Exception as e:  # token text is a nicety; ids and logprobs are shown regardless
+        return None, f"the tokenizer of {model} did not load ({type(e).__name__}: {e})"
+
+
+def _hub_cache(name: str) -> str | None:
+    """The local snapshot of hub id ``name``, or None (a folder, or not cached): no download."""
+    if Path(name).expanduser().is_dir():
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(name, local_files_only=True)
+    except Exception:  # not cached, or not a hub id at all
+        return None
+
+
+def _stored_task(store: Any, r: Any) -> Any:
+    """The rollout's task from its run's task set (the store's ``tasks``), or None."""
+    if not (r.task_id and r.run_id):
+        return None
+    try:
+        return store.get_task(r.task_id, run_id=r.run_id)
+    except NotFound:  # opened through the admin API: the task is only inline
         return None
 
 
 def print_rollout(store: Any, rollout_id: str, *, tokens: bool, tokenizer: Any = None) -> None:
+    """Print one rollout; with ``tokens``, each completion token's text (decoded with
+    ``tokenizer``, else the run's own, see :func:`run_tokenizer`), id and logprob."""
     r = store.get_rollout(rollout_id)
     if r is None:
         raise UserError(
@@ -95,7 +136,11 @@ def print_rollout(store: Any, rollout_id: str, *, tokens: bool, tokenizer: Any =
         f"reward {r.reward if r.reward is not None else '-'}"
         f"{'  (' + r.reward_source.value + ')' if r.reward_source else ''}"
     )
-    if r.task:
+    task = _stored_task(store, r)
+    if task is not None:
+        line = f"task {task.id} ({task.split.value}): {json.dumps(task.data)[:300]}"
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+    elif r.task:
         out.print(f"task: {json.dumps(r.task)[:300]}")
     if r.final_answer:
         out.print(f"final answer: {r.final_answer!r}")
@@ -103,7 +148,12 @@ def print_rollout(store: Any, rollout_id: str, *, tokens: bool, tokenizer: Any =
         out.print(f"[red]error:[/] {r.error}", highlight=False)
     for a in store.attempts(rollout_id):
         _print_attempt(a)
-    for c in store.calls(rollout_id):
+    calls = store.calls(rollout_id)
+    if tokens and tokenizer is None and any(c.completion_ids for c in calls):
+        tokenizer, why = run_tokenizer(store, rollout_id)
+        if tokenizer is None:
+            out.print(f"token text not shown: {why}", markup=False, highlight=False, soft_wrap=True)
+    for c in calls:
         out.rule(
             f"call {c.seq}  policy v{c.policy_version}  {c.status.value}  finish={c.finish_reason}  "
             f"T={c.temperature:g}  {c.latency_s * 1000:.1f} ms"
@@ -129,7 +179,7 @@ def print_rollout(store: Any, rollout_id: str, *, tokens: bool, tokenizer: Any =
                 text = (
                     repr(tokenizer.decode([tid], skip_special_tokens=False)) if tokenizer else "-"
                 )
-                table.add_row(str(i), text, str(tid), f"{lp:.4f}", f"{math.exp(lp):.3f}")
+                table.add_row(str(i), Text(text), str(tid), f"{lp:.4f}", f"{math.exp(lp):.3f}")
             out.print(table)
 
 

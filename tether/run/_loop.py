@@ -65,7 +65,7 @@ from tether.run._setup import (
 from tether.run._tasks import load_tasks, tasks_for_step
 from tether.run.config import TrainConfig
 from tether.runner import make_runner
-from tether.store import Store
+from tether.store import AlreadyExists, Store
 from tether.trainer import PolicyTrainer
 from tether.trainer import algorithms as A
 from tether.trainer.checkpoint import load_checkpoint, save_checkpoint
@@ -170,6 +170,10 @@ class TrainingRun:
         )
         self.lineage = (resume.run if resume else None) or self.run_record.id
         self.train_tasks, self.val_tasks = load_tasks(cfg.tasks)
+        try:  # the run's task set, so its rollouts' task_ids resolve to their task
+            self.store.add_tasks(self.train_tasks + self.val_tasks, run_id=self.run_record.id)
+        except AlreadyExists as e:  # two tasks share an id: the run itself is unaffected
+            log.warning("tasks not stored: %s; give each task in tasks.source its own id", e)
         self.grader = load_grader(cfg.rollout.grader)
         gcfg = gateway_config(cfg)
         gcfg.check_bind()

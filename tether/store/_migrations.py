@@ -135,7 +135,32 @@ def _m002_attempts(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_m001_initial, _m002_attempts]
+def _m003_tasks_per_run(conn: sqlite3.Connection) -> None:
+    """Task ids are unique per run, not per file: each run record (a resumed run, an
+    eval) stores its own task set, and the calc ids repeat across them. NULL run ids
+    count as one run (``ifnull``), so a task without a run is still stored once."""
+    for statement in (
+        """CREATE TABLE tasks_new (
+            id TEXT NOT NULL,
+            run_id TEXT REFERENCES runs(id),
+            split TEXT NOT NULL,
+            data TEXT NOT NULL
+        )""",
+        "INSERT INTO tasks_new (rowid, id, run_id, split, data) "
+        "SELECT rowid, id, run_id, split, data FROM tasks",
+        "DROP TABLE tasks",
+        "ALTER TABLE tasks_new RENAME TO tasks",
+        "CREATE UNIQUE INDEX tasks_run_id ON tasks(ifnull(run_id, ''), id)",
+        "CREATE INDEX tasks_run_split ON tasks(run_id, split)",
+    ):
+        conn.execute(statement)
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+    _m001_initial,
+    _m002_attempts,
+    _m003_tasks_per_run,
+]
 
 
 def migrate(conn: sqlite3.Connection) -> int:
