@@ -137,7 +137,7 @@ class TrainingRun:
         torch.manual_seed(cfg.trainer.seed)
         random.seed(cfg.trainer.seed)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.on_event("status", f"loading the model {cfg.model.path}")
+        self.on_event("status", f"loading the model {self.model_path or cfg.model.path}")
         self.model_path = self.model_path or resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(self.model_path)
         policy = load_model(self.model_path, dtype=torch.float32, device=cfg.model.device)
