@@ -7,16 +7,75 @@ Agent and grader specs in test configs may point here too, e.g.
 from __future__ import annotations
 
 import collections
+import socket
+import subprocess
+import sys
 import textwrap
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import psutil
 
 from tether.runner import Launch
 
-__all__ = ["ADMIN_KEY", "alive", "alternating_grader", "launch", "script"]
+__all__ = [
+    "ADMIN_KEY",
+    "TETHER",
+    "Served",
+    "alive",
+    "alternating_grader",
+    "free_port",
+    "launch",
+    "script",
+    "serving",
+]
 
 ADMIN_KEY = "test-admin-key-0123456789"  # the admin key of the test gateways (conftest)
+TETHER = [sys.executable, "-m", "tether.cli"]  # the command as a user runs it
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Served:
+    """A running ``tether serve``: its base URL; ``logs`` is what it printed, once it stopped."""
+
+    base: str
+    logs: str = ""
+
+
+@contextmanager
+def serving(model: Path, store: Path, *args: str, env: dict[str, str]) -> Iterator[Served]:
+    """``tether serve --model MODEL --store STORE ARGS`` on a free port, until the block ends."""
+    port = free_port()
+    cmd = [*TETHER, "serve", "--model", str(model), "--port", str(port), "--store", str(store)]
+    proc = subprocess.Popen(
+        [*cmd, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    served = Served(f"http://127.0.0.1:{port}")
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if httpx.get(f"{served.base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "tether serve did not come up"
+            time.sleep(0.2)
+        yield served
+    finally:
+        proc.terminate()
+        served.logs = proc.communicate(timeout=30)[0]
 
 
 def launch(i: int = 0, task: dict | None = None, **kw) -> Launch:

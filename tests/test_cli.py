@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,15 +11,8 @@ import httpx
 import openai
 import pytest
 
+from tests.helpers import TETHER, serving
 from tether.store import Store
-
-TETHER = [sys.executable, "-m", "tether.cli"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -38,39 +28,10 @@ def _run(*args: str, env: dict | None = None, timeout: float = 120) -> subproces
 def test_serve_then_call_with_openai_then_list_and_show(
     starter_dir: Path, tokenizer: Any, tmp_path: Path
 ) -> None:
-    port = _free_port()
     store = tmp_path / "traces.sqlite"
     env = {**os.environ, "TETHER_ADMIN_KEY": "cli-admin-key"}
-    proc = subprocess.Popen(
-        [
-            *TETHER,
-            "serve",
-            "--model",
-            str(starter_dir),
-            "--port",
-            str(port),
-            "--store",
-            str(store),
-            "--log-level",
-            "warning",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "tether serve did not come up"
-            time.sleep(0.2)
+    with serving(starter_dir, store, "--log-level", "warning", env=env) as served:
+        base = served.base
         admin = {"Authorization": "Bearer cli-admin-key"}
         opened = httpx.post(
             f"{base}/admin/rollouts", json={"task": {"q": 1}, "rollout_id": "r-cli"}, headers=admin
@@ -86,11 +47,7 @@ def test_serve_then_call_with_openai_then_list_and_show(
             ).status_code
             == 200
         )
-        logs = ""
-    finally:
-        proc.terminate()
-        logs = proc.communicate(timeout=30)[0]
-    assert "cli-admin-key" not in logs  # the admin key is never printed
+    assert "cli-admin-key" not in served.logs  # the admin key is never printed
     listed = _run("rollouts", "list", "--store", str(store))
     assert listed.returncode == 0 and "r-cli" in listed.stdout and "succeeded" in listed.stdout
     shown = _run("rollouts", "show", "r-cli", "--store", str(store))

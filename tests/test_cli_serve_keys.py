@@ -6,24 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
-TETHER = [sys.executable, "-m", "tether.cli"]
+from tests.helpers import TETHER, serving
+
 RECORD_KEY = "record-key-0123456789abcdef"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -31,44 +21,6 @@ def _env(**extra: str) -> dict[str, str]:
         k: v for k, v in os.environ.items() if k not in ("TETHER_ADMIN_KEY", "TETHER_RECORD_KEYS")
     }
     return {**env, **extra}
-
-
-@contextmanager
-def _serving(model: Path, store: Path, *args: str, env: dict[str, str]) -> Iterator[str]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            *TETHER,
-            "serve",
-            "--model",
-            str(model),
-            "--port",
-            str(port),
-            "--store",
-            str(store),
-            *args,
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "tether serve did not come up"
-            time.sleep(0.2)
-        yield base
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=30)
 
 
 def _record_call(base: str, key: str | None) -> int:
@@ -84,22 +36,22 @@ def test_admin_key_file_is_kept_across_restarts_and_record_keys_enable_record_mo
 ) -> None:
     store = tmp_path / "state" / "traces.sqlite"
     key_file = store.parent / "admin_key"
-    with _serving(starter_dir, store, "--record-key", RECORD_KEY, env=_env()) as base:
+    with serving(starter_dir, store, "--record-key", RECORD_KEY, env=_env()) as served:
         key = key_file.read_text().strip()
         assert key_file.stat().st_mode & 0o777 == 0o600
         admin = {"Authorization": f"Bearer {key}"}
-        assert httpx.get(f"{base}/admin/state", headers=admin).status_code == 200
-        assert _record_call(base, RECORD_KEY) == 200
-        assert _record_call(base, "not-the-record-key-000000") == 401
-        assert _record_call(base, None) == 401
+        assert httpx.get(f"{served.base}/admin/state", headers=admin).status_code == 200
+        assert _record_call(served.base, RECORD_KEY) == 200
+        assert _record_call(served.base, "not-the-record-key-000000") == 401
+        assert _record_call(served.base, None) == 401
     # A restart of the same store keeps the key; the record key comes from the environment.
-    with _serving(starter_dir, store, env=_env(TETHER_RECORD_KEYS=RECORD_KEY)) as base:
+    with serving(starter_dir, store, env=_env(TETHER_RECORD_KEYS=RECORD_KEY)) as served:
         assert key_file.read_text().strip() == key
-        assert httpx.get(f"{base}/admin/state", headers=admin).status_code == 200
-        assert _record_call(base, RECORD_KEY) == 200
+        assert httpx.get(f"{served.base}/admin/state", headers=admin).status_code == 200
+        assert _record_call(served.base, RECORD_KEY) == 200
     # Without a record key, record mode stays closed.
-    with _serving(starter_dir, store, env=_env()) as base:
-        assert _record_call(base, RECORD_KEY) == 401
+    with serving(starter_dir, store, env=_env()) as served:
+        assert _record_call(served.base, RECORD_KEY) == 401
 
 
 def test_a_key_file_others_can_read_is_refused_in_one_line(tmp_path: Path) -> None:
