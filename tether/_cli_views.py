@@ -83,7 +83,7 @@ def run_tokenizer(store: Any, rollout_id: str) -> tuple[Any, str]:
         model = model.get("path")
     if not model:
         return None, f"run {r.run_id}'s config names no model"
-    from tether.starter import is_starter, load_tokenizer, starter_path
+    from tether.starter import cached_snapshot, is_starter, load_tokenizer, starter_path
 
     if model == "starter":  # as tether.run resolves it, without building it
         folder = starter_path(warm=True)
@@ -92,25 +92,16 @@ def run_tokenizer(store: Any, rollout_id: str) -> tuple[Any, str]:
                 f"the starter model is not built on this machine ({folder}): "
                 "`python -m tether.starter --warm` builds it"
             )
-        model = str(folder)
-    elif not Path(model).expanduser().is_dir() and _hub_cache(model) is None:
+        local: str | None = str(folder)
+    else:  # a folder, or a hub id already in the local cache: never a download
+        path = Path(model).expanduser()
+        local = str(path) if path.is_dir() else cached_snapshot(model)
+    if local is None:
         return None, f"the model {model} of run {r.run_id} is not on this machine"
     try:
-        return load_tokenizer(_hub_cache(model) or model), ""
+        return load_tokenizer(local), ""
     except Exception as e:  # token text is a nicety; ids and logprobs are shown regardless
         return None, f"the tokenizer of {model} did not load ({type(e).__name__}: {e})"
-
-
-def _hub_cache(name: str) -> str | None:
-    """The local snapshot of hub id ``name``, or None (a folder, or not cached): no download."""
-    if Path(name).expanduser().is_dir():
-        return None
-    try:
-        from huggingface_hub import snapshot_download
-
-        return snapshot_download(name, local_files_only=True)
-    except Exception:  # not cached, or not a hub id at all
-        return None
 
 
 def _stored_task(store: Any, r: Any) -> Any:

@@ -34,6 +34,7 @@ _EXPORTS = {
     "WarmupRecipe": "tether.starter._warmup",
     "build_starter": "tether.starter._build",
     "cache_root": "tether.starter._build",
+    "cached_snapshot": "tether.starter._source",
     "is_starter": "tether.starter._build",
     "load_model": "tether.starter._build",
     "load_tokenizer": "tether.starter._build",
@@ -55,6 +56,7 @@ __all__ = [
     "WarmupRecipe",
     "build_starter",
     "cache_root",
+    "cached_snapshot",
     "is_starter",
     "load_model",
     "load_tokenizer",
@@ -78,7 +80,7 @@ if TYPE_CHECKING:
     )
     from tether.starter._errors import CalcError, ModelNotFound, StarterError
     from tether.starter._model import ModelRecipe, stop_token_ids
-    from tether.starter._source import model_source
+    from tether.starter._source import cached_snapshot, model_source
     from tether.starter._template import CHAT_TEMPLATE
     from tether.starter._tokenizer import TokenizerRecipe
     from tether.starter._warmup import WarmupRecipe

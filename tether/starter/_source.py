@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tether.starter._errors import ModelNotFound
 
-__all__ = ["model_source"]
+__all__ = ["cached_snapshot", "model_source"]
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +32,9 @@ def _looks_like_path(name: str) -> bool:
     )
 
 
-def _cached(repo_id: str) -> str | None:
-    """The cached snapshot folder of ``repo_id`` (with a config.json), or None."""
+def cached_snapshot(repo_id: str) -> str | None:
+    """The cached snapshot folder of hub id ``repo_id`` (with a config.json), or None;
+    never a download."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -82,7 +83,7 @@ def model_source(name: str, kind: str = "model") -> str:
             f"model {name!r} is neither a local folder nor a valid hub id (owner/name)"
         ) from None
     if constants.is_offline_mode():
-        cached = _cached(name)
+        cached = cached_snapshot(name)
         if cached is None:
             raise ModelNotFound(
                 f"model {name!r} is neither a local folder nor in the Hugging Face cache "
@@ -102,7 +103,7 @@ def model_source(name: str, kind: str = "model") -> str:
             "(misspelled? a private model needs hf auth login or HF_TOKEN)"
         ) from None
     except Exception as exc:  # the network or the Hub itself: use a cached copy if there is one
-        cached = _cached(name)
+        cached = cached_snapshot(name)
         if cached is None:
             raise ModelNotFound(
                 f"model {name!r} is neither a local folder nor reachable on the Hugging Face Hub "
