@@ -11,6 +11,7 @@ import pytest
 
 from tether.configio import load_config
 from tether.errors import UserError
+from tether.records import RunStatus
 from tether.run import (
     TrainConfig,
     check_new_run,
@@ -127,6 +128,21 @@ def test_an_eval_record_is_not_a_run_but_a_training_record_is(tmp_path: Path) ->
         UserError, match=r"no checkpoint in .*; drop --resume and start a new run with name=calc-2"
     ):
         resume_point(tmp_path, "calc", 10)
+
+
+def test_a_run_that_failed_before_its_first_step_leaves_the_name_free(tmp_path: Path) -> None:
+    (tmp_path / "calc").mkdir()
+    with Store(tmp_path / "calc" / "traces.sqlite") as store:
+        broken = store.create_run({"name": "calc", "extra": {}})  # its agent failed at eval 0
+        store.log_metrics(broken.id, 0, {"eval/sampled_success": 0.0})
+        store.set_run_status(broken.id, RunStatus.FAILED)
+    assert not holds_run(tmp_path / "calc")
+    check_new_run(tmp_path, "calc")  # fix the agent, train again under the same name
+    with Store(tmp_path / "calc" / "traces.sqlite") as store:
+        trained = store.create_run({"name": "calc", "extra": {}})  # failed after a step
+        store.log_metrics(trained.id, 0, {"reward_mean": 0.5})
+        store.set_run_status(trained.id, RunStatus.FAILED)
+    assert holds_run(tmp_path / "calc")
 
 
 def test_resume_point_is_the_newest_checkpoint_and_says_when_there_is_none_or_nothing_left(

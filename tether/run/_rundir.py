@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.errors import UserError
+from tether.records import Run, RunStatus
 from tether.store import NotFound, Store
 from tether.trainer.checkpoint import checkpoint_state, latest_checkpoint
 
@@ -39,14 +40,26 @@ def _is_eval(config: dict[str, Any]) -> bool:
 
 
 def holds_run(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a training run: a checkpoint, or a non-eval record in its store."""
+    """Whether ``run_dir`` holds a training run: a checkpoint, or a training record in its
+    store — not an eval's, and not one that failed before its first step (a broken agent
+    stopping the run at its first eval leaves nothing to continue, so fixing the agent and
+    training again under the same name works; that record stays in the store)."""
     if latest_checkpoint(run_dir / "checkpoints") is not None:
         return True
     db = run_dir / "traces.sqlite"
     if not db.is_file():
         return False
     with Store(db) as store:
-        return any(not _is_eval(r.config) for r in store.list_runs())
+        return any(
+            not _is_eval(r.config) and not _failed_before_training(store, r)
+            for r in store.list_runs()
+        )
+
+
+def _failed_before_training(store: Store, run: Run) -> bool:
+    if run.status is not RunStatus.FAILED:
+        return False
+    return all(m.name.startswith("eval/") for m in store.metrics(run.id))
 
 
 def free_name(directory: Path, name: str) -> str:
