@@ -95,7 +95,8 @@ def run_serve(cfg: ServeConfig, console: Console) -> None:
     if key_path:
         console.print(
             f"admin key in {key_path} (mode 600, kept across restarts): "
-            f"export TETHER_ADMIN_KEY=$(cat {key_path})"
+            f"export TETHER_ADMIN_KEY=$(cat {key_path})",
+            soft_wrap=True,  # one line: the export command is copied as a whole
         )
     console.print(
         f"create a rollout: POST http://{host}:{port}/admin/rollouts  (Bearer: admin key)"
@@ -167,8 +168,11 @@ def _record_keys(given: list[str] | tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _load_engine(model: str | None, *, device: str, max_batch_size: int):
+    from tether._progress import quiet_loading
     from tether.engine import TransformersEngine
     from tether.starter import build_starter, load_tokenizer
+
+    quiet_loading()
 
     path = model or str(build_starter(warm=True))
     tokenizer = load_tokenizer(path)

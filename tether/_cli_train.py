@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from tether._interrupt import Interrupts
-from tether._progress import Progress, plot_curve
+from tether._progress import Progress, plot_curve, quiet_loading
 from tether.run import (
     CheckpointConfig,
     EvalConfig,
@@ -77,13 +77,6 @@ def _echo_logs(name: str, console: Console) -> Iterator[None]:
         logger.propagate = propagate
 
 
-def _quiet_loading() -> None:
-    """No per-file progress bars from transformers while loading the small models."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-
-
 def summary_line(
     evals: list[EvalResult], steps: int, minutes: float, updates: int | None = None
 ) -> str:
@@ -124,7 +117,7 @@ def _train(
     model_path: Path | None = None,
 ) -> tuple[list[EvalResult], TrainingRun]:
     """Run ``cfg`` to its end, or until a signal (then :class:`Interrupted` is raised)."""
-    _quiet_loading()
+    quiet_loading()
     progress = Progress(cfg.trainer.steps, console)
     run = TrainingRun(cfg, on_event=progress, model_path=model_path)
     _on_interrupt(interrupts, lambda: interrupted_line(run, resume_command))
@@ -168,7 +161,7 @@ def run_eval(
     interrupts: Interrupts | None = None,
 ) -> EvalResult:
     """``tether eval``: the config's model or a checkpoint, reported at the checkpoint's step."""
-    _quiet_loading()
+    quiet_loading()
     step = int(checkpoint_state(checkpoint).get("step", 0)) if checkpoint else 0
     interrupts = interrupts or Interrupts()
     model_path = (
@@ -194,7 +187,7 @@ def run_demo(seed: int, steps: int, console: Console, interrupts: Interrupts | N
         "[bold]tether demo[/]: the starter model learns the calc task with GRPO, on this CPU"
     )
     console.print("1/3 starter model: build and supervised warm-up (cached after the first run)")
-    _quiet_loading()
+    quiet_loading()
     with _echo_logs("tether.starter", console):  # the warm-up's progress, every 50 steps
         model_path = Path(build_starter(warm=True))
     cfg = demo_config(seed, steps)

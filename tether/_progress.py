@@ -11,7 +11,14 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-__all__ = ["Progress", "plot_curve"]
+__all__ = ["Progress", "plot_curve", "quiet_loading"]
+
+
+def quiet_loading() -> None:
+    """No per-file progress bars from transformers while a command loads a model."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 class Progress:
