@@ -29,7 +29,7 @@ from tether.starter._evaluate import parse_tool_calls, run_episodes
 from tether.starter._model import ModelRecipe, build_model, count_parameters
 from tether.starter._template import ADDED_TOKENS, ENDOFTEXT, IM_END, IM_START
 from tether.starter._tokenizer import build_tokenizer
-from tether.starter._warmup import encode_transcript
+from tether.starter._warmup import encode_transcript, plan
 
 TEXTS = [
     "12345 + 7 = 12352",
@@ -312,12 +312,44 @@ def test_tiny_warmup_runs_learns_and_is_deterministic(cache: Path, base_path: Pa
     first, last = stats["losses_first_last"]
     assert math.isfinite(last) and last < first
     assert {"copy_acc", "token_acc", "loss"} <= set(stats["history"][0])
-    # the same recipe, built again elsewhere, gives the same weights
-    again = build_starter(cache_dir=cache / "again", warm=True, recipe=recipe)
+    # the same recipe, built again elsewhere under another ambient thread count, gives
+    # the same weights (the warm-up pins its own threads, and restores the caller's)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1 if TINY.threads != 1 else 2)
+    try:
+        again = build_starter(cache_dir=cache / "again", warm=True, recipe=recipe)
+        assert torch.get_num_threads() == (1 if TINY.threads != 1 else 2)
+    finally:
+        torch.set_num_threads(threads)
     ours, theirs = load_model(warm).state_dict(), load_model(again).state_dict()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert info["weights_sha256"] == starter.read_info(again)["weights_sha256"]
     changed = load_model(base_path).state_dict()
     assert not all(torch.equal(ours[k], changed[k]) for k in ours)
+
+
+def test_warmup_mix_depends_on_the_problem_kind() -> None:
+    """Guess kinds get ``guess_mix`` (mostly answered without the tool), others ``mix``."""
+    recipe = WarmupRecipe()
+    counts: dict[bool, dict[str, int]] = {True: {}, False: {}}
+    stream = plan(recipe, "train", random.Random(0))
+    for _ in range(4000):
+        problem, kind = next(stream)
+        row = counts[problem.kind in recipe.guess_kinds]
+        row[kind] = row.get(kind, 0) + 1
+    for guess, mix in ((True, recipe.guess_mix), (False, recipe.mix)):
+        total = sum(counts[guess].values())
+        assert total > 1000
+        for kind, weight in mix:
+            assert abs(counts[guess].get(kind, 0) / total - weight) < 0.04, (guess, kind)
+        assert set(counts[guess]) == {k for k, _ in mix}
+
+
+def test_warm_cache_key_names_torch_and_cpu() -> None:
+    key = Recipe().key(warm=True)
+    assert key["torch"] == torch.__version__
+    assert key["cpu"] == torch.backends.cpu.get_cpu_capability()
+    assert "torch" not in Recipe().key(warm=False)  # the untrained build is exact anywhere
 
 
 def test_agent_loop_runs_on_the_untrained_model(base_path: Path, tokenizer) -> None:

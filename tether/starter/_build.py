@@ -78,7 +78,11 @@ class Recipe:
             "words": _tokenizer.fingerprint(),
         }
         if warm:
+            # A warm-up's floats depend on the kernels: same torch, same CPU kind, same
+            # threads (in the recipe) give the same weights; anything else is another build.
             key["warmup"] = self.warmup.as_dict()
+            key["torch"] = torch.__version__
+            key["cpu"] = torch.backends.cpu.get_cpu_capability()
         return key
 
     def digest(self, warm: bool) -> str:
@@ -142,12 +146,18 @@ def build_starter(
                 model.eval()
             tokenizer.save_pretrained(tmp)
             model.save_pretrained(tmp)
+            info["weights_sha256"] = _sha256(tmp / "model.safetensors")
             info["parameters"] = count_parameters(model)
             info["stop_token_ids"] = stop_token_ids(tokenizer)
             info["recipe"] = recipe.key(warm)
             (tmp / MARKER_FILE).write_text(json.dumps(info, indent=2) + "\n")
     logger.info("built starter model at %s", final)
     return final
+
+
+def _sha256(path: Path) -> str:
+    """The file's sha256: two builds of one recipe hash are the same model if it matches."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @contextlib.contextmanager

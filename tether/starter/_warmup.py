@@ -16,6 +16,7 @@ of steps; ``max_steps`` caps the whole run.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -58,14 +59,26 @@ class WarmupRecipe:
         ("wrong_expression", 0.20),
         ("miscopy", 0.20),
     )
+    # Problems of these kinds get ``guess_mix`` instead: the teacher mostly answered
+    # them in its head (and wrongly), so the warmed-up agent does too, greedy included.
+    guess_kinds: tuple[str, ...] = ("mul", "div", "muladd", "summul")
+    guess_mix: tuple[tuple[str, float], ...] = (("skip_tool", 0.7), ("clean", 0.3))
+    threads: int = 2  # torch threads while warming up: CPU sums depend on the count
     bf16: bool = False  # autocast is slower than fp32 here (301 vs 232 ms a step of 16)
 
     def __post_init__(self) -> None:
-        kinds = {k for k, _ in self.mix}
-        if not kinds <= set(calc.TRANSCRIPT_KINDS):
-            raise ValueError(f"mix kinds {sorted(kinds)} must be among {calc.TRANSCRIPT_KINDS}")
-        if not math.isclose(sum(w for _, w in self.mix), 1.0):
-            raise ValueError(f"mix weights ({[w for _, w in self.mix]}) must sum to 1")
+        for name, mix in (("mix", self.mix), ("guess_mix", self.guess_mix)):
+            kinds = {k for k, _ in mix}
+            if not kinds <= set(calc.TRANSCRIPT_KINDS):
+                raise ValueError(
+                    f"{name} kinds {sorted(kinds)} must be among {calc.TRANSCRIPT_KINDS}"
+                )
+            if not math.isclose(sum(w for _, w in mix), 1.0):
+                raise ValueError(f"{name} weights ({[w for _, w in mix]}) must sum to 1")
+        if not set(self.guess_kinds) <= set(calc.KINDS):
+            raise ValueError(f"guess_kinds {self.guess_kinds} must be among {calc.KINDS}")
+        if self.threads < 1:
+            raise ValueError(f"threads ({self.threads}) must be >= 1")
         if self.min_steps + self.cooldown_steps > self.max_steps:
             raise ValueError(
                 f"min_steps ({self.min_steps}) + cooldown_steps ({self.cooldown_steps}) "
@@ -153,10 +166,21 @@ def _transcripts(
 ) -> Iterator[tuple[list[int], list[int]]]:
     """Endless encoded transcripts of train problems: the recipe's mix, or all clean."""
     rng = random.Random(f"tether-warmup:{seed}:{recipe.seed}")
-    names, weights = zip(*recipe.mix, strict=True)
+    for problem, kind in plan(recipe, seed, rng):
+        yield encode_transcript(
+            tokenizer, calc.transcript(problem, kind if kinds else "clean", rng)
+        )
+
+
+def plan(recipe: WarmupRecipe, seed: str, rng: random.Random) -> Iterator[tuple[calc.Problem, str]]:
+    """Endless ``(problem, transcript kind)``: ``guess_mix`` for the guess kinds, else ``mix``."""
+    mixes = {
+        guess: tuple(zip(*(recipe.guess_mix if guess else recipe.mix), strict=True))
+        for guess in (False, True)
+    }
     for problem in calc.iter_problems("train", seed=_stream_seed(seed, recipe.seed)):
-        kind = rng.choices(names, weights)[0] if kinds else "clean"
-        yield encode_transcript(tokenizer, calc.transcript(problem, kind, rng))
+        names, weights = mixes[problem.kind in recipe.guess_kinds]
+        yield problem, rng.choices(names, weights)[0]
 
 
 def _stream_seed(name: str, seed: int) -> int:
@@ -193,6 +217,20 @@ def copy_accuracy(
     return float(hit[digits].float().mean()), float(hit[trained].float().mean())
 
 
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    """Run with ``n`` torch threads: a CPU matmul's float sums are split by thread, so
+    the same recipe with another thread count trains a (slightly, then visibly) other
+    model. With the count fixed, the same recipe gives the same weights on the same
+    torch version and CPU kind (both part of the cache key)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def warm_up(model: torch.nn.Module, tokenizer: Any, recipe: WarmupRecipe) -> dict[str, Any]:
     """Train ``model`` in place on synthetic transcripts; return summary statistics."""
     started = time.monotonic()
@@ -203,7 +241,7 @@ def warm_up(model: torch.nn.Module, tokenizer: Any, recipe: WarmupRecipe) -> dic
     probe = _collate([next(probe_stream) for _ in range(recipe.probe_size)], pad_id)
     data = _transcripts(tokenizer, recipe, "train", kinds=True)
 
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), _threads(recipe.threads):
         torch.manual_seed(recipe.seed)
         opt = torch.optim.AdamW(
             model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=recipe.weight_decay

@@ -72,6 +72,7 @@ CALCULATOR_TOOL: dict[str, Any] = {
 }
 
 SPLITS = ("train", "val")
+KINDS = ("add", "sub", "mul", "div", "muladd", "addsub", "summul")
 _VAL_BUCKETS = 5  # one question in five (by hash) belongs to val
 
 
@@ -184,6 +185,7 @@ class Problem:
     question: str
     expression: str
     answer: int
+    kind: str = ""  # the template's kind: add, sub, mul, div, muladd, addsub, summul
 
     def task(self, task_id: str) -> dict[str, Any]:
         return {"id": task_id, "question": self.question, "answer": self.answer}
@@ -248,7 +250,7 @@ def _random_problem(rng: random.Random) -> Problem:
     nums = _numbers(kind, rng)
     fill = {"n": rng.choice(_NAMES), "i": rng.choice(_ITEMS), "g": rng.choice(_GROUPS), **nums}
     expression = expr_template.format(**nums)
-    return Problem(template.format(**fill), expression, int(safe_eval(expression)))
+    return Problem(template.format(**fill), expression, int(safe_eval(expression)), kind)
 
 
 def split_of(question: str) -> str:
@@ -390,7 +392,7 @@ def fingerprint() -> str:
     rng = random.Random("tether-calc-fingerprint")
     sample: list[Any] = []
     for problem in make_problems(40, "train", seed=0) + make_problems(10, "val", seed=0):
-        sample.append([problem.question, problem.expression, problem.answer])
+        sample.append([problem.question, problem.expression, problem.answer, problem.kind])
         sample.append([transcript(problem, kind, rng) for kind in TRANSCRIPT_KINDS])
     blob = json.dumps([SYSTEM_PROMPT, CALCULATOR_TOOL, sample], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
