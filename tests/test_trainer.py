@@ -60,9 +60,19 @@ def test_one_update_changes_parameters_and_loss_is_finite(starter_dir: Path) -> 
     model = load_model(starter_dir)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     trainer = PolicyTrainer(model, TrainerConfig(lr=1e-3))
-    metrics = trainer.update(_samples(model))
+    samples = _samples(model)
+    entropies = []  # reference: the full softmax of the pre-update model at each sampled token
+    with torch.no_grad():
+        for s in samples:
+            logits = model(torch.tensor([s.input_ids])).logits[0].float()
+            for t in (t for t, m in enumerate(s.loss_mask) if m):
+                p = torch.softmax(logits[t - 1], -1)
+                entropies.append(-(p * p.log()).sum().item())
+    metrics = trainer.update(samples)
     assert torch.isfinite(torch.tensor(metrics["loss"]))
     assert metrics["logprob_gap"] < 1e-4  # the "engine" logprobs came from the same weights
+    assert metrics["entropy"] == pytest.approx(sum(entropies) / len(entropies), rel=1e-4)
+    assert metrics["clip_frac_low"] == metrics["clip_frac_high"] == 0.0  # ratio 1: on-policy
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
     assert "model.layers.0.self_attn.q_proj.weight" in changed
 
@@ -85,9 +95,9 @@ def test_zero_advantage_samples_are_skipped_without_changing_the_gradient(
         seen.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
         return step(*args, **kwargs)
 
-    def count(m: Any, batch: dict) -> torch.Tensor:
+    def count(m: Any, batch: dict, **kwargs: Any) -> Any:
         forwards.append(int(batch["input_ids"].shape[0]))
-        return forward(m, batch)
+        return forward(m, batch, **kwargs)
 
     reference = load_model(starter_dir)  # same weights, plain loop over every sample
     total = sum(sum(s.loss_mask) for s in samples)
@@ -295,10 +305,11 @@ def test_shared_prefix_forward_matches_plain_forward(starter_dir: Path) -> None:
     for share in (False, True):
         trainer = PolicyTrainer(load_model(starter_dir), TrainerConfig())
         trainer.share_prefix = share
-        lp = trainer._forward_logprobs(trainer.model, batch)
+        lp, entropy = trainer._forward_logprobs(trainer.model, batch, entropy=True)
         (lp * batch["loss_mask"]).sum().backward()
         grad = trainer.model.model.layers[0].self_attn.q_proj.weight.grad.clone()
-        results.append((lp.detach() * batch["loss_mask"], grad))
-    (lp_plain, g_plain), (lp_shared, g_shared) = results
+        results.append((lp.detach() * batch["loss_mask"], grad, entropy * batch["loss_mask"]))
+    (lp_plain, g_plain, h_plain), (lp_shared, g_shared, h_shared) = results
     assert torch.allclose(lp_plain, lp_shared, atol=1e-5)
+    assert torch.allclose(h_plain, h_shared, atol=1e-4) and h_plain.sum() > 0
     assert torch.allclose(g_plain, g_shared, atol=1e-5, rtol=1e-4)
