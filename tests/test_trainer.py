@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import sys
 from pathlib import Path
@@ -265,8 +266,18 @@ def test_two_step_training_through_gateway_and_subprocess_agents(
         # Calls of step 1 were served by the weights after step 0's update.
         assert {c.policy_version for c in calls} == {1}
         assert run.engine.policy_version == 2
+        stored: dict[int, dict[str, float]] = {}
+        for metric in store.metrics(rid):
+            stored.setdefault(metric.step, {})[metric.name] = metric.value
         for r in steps:
             assert r.metrics["zero_variance_groups"] == 0
+            diagnostics = ("entropy", "zero_variance_frac", "clip_frac_low", "clip_frac_high")
+            diagnostics += ("approx_kl", "adv_mean", "adv_std", "response_len_mean")
+            for key in (*diagnostics, "response_len_max"):
+                assert stored[r.step][key] == r.metrics[key], key  # stored per step
+            assert 0 < r.metrics["entropy"] < math.log(len(run.tokenizer))  # below uniform
+            assert r.metrics["zero_variance_frac"] == 0.0
+            assert 0 < r.metrics["response_len_mean"] <= r.metrics["response_len_max"]
             assert r.metrics["logprob_gap"] < 1e-4  # engine and trainer agree token for token
             assert 50 < r.metrics["rss_mb"] < 64_000  # this process's resident memory, in MiB
     assert (tmp_path / "e2e" / "checkpoints" / "step-000002" / "model").is_dir()
