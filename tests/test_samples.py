@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -12,6 +14,7 @@ from tether.trainer.samples import (
     build_samples,
     collate,
     make_micro_batches,
+    token_entropy,
     token_logprobs,
 )
 
@@ -156,6 +159,28 @@ def test_token_logprobs_match_one_position_at_a_time(tiny_model):
     torch.testing.assert_close(again, got)
     again.sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_token_entropy_matches_an_explicit_softmax_loop():
+    """Entropy of softmax(logits / T) per position, against a plain loop over a 5-word vocabulary."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 4, 5, generator=g) * 3
+    logits[1, 2] = torch.tensor([40.0, 0.0, 0.0, 0.0, 0.0])  # nearly one-hot: entropy ~0
+    temps = torch.tensor([1.0, 0.7, 1.5])
+    got = token_entropy(logits, temps)
+    assert got.shape == (3, 4) and got.dtype == torch.float32
+    for b in range(3):
+        assert got[b, 0].item() == 0.0  # column t: the distribution token t was drawn from
+        for t in range(1, 4):
+            z = [x / temps[b].item() for x in logits[b, t - 1].tolist()]
+            weights = [math.exp(x - max(z)) for x in z]
+            probs = [w / sum(weights) for w in weights]
+            ref = -sum(p * math.log(p) for p in probs if p > 0)
+            assert got[b, t].item() == pytest.approx(ref, abs=1e-5)
+    assert got[1, 3].item() < 1e-6
+    torch.testing.assert_close(token_entropy(logits, temps, chunk_rows=2), got)
+    uniform = token_entropy(torch.zeros(1, 2, 5))
+    assert uniform[0, 1].item() == pytest.approx(math.log(5))
 
 
 def test_merged_samples_reproduce_engine_logprobs(tiny_model):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import sys
 from pathlib import Path
@@ -60,9 +61,19 @@ def test_one_update_changes_parameters_and_loss_is_finite(starter_dir: Path) -> 
     model = load_model(starter_dir)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     trainer = PolicyTrainer(model, TrainerConfig(lr=1e-3))
-    metrics = trainer.update(_samples(model))
+    samples = _samples(model)
+    entropies = []  # reference: the full softmax of the pre-update model at each sampled token
+    with torch.no_grad():
+        for s in samples:
+            logits = model(torch.tensor([s.input_ids])).logits[0].float()
+            for t in (t for t, m in enumerate(s.loss_mask) if m):
+                p = torch.softmax(logits[t - 1], -1)
+                entropies.append(-(p * p.log()).sum().item())
+    metrics = trainer.update(samples)
     assert torch.isfinite(torch.tensor(metrics["loss"]))
     assert metrics["logprob_gap"] < 1e-4  # the "engine" logprobs came from the same weights
+    assert metrics["entropy"] == pytest.approx(sum(entropies) / len(entropies), rel=1e-4)
+    assert metrics["clip_frac_low"] == metrics["clip_frac_high"] == 0.0  # ratio 1: on-policy
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
     assert "model.layers.0.self_attn.q_proj.weight" in changed
 
@@ -85,9 +96,9 @@ def test_zero_advantage_samples_are_skipped_without_changing_the_gradient(
         seen.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
         return step(*args, **kwargs)
 
-    def count(m: Any, batch: dict) -> torch.Tensor:
+    def count(m: Any, batch: dict, **kwargs: Any) -> Any:
         forwards.append(int(batch["input_ids"].shape[0]))
-        return forward(m, batch)
+        return forward(m, batch, **kwargs)
 
     reference = load_model(starter_dir)  # same weights, plain loop over every sample
     total = sum(sum(s.loss_mask) for s in samples)
@@ -255,8 +266,18 @@ def test_two_step_training_through_gateway_and_subprocess_agents(
         # Calls of step 1 were served by the weights after step 0's update.
         assert {c.policy_version for c in calls} == {1}
         assert run.engine.policy_version == 2
+        stored: dict[int, dict[str, float]] = {}
+        for metric in store.metrics(rid):
+            stored.setdefault(metric.step, {})[metric.name] = metric.value
         for r in steps:
             assert r.metrics["zero_variance_groups"] == 0
+            diagnostics = ("entropy", "zero_variance_frac", "clip_frac_low", "clip_frac_high")
+            diagnostics += ("approx_kl", "adv_mean", "adv_std", "response_len_mean")
+            for key in (*diagnostics, "response_len_max"):
+                assert stored[r.step][key] == r.metrics[key], key  # stored per step
+            assert 0 < r.metrics["entropy"] < math.log(len(run.tokenizer))  # below uniform
+            assert r.metrics["zero_variance_frac"] == 0.0
+            assert 0 < r.metrics["response_len_mean"] <= r.metrics["response_len_max"]
             assert r.metrics["logprob_gap"] < 1e-4  # engine and trainer agree token for token
             assert 50 < r.metrics["rss_mb"] < 64_000  # this process's resident memory, in MiB
     assert (tmp_path / "e2e" / "checkpoints" / "step-000002" / "model").is_dir()
@@ -295,10 +316,11 @@ def test_shared_prefix_forward_matches_plain_forward(starter_dir: Path) -> None:
     for share in (False, True):
         trainer = PolicyTrainer(load_model(starter_dir), TrainerConfig())
         trainer.share_prefix = share
-        lp = trainer._forward_logprobs(trainer.model, batch)
+        lp, entropy = trainer._forward_logprobs(trainer.model, batch, entropy=True)
         (lp * batch["loss_mask"]).sum().backward()
         grad = trainer.model.model.layers[0].self_attn.q_proj.weight.grad.clone()
-        results.append((lp.detach() * batch["loss_mask"], grad))
-    (lp_plain, g_plain), (lp_shared, g_shared) = results
+        results.append((lp.detach() * batch["loss_mask"], grad, entropy * batch["loss_mask"]))
+    (lp_plain, g_plain, h_plain), (lp_shared, g_shared, h_shared) = results
     assert torch.allclose(lp_plain, lp_shared, atol=1e-5)
+    assert torch.allclose(h_plain, h_shared, atol=1e-4) and h_plain.sum() > 0
     assert torch.allclose(g_plain, g_shared, atol=1e-5, rtol=1e-4)

@@ -22,7 +22,13 @@ def quiet_loading() -> None:
 
 
 class Progress:
-    """Receives the training run's events and keeps a live table on the terminal."""
+    """Receives the training run's events and keeps a live table on the terminal.
+
+    Each step shows ``H``, the mean entropy (nats) of the sampling distribution over
+    the trained tokens (falling: the policy sharpens), and ``zero-var``, the share
+    of groups whose rollouts all got the same reward (they teach nothing); the
+    other diagnostics are in the store (``tether.run._diagnostics``).
+    """
 
     def __init__(self, total_steps: int, console: Console | None = None, *, live: bool = True):
         self.total = total_steps
@@ -114,6 +120,7 @@ class Progress:
         m = r.metrics
         return (
             f"step {r.step + 1:>3}/{self.total}  reward {m['reward_mean']:.3f}  success {m['success']:.0%}  "
+            f"H {_num(m, 'entropy', '.2f')}  zero-var {_num(m, 'zero_variance_frac', '.0%')}  "
             f"gen {m['gen_tokens_per_s']:.0f} tok/s  gap {_gap(m)}  "
             f"v{int(m['policy_version'])}  {m['step_s']:.1f} s/step  left {self._eta()}"
         )
@@ -124,6 +131,8 @@ class Progress:
             "step",
             "reward",
             "success",
+            "entropy",
+            "zero-var",
             "gen tok/s",
             "logprob gap",
             "merged",
@@ -138,6 +147,8 @@ class Progress:
                 f"{r.step + 1}/{self.total}",
                 f"{m['reward_mean']:.3f}",
                 f"{m['success']:.0%}",
+                _num(m, "entropy", ".2f"),
+                _num(m, "zero_variance_frac", ".0%"),
                 f"{m['gen_tokens_per_s']:.0f}",
                 _gap(m),
                 f"{m.get('merge_fraction', 0):.0%}",
@@ -152,6 +163,13 @@ class Progress:
             start, done = self._eval[0], self._eval[1]
             footer.add_row(f"evaluating at step {start.step}: {done}/{start.rollouts} rollouts")
         return Group(table, footer)
+
+
+def _num(m: dict[str, float], key: str, spec: str) -> str:
+    """``m[key]`` formatted, or "-" when the step has no such value (e.g. ``entropy``
+    when every group had zero reward variance and no update ran)."""
+    value = m.get(key, math.nan)
+    return "-" if math.isnan(value) else format(value, spec)
 
 
 def _gap(m: dict[str, float]) -> str:

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         load_grader,
         read_grade,
     )
+    from tether.run._diagnostics import batch_diagnostics
     from tether.run._evaluate import EvalResult, StepReport
     from tether.run._events import EvalStart
     from tether.run._failures import check_collection
@@ -76,6 +77,7 @@ __all__ = [
     "TrainConfig",
     "TrainerConfig",
     "TrainingRun",
+    "batch_diagnostics",
     "check_collection",
     "check_new_run",
     "collect_groups",
@@ -108,6 +110,7 @@ _LAZY = {
         "tether.run._collect",
     ),
     "EvalStart": "tether.run._events",
+    "batch_diagnostics": "tether.run._diagnostics",
     "check_collection": "tether.run._failures",
     **dict.fromkeys(["EvalResult", "StepReport"], "tether.run._evaluate"),
     "TrainingRun": "tether.run._loop",

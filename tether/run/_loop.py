@@ -9,7 +9,7 @@ Per update ``step`` (0-based):
 1. ``batch_groups`` tasks (a pure function of seed and step) × ``n`` rollouts,
    each through the real gateway with its own token;
 2. grade, drop groups with any unusable reward (counted, never scored 0),
-   report zero-variance groups;
+   report zero-variance groups and the batch's diagnostics (``_diagnostics``);
 3. advantages per group, samples (prefix-merged calls), one optimizer step;
 4. push the weights to the engine; its policy version must rise by one;
 5. metrics to the store (and the progress display); eval and checkpoint every K.
@@ -51,6 +51,7 @@ from tether.gateway import Gateway, GatewayConfig, LoopServer, create_app
 from tether.records import Checkpoint
 from tether.run._async import AsyncRollouts
 from tether.run._collect import RolloutOutcome, collect_groups, load_grader
+from tether.run._diagnostics import batch_diagnostics
 from tether.run._evaluate import EvalResult, StepReport, collect_eval, success_rate
 from tether.run._events import Counted, EvalStart
 from tether.run._failures import check_collection
@@ -310,6 +311,7 @@ class TrainingRun:
                 [o.calls for o in flat], adv.advantages.flatten().tolist()
             )
             m["zero_variance_groups"] = float(adv.zero_variance_groups)
+            m.update(batch_diagnostics(samples, len(flat), len(kept), adv.zero_variance_groups))
             m["merge_fraction"] = sstats.merge_fraction
             m["failed_calls"] = float(sstats.failed_calls)
             if adv.zero_variance_groups < len(kept) and samples:

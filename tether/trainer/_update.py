@@ -30,7 +30,13 @@ import torch
 from tether._hf import merged_copy, shared_prefix_forward
 from tether.trainer import algorithms as A
 from tether.trainer.config import TrainerConfig
-from tether.trainer.samples import Sample, collate, make_micro_batches, token_logprobs
+from tether.trainer.samples import (
+    Sample,
+    collate,
+    make_micro_batches,
+    token_entropy,
+    token_logprobs,
+)
 
 __all__ = ["PolicyTrainer", "UpdateStopped", "shared_prefix"]
 
@@ -125,9 +131,11 @@ class PolicyTrainer:
     # -- the update -------------------------------------------------------------
 
     def _forward_logprobs(
-        self, model: torch.nn.Module, batch: dict[str, torch.Tensor]
-    ) -> torch.Tensor:
-        """Token logprobs ``[B, L]`` aligned with ``input_ids`` (see samples.token_logprobs).
+        self, model: torch.nn.Module, batch: dict[str, torch.Tensor], *, entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Token logprobs ``[B, L]`` aligned with ``input_ids`` (see samples.token_logprobs),
+        and with ``entropy`` the next-token entropies ``[B, L]`` from the same logits
+        (samples.token_entropy; no gradient, no second forward), else None.
 
         Rows of an agent's batch share a long prompt (system prompt + tools).
         That shared prefix is computed once and its KV cache broadcast to every
@@ -139,26 +147,48 @@ class PolicyTrainer:
             if self.autocast
             else nullcontext()
         )
-        ids, attn = batch["input_ids"], batch["attention_mask"]
+        ids, attn, temps = batch["input_ids"], batch["attention_mask"], batch["temperature"]
         cut = shared_prefix(ids, batch["loss_mask"]) if self.share_prefix else 0
         with ctx:
             if cut < MIN_SHARED_PREFIX or ids.shape[0] < 2:
                 logits = model(input_ids=ids, attention_mask=attn).logits
-                return token_logprobs(logits, ids, batch["temperature"])
+                ent = token_entropy(logits.detach(), temps) if entropy else None
+                return token_logprobs(logits, ids, temps), ent
             logits = shared_prefix_forward(model, ids[0, :cut], ids[:, cut:], attn).logits
-        suffix = token_logprobs(logits, ids[:, cut:], batch["temperature"])
-        return torch.cat([suffix.new_zeros(ids.shape[0], cut), suffix], dim=1)
+        suffix = token_logprobs(logits, ids[:, cut:], temps)
+        pad = suffix.new_zeros(ids.shape[0], cut)
+        ent = torch.cat([pad, token_entropy(logits.detach(), temps)], 1) if entropy else None
+        return torch.cat([pad, suffix], dim=1), ent
 
     def update(self, samples: list[Sample]) -> dict[str, float]:
         """``updates_per_batch`` optimizer steps over all ``samples`` (gradients accumulated
         over micro-batches in each).
 
-        Returns metrics of the last step, and the self-check ``logprob_gap``:
-        the mean |engine logprob − trainer logprob| over the sampled tokens,
-        measured before the first step (≈0 when engine and trainer hold the
-        same weights). From the second step on the policy has moved, and the
-        PPO ratio is what gets clipped: against the engine's logprobs, or with
-        ``tis_cap`` > 0 against the trainer's own pre-update logprobs (TIS).
+        Returns the metrics of the last optimizer step (``loss``, ``grad_norm``, the
+        policy loss's ``clip_frac``/``clip_frac_low``/``clip_frac_high``/``ratio_mean``/
+        ``approx_kl``, ``kl_ref`` with a reference model; each a token-weighted mean
+        over the trained tokens), and from the first step, on the weights that
+        sampled the batch:
+
+        - ``logprob_gap``/``logprob_gap_max``, the self-check: mean and max
+          |engine logprob − trainer logprob| over the trained tokens (≈0 when
+          engine and trainer hold the same weights);
+        - ``entropy``: mean entropy (nats) of the next-token distribution the
+          engine sampled from, ``softmax(logits / T)`` at the call's temperature,
+          over the trained tokens (samples with a nonzero advantage, or all with a
+          reference model), from the same logits as the logprobs.
+
+        ``approx_kl`` is k3 of the PPO ratio's two policies at the start of the
+        last step, *before* its optimizer step: with ``updates_per_batch`` = 1
+        that is KL(engine ‖ trainer) on unchanged weights, ≈0 but for numerics
+        (the same thing ``logprob_gap`` measures); with more steps, the drift of
+        the first ``updates_per_batch − 1`` steps from the behaviour policy (from
+        π_old with ``tis_cap`` > 0). The change made by the last step is not
+        measured (it would cost another forward pass over the batch).
+
+        From the second step on the policy has moved, and the PPO ratio is what
+        gets clipped: against the engine's logprobs, or with ``tis_cap`` > 0
+        against the trainer's own pre-update logprobs (TIS).
         """
         cfg = self.cfg
         # The loss is divided by counts over every sample, but a sample whose advantage
@@ -179,9 +209,9 @@ class PolicyTrainer:
         )
         first: dict[str, float] = {}
         for k in range(cfg.updates_per_batch):
-            metrics = self._step(collated, stats)
+            metrics = self._step(collated, stats, first=k == 0)
             if k == 0:
-                first = {key: metrics[key] for key in ("logprob_gap", "logprob_gap_max")}
+                first = {m: metrics[m] for m in ("logprob_gap", "logprob_gap_max", "entropy")}
         return {**metrics, **first, "micro_batches": float(len(collated))}
 
     def stop(self) -> None:
@@ -192,12 +222,13 @@ class PolicyTrainer:
         self._stop.set()
 
     def _step(
-        self, collated: list[dict[str, torch.Tensor]], stats: A.AggregateStats
+        self, collated: list[dict[str, torch.Tensor]], stats: A.AggregateStats, *, first: bool
     ) -> dict[str, float]:
+        """One optimizer step; with ``first`` also the entropy (see :meth:`update`)."""
         cfg = self.cfg
         loss_fn = A.POLICY_LOSSES[cfg.policy_loss]
         totals: dict[str, float] = {}
-        gap_sum, gap_max, n_tokens = 0.0, 0.0, 0
+        gap_sum, gap_max, n_tokens, entropy_sum = 0.0, 0.0, 0, 0.0
         active_tokens = sum(int(b["loss_mask"].sum().item()) for b in collated)
         self.optimizer.zero_grad(set_to_none=True)
         total_loss = 0.0
@@ -205,7 +236,9 @@ class PolicyTrainer:
             if self._stop.is_set():
                 raise UpdateStopped("the update was stopped (the run is being interrupted)")
             mask = batch["loss_mask"]
-            logprobs = self._forward_logprobs(self.model, batch)
+            logprobs, entropy = self._forward_logprobs(self.model, batch, entropy=first)
+            if entropy is not None:
+                entropy_sum += (entropy * mask).sum().item()
             old = batch["old_logprobs"]
             diff = (logprobs.detach() - old).abs() * mask
             gap_sum += diff.sum().item()
@@ -222,7 +255,7 @@ class PolicyTrainer:
             per_token, metrics = loss_fn(logprobs, old, batch["advantages"], mask, **kwargs)
             if self.ref_model is not None:
                 with torch.no_grad():
-                    ref = self._forward_logprobs(self.ref_model, batch)
+                    ref, _ = self._forward_logprobs(self.ref_model, batch)
                 kl = A.KL_ESTIMATORS[cfg.kl_estimator](logprobs, ref)
                 per_token = per_token + cfg.kl_coef * kl * mask
                 metrics["kl_ref"] = A.masked_mean(kl.detach(), mask)
@@ -256,6 +289,7 @@ class PolicyTrainer:
             "logprob_gap": gap_sum / max(n_tokens, 1),
             "logprob_gap_max": gap_max,
             "trained_tokens": float(n_tokens),
+            **({"entropy": entropy_sum / max(n_tokens, 1)} if first else {}),
             **totals,
         }
 

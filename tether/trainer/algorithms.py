@@ -202,9 +202,12 @@ def ppo_clip_loss(
     ``is_weights`` ``[B, T]`` (detached, e.g. TIS) or 1. Returns the loss
     ``[B, T]`` (0 where masked; reduce it with :func:`aggregate`) and detached
     scalar metrics over masked tokens: ``clip_frac`` (the clipped branch is
-    taken), ``clip_frac_low``/``clip_frac_high``, ``ratio_mean``, ``approx_kl``
-    (k3 estimate of KL(behaviour ‖ current) = mean of ``ρ − 1 − log ρ`` against
-    the same reference as ρ).
+    taken), ``clip_frac_low`` (of those, ρ < 1 − clip_low with A < 0: the
+    policy already moved away from the token far enough), ``clip_frac_high``
+    (ρ > 1 + clip_high with A > 0), ``ratio_mean``, ``approx_kl`` (k3 estimate
+    of KL(behaviour ‖ current) = mean of ``ρ − 1 − log ρ`` against the same
+    reference as ρ, at the weights ``logprobs`` came from, i.e. before the
+    optimizer step this loss feeds).
     """
     base = old_logprobs if prox_logprobs is None else prox_logprobs
     log_ratio = _log_ratio(logprobs, base, mask)

@@ -42,6 +42,7 @@ __all__ = [
     "build_samples",
     "collate",
     "make_micro_batches",
+    "token_entropy",
     "token_logprobs",
 ]
 
@@ -226,5 +227,31 @@ def token_logprobs(
         chunk = logits[start:stop, :-1].to(dtype) / temps[start:stop, None, None]
         picked = chunk.gather(-1, targets[start:stop]).squeeze(-1)
         rows.append(picked - torch.logsumexp(chunk, dim=-1))
+    shifted = torch.cat(rows, dim=0) if rows else logits.new_zeros((0, length - 1), dtype=dtype)
+    return torch.cat([shifted.new_zeros((b, 1)), shifted], dim=1)
+
+
+@torch.no_grad()
+def token_entropy(logits: Tensor, temperature: Tensor | float = 1.0, chunk_rows: int = 1) -> Tensor:
+    """Entropy (nats) of the next-token distribution ``softmax(logits / T)``, in fp32.
+
+    The distribution at temperature ``T`` is the one the engine sampled from (the
+    one :func:`token_logprobs` scores), not the raw ``softmax(logits)``. Aligned as
+    :func:`token_logprobs`: ``[B, L]``, column ``t`` is the entropy of the
+    distribution token ``t`` was drawn from (the logits at ``t − 1``), column 0
+    is 0. Computed ``chunk_rows`` rows at a time as ``logsumexp(z) − Σ softmax(z)·z``
+    (``z = logits / T``), so like :func:`token_logprobs` the fp32 ``[B, L, V]``
+    never exists at once; no gradient.
+    """
+    b, length, _ = logits.shape
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    temps = torch.as_tensor(temperature, dtype=dtype, device=logits.device).expand(b)
+    rows = []
+    for start in range(0, b, chunk_rows):
+        stop = min(start + chunk_rows, b)
+        z = logits[start:stop, :-1].to(dtype) / temps[start:stop, None, None]
+        lse = torch.logsumexp(z, dim=-1, keepdim=True)
+        rows.append(lse[..., 0] - ((z - lse).exp() * z).sum(-1))
+        del z, lse
     shifted = torch.cat(rows, dim=0) if rows else logits.new_zeros((0, length - 1), dtype=dtype)
     return torch.cat([shifted.new_zeros((b, 1)), shifted], dim=1)

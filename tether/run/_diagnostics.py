@@ -1,0 +1,52 @@
+"""What one step's batch looked like before the update: the learning diagnostics a
+reader of verl or TRL logs expects, computed from the samples and advantages.
+
+The trainer adds its own (``entropy``, ``clip_frac_low``/``clip_frac_high``,
+``approx_kl``, ``kl_ref``: see :meth:`tether.trainer.PolicyTrainer.update`);
+together they are stored per step and the step line shows the most telling.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from tether.trainer.samples import Sample
+
+__all__ = ["batch_diagnostics"]
+
+
+def batch_diagnostics(
+    samples: Sequence[Sample], num_rollouts: int, num_groups: int, zero_variance_groups: int
+) -> dict[str, float]:
+    """Metrics of the batch an update trains on (the groups kept after grading).
+
+    - ``zero_variance_frac``: ``zero_variance_groups / num_groups``, the groups whose
+      rollouts all got the same reward: their advantages are 0, they give no gradient.
+    - ``adv_mean``/``adv_std``: mean and (population) std of the advantage over the
+      completion tokens of every sample, each token weighted once (as verl's
+      ``critic/advantages``), so long completions weigh more; zero-variance groups
+      count with advantage 0. 0 and 0 when there is no completion token.
+    - ``response_len_mean``/``response_len_max``: completion tokens per rollout
+      (all its calls together), over the ``num_rollouts`` rollouts; one that made
+      no usable call counts 0.
+
+    ``samples`` carry ``rollout_index`` in ``0..num_rollouts-1`` (build_samples').
+    """
+    per_rollout = [0] * num_rollouts
+    tokens, adv_sum, adv_sq = 0, 0.0, 0.0
+    for s in samples:
+        n = sum(1 for m in s.loss_mask if m)
+        per_rollout[s.rollout_index] += n
+        tokens += n
+        adv_sum += n * s.advantage
+        adv_sq += n * s.advantage * s.advantage
+    mean = adv_sum / tokens if tokens else 0.0
+    var = max(adv_sq / tokens - mean * mean, 0.0) if tokens else 0.0
+    return {
+        "zero_variance_frac": zero_variance_groups / num_groups if num_groups else 0.0,
+        "adv_mean": mean,
+        "adv_std": math.sqrt(var),
+        "response_len_mean": sum(per_rollout) / num_rollouts if num_rollouts else 0.0,
+        "response_len_max": float(max(per_rollout, default=0)),
+    }
