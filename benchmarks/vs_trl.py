@@ -35,6 +35,9 @@ batch, PPO clip 0.2/0.28, no KL, token-mean loss (TRL: ``loss_type="dapo"``,
 - Optimizer steps actually taken are counted on both sides: tether skips
   the step when no group has reward variance, TRL steps anyway (Adam
   momentum moves the weights without a gradient).
+- The mean reward per step is kept: at step 1 both sides sample from the
+  same weights on the same tasks, so its mean over seeds should agree
+  within the spread (a check that the two samplers and graders match).
 
 The same evaluator scores every final model on ``--eval-tasks`` held-out
 tasks (tether's engine on the model's weights, no gateway): greedy, and 2
@@ -57,7 +60,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import os
 import re
@@ -202,136 +204,32 @@ def run_tether(args: argparse.Namespace) -> dict:
     )
     expected = [t["id"] for t in task_sequence(args)]
 
-    async def go() -> tuple[list[float], int, Any, Any, list[str]]:
+    async def go() -> tuple[list[float], int, list[float], Any, Any, list[str]]:
         async with TrainingRun(cfg, model_path=Path(args.model)) as run:
             await run.evaluate(0)  # warms the engine up; "s/step 2+" compares steady states
-            times, updates = [], 0
+            times, updates, rewards = [], 0, []
             for step in range(args.steps):
                 t0 = time.perf_counter()
                 report = await run.train_step(step)
                 times.append(time.perf_counter() - t0)
                 updates += "update_s" in report.metrics  # skipped when no group has variance
+                rewards.append(report.metrics["reward_mean"])
             seen = [  # what train_step drew: the run's tasks, its seed, its batch size
                 t.id
                 for k in range(args.steps)
                 for t in tasks_for_step(run.train_tasks, k, args.batch_groups, cfg.tasks.seed)
             ]
-            return times, updates, run.trainer.model, run.tokenizer, seen
+            return times, updates, rewards, run.trainer.model, run.tokenizer, seen
 
-    times, updates, model, tokenizer, seen = asyncio.run(go())
+    times, updates, rewards, model, tokenizer, seen = asyncio.run(go())
     if seen != expected:
         raise SystemExit("tether's run trained on other tasks than task_sequence() lists")
     return {
         "times": times,
         "optimizer_steps": updates,
         "signal_steps": updates,
+        "rewards": rewards,
         **evaluate(model, tokenizer, val_tasks(args.eval_tasks), args.max_tokens),
-    }
-
-
-def run_trl(args: argparse.Namespace) -> dict:
-    import torch
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from tether.chat import render_prompt
-    from tether.starter import load_model, load_tokenizer
-
-    torch.manual_seed(args.seed)
-    tokenizer = load_tokenizer(args.model)
-    model = load_model(args.model, dtype=torch.float32)
-    train = task_sequence(args)
-    data = Dataset.from_list(
-        [{"prompt": messages(t["question"]), "answer": t["answer"]} for t in train]
-    )
-
-    def reward(completions: list, answer: list, **_: Any) -> list[float]:
-        return [
-            grade({"answer": a}, c[0]["content"]) for c, a in zip(completions, answer, strict=True)
-        ]
-
-    class Clock(TrainerCallback):
-        def __init__(self) -> None:
-            self.times: list[float] = []
-            self.t0 = 0.0
-            self.optimizer_steps = 0
-
-        def on_step_begin(self, *a: Any, **k: Any) -> None:
-            self.t0 = time.perf_counter()
-
-        def on_pre_optimizer_step(self, *a: Any, **k: Any) -> None:
-            self.optimizer_steps += 1
-
-        def on_step_end(self, *a: Any, **k: Any) -> None:
-            self.times.append(time.perf_counter() - self.t0)
-
-    seen: dict[str, Any] = {"questions": [], "signal_steps": 0}
-
-    class Counting(GRPOTrainer):
-        """Records the questions in the order TRL trains on them, and the steps with signal."""
-
-        def _generate_and_score_completions(self, inputs: Any) -> Any:
-            seen["questions"] += [x["prompt"][-1]["content"] for x in inputs[:: args.n]]
-            out = super()._generate_and_score_completions(inputs)
-            seen["signal_steps"] += bool(out["advantages"].abs().max() > 0)
-            return out
-
-    clock = Clock()
-    config = GRPOConfig(
-        output_dir=str(Path(args.out) / f"trl-{args.seed}"),
-        learning_rate=args.lr,
-        per_device_train_batch_size=args.batch_groups * args.n,
-        gradient_accumulation_steps=1,
-        num_generations=args.n,
-        steps_per_generation=1,
-        num_iterations=1,
-        max_completion_length=args.max_tokens,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        beta=0.0,
-        epsilon=0.2,
-        epsilon_high=0.28,
-        loss_type="dapo",
-        scale_rewards="group",
-        max_steps=args.steps,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        adam_beta1=0.9,
-        adam_beta2=0.99,
-        max_grad_norm=1.0,
-        use_cpu=True,
-        bf16=False,
-        seed=args.seed,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        shuffle_dataset=False,
-    )
-    trainer = Counting(
-        model=model,
-        reward_funcs=reward,
-        args=config,
-        train_dataset=data,
-        processing_class=tokenizer,
-        callbacks=[clock],
-    )
-    # TRL renders prompts itself; say so if its token ids are not tether's
-    theirs = trainer._tokenize_prompts([messages(train[0]["question"])])[0][0]
-    same_prompt = list(theirs) == render_prompt(tokenizer, messages(train[0]["question"]))
-    trainer.train()
-    if seen["questions"] != [t["question"] for t in train]:
-        raise SystemExit("TRL trained on its tasks in another order than tether's")
-    model = trainer.model.eval()
-    return {
-        "times": clock.times,
-        "optimizer_steps": clock.optimizer_steps,
-        "signal_steps": seen["signal_steps"],
-        "same_prompt_ids": same_prompt,
-        **evaluate(model, load_tokenizer(args.model), val_tasks(args.eval_tasks), args.max_tokens),
     }
 
 
@@ -349,42 +247,6 @@ def child(which: str, seed: int, args: argparse.Namespace) -> dict:
         sys.stderr.write(done.stderr[-4000:])
         raise SystemExit(f"the {which} run (seed {seed}) failed (exit {done.returncode})")
     return json.loads(lines[-1][7:])
-
-
-def content_hash(folder: str) -> str:
-    """sha256 over the model folder's file names and bytes: which weights, exactly."""
-    h = hashlib.sha256()
-    for f in sorted(Path(folder).iterdir()):
-        if f.is_file():
-            h.update(f.name.encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()[:16]
-
-
-def mean_sd(xs: list[float]) -> tuple[float, float]:
-    m = sum(xs) / len(xs)
-    return m, (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
-
-
-def table(rows: dict[str, list[dict]], steps: int) -> list[str]:
-    """The markdown table: per trainer, mean ± sd over seeds."""
-    out = [
-        "| trainer | seeds | optimizer steps (of "
-        f"{steps}) | steps with signal | s/step | s/step from step 2 | greedy after | sampled after |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for which, runs in rows.items():
-        cells = [which, str(len(runs))]
-        for key in ("optimizer_steps", "signal_steps"):
-            m, sd = mean_sd([float(r[key]) for r in runs])
-            cells.append(f"{m:.1f} ± {sd:.1f}")
-        for skip in (0, 1):
-            m, sd = mean_sd([sum(r["times"][skip:]) / len(r["times"][skip:]) for r in runs])
-            cells.append(f"{m:.2f} ± {sd:.2f}")
-        for key in ("greedy", "sampled"):
-            m, sd = mean_sd([100 * r[key] for r in runs])
-            cells.append(f"{m:.0f}% ± {sd:.0f}")
-        out.append("| " + " | ".join(cells) + " |")
-    return out
 
 
 def main() -> int:
@@ -411,12 +273,18 @@ def main() -> int:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     if args.only:
-        result = run_tether(args) if args.only == "tether" else run_trl(args)
+        if args.only == "tether":
+            result = run_tether(args)
+        else:
+            from _vs_trl_side import run_trl
+
+            result = run_trl(args)
         print("RESULT " + json.dumps(result), flush=True)
         return 0
     import psutil
     import torch
     import trl
+    from _vs_trl_report import content_hash, mean_sd, table
 
     from tether.starter import build_starter, load_model, load_tokenizer
 
@@ -447,6 +315,7 @@ def main() -> int:
                 print(
                     f"seed {seed} {key:>6}: {sum(t) / len(t):.2f} s/step, "
                     f"{r['optimizer_steps']} optimizer steps ({r['signal_steps']} with signal), "
+                    f"reward per step {' '.join(f'{x:.2f}' for x in r['rewards'])}, "
                     f"greedy {r['greedy']:.0%}, sampled {r['sampled']:.0%}",
                     flush=True,
                 )

@@ -23,11 +23,15 @@ Tether's side goes through its public API only: ``compute_advantages``,
 pre-hook on the trainer's optimizer (after clipping, as AdamW sees it).
 
 Tolerances (fp32 throughout): advantages 1e-12 (float64); per-token logprobs
-within 2e-5 nat (max over every completion token, read as the trainer's
+within 1e-5 nat (max over every completion token, read as the trainer's
 ``logprob_gap_max`` against old logprobs set to the reference's own); loss
 rel 1e-5; every parameter's gradient cosine > 0.99999 and relative norm error
 < 1e-4 (and ``assert_close`` rtol 1e-4, atol 1e-7); the parameter delta after
-the optimizer step cosine > 0.99999 and relative norm error < 1e-4.
+the optimizer step cosine > 0.99999 and relative norm error < 1e-4. Measured
+on this batch (2026-12-01): logprobs 9.5e-7, loss 9e-7 relative, gradients
+cosine 1 − 3e-12 and relative error ≤ 2.1e-6, delta cosine ≥ 0.9999999993
+and relative error ≤ 3.8e-5 (Adam's first step divides by |g|, so tiny
+gradient entries carry their rounding into the delta).
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ SECOND_REPLY = "The answer is 408."
 SIDE_QUESTION = "Summarise: 7+58"
 SHIFT = 0.5  # nat; every other completion token's old logprob moves by ±SHIFT
 CLIP_LOW, CLIP_HIGH, EPS = 0.2, 0.28, 1e-6
-LOGPROB_ATOL = 2e-5
+LOGPROB_ATOL = 1e-5
 COSINE, REL_ERR = 0.99999, 1e-4
 
 Segments = list[tuple[list[int], bool]]  # (token ids, is a completion) in sequence order
