@@ -283,7 +283,14 @@ def main() -> int:
         return 0
     import psutil
     import torch
-    import trl
+
+    try:
+        import trl
+    except ModuleNotFoundError:
+        raise SystemExit(
+            "vs_trl.py needs TRL: python3.11 -m venv /work/venv-trl && /work/venv-trl/bin/pip "
+            "install torch==2.13.0 'trl==1.16.0' -e '.[dev]', then run it with /work/venv-trl/bin/python"
+        ) from None
     from _vs_trl_report import content_hash, mean_sd, table
 
     from tether.starter import build_starter, load_model, load_tokenizer
