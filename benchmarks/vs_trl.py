@@ -1,35 +1,59 @@
-"""tether against TRL's GRPOTrainer on single-turn calc, CPU: seconds per step and held-out success.
+"""tether against TRL's GRPOTrainer on single-turn calc, CPU: one identical update, then training.
 
 Single-turn calc: the model gets the calc system prompt and the question, no
 tool, and answers in one reply. A 2M-parameter model cannot multiply
 3-digit numbers in its head, so the reply counts as right when the last
 arithmetic expression in it (the starter model writes one, in the
 calculator's JSON, even without a tool) evaluates to the answer, or, with no
-expression, when its last number is the answer (:func:`grade`). Both trainers start from the same warmed-up starter model (a plain
-``Qwen2ForCausalLM`` folder; tokenizer from ``tether.starter.load_tokenizer``)
-with the same GRPO settings: group size ``--n``, ``--batch-groups`` prompts
-per step, learning rate, ``--steps`` steps (so the same number of samples),
-completions of at most ``--max-tokens`` tokens at T=1, one optimizer step per
-batch, PPO clip 0.2/0.28, no KL, token-mean loss (TRL: ``loss_type="dapo"``,
-``beta=0``; tether: ``aggregation=token_mean``, ``kl_coef=0``), same seed.
+expression, when its last number is the answer (:func:`grade`).
 
+``--identical``: one update of each trainer on the same batch (same weights,
+prompts, completions, rewards; TRL's generation replaced by the fixed
+completions): advantages, loss, and per parameter tensor the gradient cosine
+and norm ratio and the parameter-delta cosine (see ``_vs_trl_identical.py``).
+
+Otherwise, training: both trainers start from one pinned model folder
+(``--model``, default the warm starter; its content hash and its held-out
+success are printed, since a rebuilt warm starter is not bit-identical) with
+the same GRPO settings: group size ``--n``, ``--batch-groups`` prompts per
+step, learning rate, ``--steps`` steps, completions of at most
+``--max-tokens`` tokens at T=1 (no top-k/top-p), one optimizer step per
+batch, PPO clip 0.2/0.28, no KL, token-mean loss (TRL: ``loss_type="dapo"``,
+``beta=0``; tether: ``aggregation=token_mean``, ``kl_coef=0``).
+
+- The same task sequence: for seed ``s`` tether's run draws step ``k``'s
+  tasks with ``tasks_for_step(train, k, batch_groups, s)``; TRL's dataset is
+  those tasks in that order, and its sampler does not shuffle
+  (``shuffle_dataset=False``: ``RepeatSampler`` walks the rows in order).
 - tether: the run as a user runs it: an in-process agent calling the
   gateway with the OpenAI SDK, the embedded engine, SQLite traces.
 - TRL: ``GRPOTrainer`` with its built-in generation (``model.generate``).
+- ``--seeds N`` runs per side (8 or more to read the result; one run's
+  final success scatters by ±10-17 points between seeds), interleaved
+  (tether seed 0, TRL seed 0, tether seed 1, ...) so that machine load falls
+  on both alike; each run in its own process.
+- Optimizer steps actually taken are counted on both sides: tether skips
+  the step when no group has reward variance, TRL steps anyway (Adam
+  momentum moves the weights without a gradient).
+- The mean reward per step is kept: at step 1 both sides sample from the
+  same weights on the same tasks, so its mean over seeds should agree
+  within the spread (a check that the two samplers and graders match).
 
-Each runs in its own process. Afterwards the same evaluator scores both
-final models on ``--eval-tasks`` held-out tasks (tether's engine on the
-model's weights, no gateway): greedy, and 2 samples per task at T=1.
-tether skips the optimizer step when no group of the batch has reward
-variance (all advantages 0); the "updates" column counts the steps that
-had one, so compare s/step only when it equals --steps. On a shared
-machine set ``OMP_NUM_THREADS=1``: two processes' OpenMP threads on two
-cores slow small-batch decoding by 10-50×.
+The same evaluator scores every final model on ``--eval-tasks`` held-out
+tasks (tether's engine on the model's weights, no gateway): greedy, and 2
+samples per task at T=1. Printed: a markdown table (mean ± sd over seeds)
+ready for benchmarks/README.md, and one line per run. On a shared machine
+set ``OMP_NUM_THREADS=1``: two processes' OpenMP threads on two cores slow
+small-batch decoding by 10-50×.
 
-    .venv/bin/python benchmarks/vs_trl.py [--steps 6] [--batch-groups 4] [--n 8]
-        [--max-tokens 32] [--lr 2e-4] [--eval-tasks 40]
+TRL stays out of the project's environment; install it in a venv of its own:
 
-Needs ``trl`` (``pip install 'trl==1.16.0'``; it reuses the installed torch).
+    python3.11 -m venv /work/venv-trl
+    /work/venv-trl/bin/pip install torch==2.13.0 'trl==1.16.0' -e '.[dev]'
+    OMP_NUM_THREADS=1 /work/venv-trl/bin/python benchmarks/vs_trl.py --identical
+    OMP_NUM_THREADS=1 /work/venv-trl/bin/python benchmarks/vs_trl.py --seeds 8 [--steps 12]
+        [--batch-groups 8] [--n 8] [--max-tokens 32] [--lr 2e-4] [--eval-tasks 40]
+        [--model FOLDER]
 """
 
 from __future__ import annotations
@@ -121,23 +145,41 @@ def val_tasks(n: int) -> list[dict]:
 # -- the two trainers ------------------------------------------------------------------
 
 
+def task_sequence(args: argparse.Namespace) -> list[dict]:
+    """The tasks tether's run trains on, in its order: what TRL's dataset holds too."""
+    from tether.run import load_tasks, tasks_for_step
+
+    train, _ = load_tasks(tasks_config(args))
+    return [
+        t.data
+        for step in range(args.steps)
+        for t in tasks_for_step(train, step, args.batch_groups, args.seed)
+    ]
+
+
+def tasks_config(args: argparse.Namespace) -> Any:
+    from tether.run import TasksConfig
+
+    return TasksConfig(source="calc", train_size=2000, val_size=args.eval_tasks, seed=args.seed)
+
+
 def run_tether(args: argparse.Namespace) -> dict:
     from tether.run import (
         CheckpointConfig,
         EvalConfig,
         RolloutConfig,
-        TasksConfig,
         TrainConfig,
         TrainerConfig,
         TrainingRun,
+        tasks_for_step,
     )
     from tether.runner import RunnerConfig
 
     os.environ[MAX_TOKENS_ENV] = str(args.max_tokens)
     cfg = TrainConfig(
         name="tether",
-        dir=args.out,
-        tasks=TasksConfig(source="calc", train_size=2000, val_size=args.eval_tasks, seed=0),
+        dir=str(Path(args.out) / f"tether-{args.seed}"),
+        tasks=tasks_config(args),
         agent=RunnerConfig(
             mode="inprocess",
             agent=f"{Path(__file__).resolve()}:agent",
@@ -147,195 +189,165 @@ def run_tether(args: argparse.Namespace) -> dict:
         trainer=TrainerConfig(
             steps=args.steps,
             lr=args.lr,
+            betas=(0.9, 0.99),
+            weight_decay=0.0,
+            grad_clip=1.0,
             clip_low=0.2,
             clip_high=0.28,
             aggregation="token_mean",
             kl_coef=0.0,
-            seed=0,
+            seed=args.seed,
             collapse_patience=0,
         ),
         eval=EvalConfig(tasks=1, samples=2, greedy=False),
         checkpoint=CheckpointConfig(every=0, keep=1),
     )
+    expected = [t["id"] for t in task_sequence(args)]
 
-    async def go() -> tuple[list[float], Any, Any]:
+    async def go() -> tuple[list[float], int, list[float], Any, Any, list[str]]:
         async with TrainingRun(cfg, model_path=Path(args.model)) as run:
             await run.evaluate(0)  # warms the engine up; "s/step 2+" compares steady states
-            times, updates = [], 0
+            times, updates, rewards = [], 0, []
             for step in range(args.steps):
                 t0 = time.perf_counter()
                 report = await run.train_step(step)
                 times.append(time.perf_counter() - t0)
                 updates += "update_s" in report.metrics  # skipped when no group has variance
-            return times, updates, run.trainer.model, run.tokenizer
+                rewards.append(report.metrics["reward_mean"])
+            seen = [  # what train_step drew: the run's tasks, its seed, its batch size
+                t.id
+                for k in range(args.steps)
+                for t in tasks_for_step(run.train_tasks, k, args.batch_groups, cfg.tasks.seed)
+            ]
+            return times, updates, rewards, run.trainer.model, run.tokenizer, seen
 
-    times, updates, model, tokenizer = asyncio.run(go())
+    times, updates, rewards, model, tokenizer, seen = asyncio.run(go())
+    if seen != expected:
+        raise SystemExit("tether's run trained on other tasks than task_sequence() lists")
     return {
         "times": times,
-        "updates": updates,
+        "optimizer_steps": updates,
+        "signal_steps": updates,
+        "rewards": rewards,
         **evaluate(model, tokenizer, val_tasks(args.eval_tasks), args.max_tokens),
-    }
-
-
-def run_trl(args: argparse.Namespace) -> dict:
-    import torch
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from tether.starter import load_model, load_tokenizer
-    from tether.starter.calc import make_tasks
-
-    torch.manual_seed(0)
-    tokenizer = load_tokenizer(args.model)
-    model = load_model(args.model, dtype=torch.float32)
-    train = make_tasks(args.steps * args.batch_groups, "train", 0)
-    data = Dataset.from_list(
-        [{"prompt": messages(t["question"]), "answer": t["answer"]} for t in train]
-    )
-
-    def reward(completions: list, answer: list, **_: Any) -> list[float]:
-        return [
-            grade({"answer": a}, c[0]["content"]) for c, a in zip(completions, answer, strict=True)
-        ]
-
-    class Clock(TrainerCallback):
-        def __init__(self) -> None:
-            self.times: list[float] = []
-            self.t0 = 0.0
-
-        def on_step_begin(self, *a: Any, **k: Any) -> None:
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, *a: Any, **k: Any) -> None:
-            self.times.append(time.perf_counter() - self.t0)
-
-    clock = Clock()
-    config = GRPOConfig(
-        output_dir=str(Path(args.out) / "trl"),
-        learning_rate=args.lr,
-        per_device_train_batch_size=args.batch_groups * args.n,
-        gradient_accumulation_steps=1,
-        num_generations=args.n,
-        steps_per_generation=1,
-        num_iterations=1,
-        max_completion_length=args.max_tokens,
-        temperature=1.0,
-        beta=0.0,
-        epsilon=0.2,
-        epsilon_high=0.28,
-        loss_type="dapo",
-        scale_rewards="group",
-        max_steps=args.steps,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        adam_beta1=0.9,
-        adam_beta2=0.99,
-        max_grad_norm=1.0,
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        shuffle_dataset=False,
-    )
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=reward,
-        args=config,
-        train_dataset=data,
-        processing_class=tokenizer,
-        callbacks=[clock],
-    )
-    trainer.train()
-    model = trainer.model.eval()
-    return {
-        "times": clock.times,
-        "updates": len(clock.times),  # TRL steps even when every advantage is 0
-        **evaluate(model, load_tokenizer(args.model), val_tasks(args.eval_tasks), args.max_tokens),
     }
 
 
 # -- the comparison --------------------------------------------------------------------
 
 
-def child(which: str, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, __file__, "--only", which, "--out", args.out, "--model", args.model]
+def child(which: str, seed: int, args: argparse.Namespace) -> dict:
+    cmd = [sys.executable, __file__, "--only", which, "--seed", str(seed)]
+    cmd += ["--out", args.out, "--model", args.model]
     for flag in ("steps", "batch_groups", "n", "max_tokens", "lr", "eval_tasks"):
         cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     done = subprocess.run(cmd, capture_output=True, text=True)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     if done.returncode or not lines:
         sys.stderr.write(done.stderr[-4000:])
-        raise SystemExit(f"the {which} run failed (exit {done.returncode})")
+        raise SystemExit(f"the {which} run (seed {seed}) failed (exit {done.returncode})")
     return json.loads(lines[-1][7:])
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--identical", action="store_true", help="one update on one fixed batch")
+    p.add_argument("--seeds", type=int, default=8, help="runs per trainer (seeds 0..N-1)")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--batch-groups", type=int, default=4, help="prompts per step")
     p.add_argument("--n", type=int, default=8, help="completions per prompt (the group)")
     p.add_argument("--max-tokens", type=int, default=32, help="completion length cap")
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--eval-tasks", type=int, default=40)
+    p.add_argument("--model", help="model folder to start from (default: the warm starter)")
     p.add_argument("--only", choices=("tether", "trl"), help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
-    p.add_argument("--model", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if min(args.steps, args.batch_groups, args.max_tokens, args.eval_tasks) < 1 or args.n < 2:
-        p.error("--steps, --batch-groups, --max-tokens, --eval-tasks must be >= 1, --n >= 2")
+    if min(args.steps, args.batch_groups, args.max_tokens, args.eval_tasks, args.seeds) < 1:
+        p.error("--steps, --batch-groups, --max-tokens, --eval-tasks, --seeds must be >= 1")
+    if args.n < 2:
+        p.error("--n must be >= 2 (a group of one has no advantage)")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     if args.only:
-        result = run_tether(args) if args.only == "tether" else run_trl(args)
+        if args.only == "tether":
+            result = run_tether(args)
+        else:
+            from _vs_trl_side import run_trl
+
+            result = run_trl(args)
         print("RESULT " + json.dumps(result), flush=True)
         return 0
     import psutil
     import torch
-    import trl
+
+    try:
+        import trl
+    except ModuleNotFoundError:
+        raise SystemExit(
+            "vs_trl.py needs TRL: python3.11 -m venv /work/venv-trl && /work/venv-trl/bin/pip "
+            "install torch==2.13.0 'trl==1.16.0' -e '.[dev]', then run it with /work/venv-trl/bin/python"
+        ) from None
+    from _vs_trl_report import content_hash, mean_sd, table
 
     from tether.starter import build_starter, load_model, load_tokenizer
 
-    args.model = str(build_starter(warm=True))
+    args.model = str(Path(args.model or build_starter(warm=True)).resolve())
+    if args.identical:
+        from _vs_trl_identical import run_identical
+
+        print(
+            f"model {args.model} (content sha256 {content_hash(args.model)}), TRL {trl.__version__}"
+        )
+        with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
+            run_identical(args.model, grade, args.lr, tmp)
+        return 0
     before = evaluate(
         load_model(args.model, dtype=torch.float32),
         load_tokenizer(args.model),
         val_tasks(args.eval_tasks),
         args.max_tokens,
     )
-    rows = []
+    rows: dict[str, list[dict]] = {"tether": [], "TRL": []}
     with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
         args.out = tmp
-        for which in ("tether", "trl"):
-            rows.append((which, child(which, args)))
+        for seed in range(args.seeds):  # interleaved: load falls on both alike
+            for which, key in (("tether", "tether"), ("trl", "TRL")):
+                r = child(which, seed, args)
+                rows[key].append(r)
+                t = r["times"]
+                print(
+                    f"seed {seed} {key:>6}: {sum(t) / len(t):.2f} s/step, "
+                    f"{r['optimizer_steps']} optimizer steps ({r['signal_steps']} with signal), "
+                    f"reward per step {' '.join(f'{x:.2f}' for x in r['rewards'])}, "
+                    f"greedy {r['greedy']:.0%}, sampled {r['sampled']:.0%}",
+                    flush=True,
+                )
     load = ", ".join(f"{x:.1f}" for x in psutil.getloadavg())
+    print()
     print(
-        f"single-turn calc, warm starter model, {args.steps} steps × {args.batch_groups} prompts × "
-        f"{args.n} completions (≤ {args.max_tokens} tokens), lr {args.lr:g}; TRL {trl.__version__}, "
-        f"torch {torch.__version__}; {psutil.cpu_count()} CPUs, load average {load}"
+        f"single-turn calc, model {Path(args.model).name} (content sha256 "
+        f"{content_hash(args.model)}), {args.steps} steps × {args.batch_groups} prompts × "
+        f"{args.n} completions (≤ {args.max_tokens} tokens), lr {args.lr:g}, seeds "
+        f"0–{args.seeds - 1} interleaved; TRL {trl.__version__}, torch {torch.__version__}; "
+        f"{psutil.cpu_count()} CPUs, load average {load}; TRL's prompt token ids "
+        f"{'equal' if all(r['same_prompt_ids'] for r in rows['TRL']) else 'DIFFER FROM'} tether's"
     )
     print(
         f"held-out success before training ({args.eval_tasks} val tasks): "
         f"greedy {before['greedy']:.0%}, sampled {before['sampled']:.0%}"
     )
-    head = ("trainer", "s/step", "s/step 2+", "total s", "updates", "greedy", "sampled T=1")
-    print(" ".join(f"{h:>11}" for h in head))
-    for which, r in rows:
-        t = r["times"]
-        later = t[1:] or t
-        print(
-            f"{which:>11} {sum(t) / len(t):>11.2f} {sum(later) / len(later):>11.2f} "
-            f"{sum(t):>11.1f} {r['updates']:>11} {r['greedy']:>11.0%} {r['sampled']:>11.0%}"
-        )
-    (_, a), (_, b) = rows
-    ratio = (sum(b["times"]) / len(b["times"])) / (sum(a["times"]) / len(a["times"]))
-    print(f"tether is {ratio:.2f}× TRL's speed per step (target > 1)")
+    print()
+    print("\n".join(table(rows, args.steps)))
+    speed = [
+        (sum(b["times"]) / len(b["times"])) / (sum(a["times"]) / len(a["times"]))
+        for a, b in zip(rows["tether"], rows["TRL"], strict=True)
+    ]
+    m, sd = mean_sd(speed)
+    print(f"\ntether is {m:.2f}× ± {sd:.2f} TRL's speed per step (paired by seed; target > 1)")
     return 0
 
 
