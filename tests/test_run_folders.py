@@ -278,3 +278,15 @@ def test_the_demo_replaces_its_own_previous_run_and_says_so(tmp_path: Path) -> N
     )
     replace_demo_run(run_dir, Console(file=out, width=200))  # nothing there: nothing to say
     assert out.getvalue().count("replacing") == 1
+
+
+def test_the_demo_command_default_is_the_demo_config_default() -> None:
+    """`tether demo` (cli.py keeps its import light) and demo_config agree on the length."""
+    import inspect
+
+    from tether import cli
+    from tether._cli_train import DEMO_STEPS, demo_config
+
+    assert inspect.signature(cli.demo).parameters["steps"].default == DEMO_STEPS
+    cfg = demo_config()
+    assert cfg.trainer.steps == DEMO_STEPS and cfg.eval.every == DEMO_STEPS // 4
