@@ -116,9 +116,10 @@ def _tether(path: str, rows: list[dict], n: int, lr: float) -> dict[str, Any]:
 
 
 def _trl(path: str, rows: list[dict], n: int, lr: float, out: str) -> dict[str, Any]:
+    from _vs_trl_side import trl_config
     from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from tether.starter import load_model, load_tokenizer
 
@@ -160,34 +161,14 @@ def _trl(path: str, rows: list[dict], n: int, lr: float, out: str) -> dict[str, 
             seen["loss"].append(float(loss.detach()))
             return loss
 
-    config = GRPOConfig(
+    config = trl_config(
         output_dir=out,
         learning_rate=lr,
         per_device_train_batch_size=len(rows),
-        gradient_accumulation_steps=1,
         num_generations=n,
-        steps_per_generation=1,
-        num_iterations=1,
         max_completion_length=max(len(r["completion_ids"]) for r in rows),
-        beta=0.0,
-        epsilon=0.2,
-        epsilon_high=0.28,
-        loss_type="dapo",
-        scale_rewards="group",
         max_steps=1,
-        lr_scheduler_type="constant",
-        weight_decay=0.0,
-        adam_beta1=0.9,
-        adam_beta2=0.99,
-        max_grad_norm=1.0,
-        use_cpu=True,
-        bf16=False,
         seed=0,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        shuffle_dataset=False,
     )
     trainer = Recording(
         model=model,

@@ -1,4 +1,4 @@
-"""``vs_trl.py``'s summary: the model's content hash and the markdown table over seeds."""
+"""``vs_trl.py``'s summary: the model's weights hash and the markdown table over seeds."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 
 def content_hash(folder: str) -> str:
-    """sha256 over the model folder's file names and bytes: which weights, exactly."""
+    """sha256 of the folder's weights (its ``*.safetensors`` files, in name order): the
+    starter's ``weights_sha256`` and the hash ``tether demo`` prints, for one file."""
     h = hashlib.sha256()
-    for f in sorted(Path(folder).iterdir()):
-        if f.is_file():
-            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        h.update(f.read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -12,12 +12,44 @@ from pathlib import Path
 from typing import Any
 
 
+def trl_config(**run: Any) -> Any:
+    """TRL's ``GRPOConfig`` with tether's GRPO settings (both modes use it): one
+    optimizer step per batch, PPO clip 0.2/0.28, no KL, token-mean loss (``dapo``),
+    group-scaled advantages, AdamW betas 0.9/0.99 without weight decay, grad-norm
+    clip 1, constant lr, CPU fp32, tasks in order; ``run`` adds the run's own fields."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_iterations=1,
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        loss_type="dapo",
+        scale_rewards="group",
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.99,
+        max_grad_norm=1.0,
+        use_cpu=True,
+        bf16=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        shuffle_dataset=False,
+        **run,
+    )
+
+
 def run_trl(args: argparse.Namespace) -> dict:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-    from vs_trl import evaluate, grade, messages, task_sequence, val_tasks
+    from trl import GRPOTrainer
+    from vs_trl import evaluate, grade, messages, prompt_text, task_sequence, tools, val_tasks
 
     from tether.chat import render_prompt
     from tether.starter import load_model, load_tokenizer
@@ -26,14 +58,16 @@ def run_trl(args: argparse.Namespace) -> dict:
     tokenizer = load_tokenizer(args.model)
     model = load_model(args.model, dtype=torch.float32)
     train = task_sequence(args)
-    data = Dataset.from_list(
-        [{"prompt": messages(t["question"]), "answer": t["answer"]} for t in train]
+    data = Dataset.from_list(  # text prompts: TRL's own chat templating would drop the tool
+        [
+            {"prompt": prompt_text(tokenizer, t["question"]), "question": t["question"]}
+            | {"answer": t["answer"]}
+            for t in train
+        ]
     )
 
     def reward(completions: list, answer: list, **_: Any) -> list[float]:
-        return [
-            grade({"answer": a}, c[0]["content"]) for c, a in zip(completions, answer, strict=True)
-        ]
+        return [grade({"answer": a}, c) for c, a in zip(completions, answer, strict=True)]
 
     class Clock(TrainerCallback):
         def __init__(self) -> None:
@@ -56,44 +90,24 @@ def run_trl(args: argparse.Namespace) -> dict:
         """Records the questions in the order TRL trains on them, and the steps with signal."""
 
         def _generate_and_score_completions(self, inputs: Any) -> Any:
-            seen["questions"] += [x["prompt"][-1]["content"] for x in inputs[:: args.n]]
+            seen["questions"] += [x["question"] for x in inputs[:: args.n]]
             out = super()._generate_and_score_completions(inputs)
             seen["signal_steps"] += bool(out["advantages"].abs().max() > 0)
             return out
 
     clock = Clock()
-    config = GRPOConfig(
+    config = trl_config(
         output_dir=str(Path(args.out) / f"trl-{args.seed}"),
         learning_rate=args.lr,
         per_device_train_batch_size=args.batch_groups * args.n,
-        gradient_accumulation_steps=1,
         num_generations=args.n,
-        steps_per_generation=1,
-        num_iterations=1,
         max_completion_length=args.max_tokens,
         temperature=1.0,
         top_p=1.0,
         top_k=0,
-        beta=0.0,
-        epsilon=0.2,
-        epsilon_high=0.28,
-        loss_type="dapo",
-        scale_rewards="group",
         max_steps=args.steps,
-        lr_scheduler_type="constant",
         warmup_steps=0,
-        weight_decay=0.0,
-        adam_beta1=0.9,
-        adam_beta2=0.99,
-        max_grad_norm=1.0,
-        use_cpu=True,
-        bf16=False,
         seed=args.seed,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        shuffle_dataset=False,
     )
     trainer = Counting(
         model=model,
@@ -104,8 +118,8 @@ def run_trl(args: argparse.Namespace) -> dict:
         callbacks=[clock],
     )
     # TRL renders prompts itself; say so if its token ids are not tether's
-    theirs = trainer._tokenize_prompts([messages(train[0]["question"])])[0][0]
-    same_prompt = list(theirs) == render_prompt(tokenizer, messages(train[0]["question"]))
+    theirs = trainer._tokenize_prompts([prompt_text(tokenizer, train[0]["question"])])[0][0]
+    same_prompt = list(theirs) == render_prompt(tokenizer, messages(train[0]["question"]), tools())
     trainer.train()
     if seen["questions"] != [t["question"] for t in train]:
         raise SystemExit("TRL trained on its tasks in another order than tether's")

@@ -1,11 +1,13 @@
 """tether against TRL's GRPOTrainer on single-turn calc, CPU: one identical update, then training.
 
-Single-turn calc: the model gets the calc system prompt and the question, no
-tool, and answers in one reply. A 2M-parameter model cannot multiply
-3-digit numbers in its head, so the reply counts as right when the last
-arithmetic expression in it (the starter model writes one, in the
-calculator's JSON, even without a tool) evaluates to the answer, or, with no
-expression, when its last number is the answer (:func:`grade`).
+Single-turn calc, the first step of the calc agent: the model gets the calc
+system prompt, the ``calculator`` tool and the question, and makes one reply
+(the tool is not run). A 2M-parameter model cannot multiply in its head, so
+the reply counts as right when the expression of its calculator call
+evaluates to the answer, or, with no call, when its last number is the
+answer (:func:`grade`). The warm starter answers multiplication and division
+problems from memory more often than not, so there is something to learn:
+calling the tool, with the right operands.
 
 ``--identical``: one update of each trainer on the same batch (same weights,
 prompts, completions, rewards; TRL's generation replaced by the fixed
@@ -13,8 +15,8 @@ completions): advantages, loss, and per parameter tensor the gradient cosine
 and norm ratio and the parameter-delta cosine (see ``_vs_trl_identical.py``).
 
 Otherwise, training: both trainers start from one pinned model folder
-(``--model``, default the warm starter; its content hash and its held-out
-success are printed, since a rebuilt warm starter is not bit-identical) with
+(``--model``, default the warm starter; its weights hash and its held-out
+success are printed, so two tables that start from different models show it) with
 the same GRPO settings: group size ``--n``, ``--batch-groups`` prompts per
 step, learning rate, ``--steps`` steps, completions of at most
 ``--max-tokens`` tokens at T=1 (no top-k/top-p), one optimizer step per
@@ -96,14 +98,32 @@ def messages(question: str) -> list[dict[str, str]]:
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
 
 
+def tools() -> list[dict[str, Any]]:
+    from tether.starter.calc import CALCULATOR_TOOL
+
+    return [CALCULATOR_TOOL]
+
+
+def prompt_text(tokenizer: Any, question: str) -> str:
+    """The prompt as text, rendered as tether's gateway renders the agent's request
+    (TRL gets this text, so both sides see the same prompt token ids)."""
+    from tether.chat import render_text
+
+    return render_text(tokenizer, messages(question), tools())
+
+
 async def agent(task: dict[str, Any], client: Any) -> str:
-    """Single turn, no tool: one call, the reply is the answer."""
+    """Single turn: one call offering the calculator; the reply is its text and the
+    arguments of any tool call (``{"expression": ...}``, what :func:`grade` reads)."""
     r = await client.chat.completions.create(
         model="policy",
         messages=messages(task["question"]),
+        tools=tools(),
         max_tokens=int(os.environ.get(MAX_TOKENS_ENV, "32")),
     )
-    return r.choices[0].message.content or ""
+    message = r.choices[0].message
+    calls = [c.function.arguments for c in message.tool_calls or []]
+    return " ".join([message.content or "", *calls]).strip()
 
 
 # -- the shared evaluator ------------------------------------------------------------
@@ -117,7 +137,7 @@ def evaluate(model: Any, tokenizer: Any, tasks: list[dict], max_tokens: int) -> 
     async def run() -> dict[str, float]:
         engine = TransformersEngine(model, tokenizer, max_batch_size=64, seed=0)
         try:
-            prompts = [render_prompt(tokenizer, messages(t["question"])) for t in tasks]
+            prompts = [render_prompt(tokenizer, messages(t["question"]), tools()) for t in tasks]
             greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
             sampled = SamplingParams(temperature=1.0, max_tokens=max_tokens, n=2, seed=0)
             out = {}
@@ -300,7 +320,7 @@ def main() -> int:
         from _vs_trl_identical import run_identical
 
         print(
-            f"model {args.model} (content sha256 {content_hash(args.model)}), TRL {trl.__version__}"
+            f"model {args.model} (weights sha256 {content_hash(args.model)}), TRL {trl.__version__}"
         )
         with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
             run_identical(args.model, grade, args.lr, tmp)
@@ -329,7 +349,7 @@ def main() -> int:
     load = ", ".join(f"{x:.1f}" for x in psutil.getloadavg())
     print()
     print(
-        f"single-turn calc, model {Path(args.model).name} (content sha256 "
+        f"single-turn calc, model {Path(args.model).name} (weights sha256 "
         f"{content_hash(args.model)}), {args.steps} steps × {args.batch_groups} prompts × "
         f"{args.n} completions (≤ {args.max_tokens} tokens), lr {args.lr:g}, seeds "
         f"0–{args.seeds - 1} interleaved; TRL {trl.__version__}, torch {torch.__version__}; "
