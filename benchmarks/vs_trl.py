@@ -50,10 +50,10 @@ small-batch decoding by 10-50×.
 
 TRL stays out of the project's environment; install it in a venv of its own:
 
-    python3.11 -m venv /work/venv-trl
-    /work/venv-trl/bin/pip install torch==2.13.0 'trl==1.16.0' -e '.[dev]'
-    OMP_NUM_THREADS=1 /work/venv-trl/bin/python benchmarks/vs_trl.py --identical
-    OMP_NUM_THREADS=1 /work/venv-trl/bin/python benchmarks/vs_trl.py --seeds 8 [--steps 12]
+    python3 -m venv .venv-trl
+    .venv-trl/bin/pip install torch==2.13.0 'trl==1.16.0' -e '.[dev]'
+    OMP_NUM_THREADS=1 .venv-trl/bin/python benchmarks/vs_trl.py --identical
+    OMP_NUM_THREADS=1 .venv-trl/bin/python benchmarks/vs_trl.py --seeds 8 [--steps 12]
         [--batch-groups 8] [--n 8] [--max-tokens 32] [--lr 2e-4] [--eval-tasks 40]
         [--model FOLDER]
 """
@@ -308,8 +308,8 @@ def main() -> int:
         import trl
     except ModuleNotFoundError:
         raise SystemExit(
-            "vs_trl.py needs TRL: python3.11 -m venv /work/venv-trl && /work/venv-trl/bin/pip "
-            "install torch==2.13.0 'trl==1.16.0' -e '.[dev]', then run it with /work/venv-trl/bin/python"
+            "vs_trl.py needs TRL: python3 -m venv .venv-trl && .venv-trl/bin/pip "
+            "install torch==2.13.0 'trl==1.16.0' -e '.[dev]', then run it with .venv-trl/bin/python"
         ) from None
     from _vs_trl_report import content_hash, mean_sd, table
 
