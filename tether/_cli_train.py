@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-DEMO_STEPS = 100
+DEMO_STEPS = 80
 
 
 def demo_config(seed: int = 0, steps: int = DEMO_STEPS) -> TrainConfig:

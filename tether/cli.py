@@ -150,7 +150,7 @@ def _interrupts(ctx: typer.Context) -> Interrupts:
 def demo(
     ctx: typer.Context,
     seed: Annotated[int, typer.Option(help="Seed of the tasks, sampling and training.")] = 0,
-    steps: Annotated[int, typer.Option(help="GRPO updates.")] = 100,
+    steps: Annotated[int, typer.Option(help="GRPO updates.")] = 80,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
 ) -> None:
     """The CPU demo: the starter model learns the calc task with GRPO.
