@@ -19,21 +19,23 @@ SOURCES = sorted((ROOT / "tether").rglob("*.py"))
 
 # The components table (README "Layout"), as data: component -> the components it may import.
 # Shared leaves: ``errors`` (the exception root), ``configio`` (config files), ``_hf`` (the one
-# transformers/peft compatibility module: torch/transformers/peft only), ``_memory``.
-LEAVES = {"errors", "configio", "_hf", "_memory"}
+# transformers/peft compatibility module: torch/transformers/peft only), ``_memory``, ``_lazy``
+# (lazy package exports).
+LEAVES = {"errors", "configio", "_hf", "_memory", "_lazy"}
 KNOWS: dict[str, set[str]] = {
     "records": set(),
     "errors": set(),
     "configio": {"errors"},
     "_hf": set(),
     "_memory": set(),
+    "_lazy": set(),
     "store": {"records", "errors"},
-    "engine": {"records", "errors", "_hf"},
+    "engine": {"records", "errors", "_hf", "_lazy"},
     "chat": {"errors"},
-    "gateway": {"engine", "chat", "store", "records", "errors", "configio"},
-    "runner": {"records", "store", "errors", "configio"},
-    "trainer": {"records", "errors", "_hf"},  # and torch, transformers/peft
-    "starter": {"engine", "chat", "errors", "_hf"},  # and transformers
+    "gateway": {"engine", "chat", "store", "records", "errors", "configio", "_lazy"},
+    "runner": {"records", "store", "errors", "configio", "_lazy"},
+    "trainer": {"records", "errors", "_hf", "_lazy"},  # and torch, transformers/peft
+    "starter": {"engine", "chat", "errors", "_hf", "_lazy"},  # and transformers
     # orchestration: everything below the CLI
     "run": {"gateway", "engine", "chat", "store", "runner", "trainer", "starter", "records"}
     | LEAVES,

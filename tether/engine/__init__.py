@@ -14,8 +14,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from tether._lazy import lazy_exports
 from tether.engine._gate import AdmissionGate, AdmissionTimeout
 from tether.engine._protocol import (
     Completion,
@@ -48,13 +49,8 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "TransformersEngine":
-        from tether.engine._transformers import TransformersEngine
-
-        return TransformersEngine
-    if name == "EngineStats":
-        from tether.engine._worker import EngineStats
-
-        return EngineStats
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+_LAZY = {
+    "TransformersEngine": "tether.engine._transformers",
+    "EngineStats": "tether.engine._worker",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -13,7 +13,9 @@ import FastAPI or uvicorn.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tether._lazy import lazy_exports
 
 from ._config import DEFAULT_PORT, GatewayConfig, is_loopback
 from ._core import Gateway, OpenedRollout
@@ -44,9 +46,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -25,8 +25,9 @@ starts nothing and registers no exit hook.
 
 from __future__ import annotations
 
-import importlib as _importlib
 import typing as _typing
+
+from tether._lazy import lazy_exports
 
 from ._base import (
     INFRA_FAULTS,
@@ -92,13 +93,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        value = getattr(_importlib.import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -17,8 +17,9 @@ The calc task (prompt, tool, tasks, grader) is :mod:`tether.starter.calc`.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tether._lazy import lazy_exports
 
 # Exports load lazily: `tether.starter.calc` (used by agents, graders and an MCP
 # server) must not pull in torch and transformers.
@@ -86,14 +87,4 @@ if TYPE_CHECKING:
     from tether.starter._warmup import WarmupRecipe
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tether.starter' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
