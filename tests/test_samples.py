@@ -16,6 +16,7 @@ from tether.trainer.samples import (
     make_micro_batches,
     token_entropy,
     token_logprobs,
+    token_logprobs_and_entropy,
 )
 
 
@@ -181,6 +182,12 @@ def test_token_entropy_matches_an_explicit_softmax_loop():
     torch.testing.assert_close(token_entropy(logits, temps, chunk_rows=2), got)
     uniform = token_entropy(torch.zeros(1, 2, 5))
     assert uniform[0, 1].item() == pytest.approx(math.log(5))
+    # the trainer's one-pass version gives both, equal to the separate functions
+    ids = torch.randint(0, 5, (3, 4), generator=g)
+    both, ent = token_logprobs_and_entropy(logits, ids, temps)
+    torch.testing.assert_close(both, token_logprobs(logits, ids, temps))
+    torch.testing.assert_close(ent, got)
+    assert token_logprobs_and_entropy(logits, ids, temps, entropy=False)[1] is None
 
 
 def test_merged_samples_reproduce_engine_logprobs(tiny_model):

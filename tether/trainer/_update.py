@@ -34,8 +34,7 @@ from tether.trainer.samples import (
     Sample,
     collate,
     make_micro_batches,
-    token_entropy,
-    token_logprobs,
+    token_logprobs_and_entropy,
 )
 
 __all__ = ["PolicyTrainer", "UpdateStopped", "shared_prefix"]
@@ -135,7 +134,8 @@ class PolicyTrainer:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Token logprobs ``[B, L]`` aligned with ``input_ids`` (see samples.token_logprobs),
         and with ``entropy`` the next-token entropies ``[B, L]`` from the same logits
-        (samples.token_entropy; no gradient, no second forward), else None.
+        (samples.token_logprobs_and_entropy: one pass over the logits, no gradient on the
+        entropy, no second forward), else None.
 
         Rows of an agent's batch share a long prompt (system prompt + tools).
         That shared prefix is computed once and its KV cache broadcast to every
@@ -152,12 +152,11 @@ class PolicyTrainer:
         with ctx:
             if cut < MIN_SHARED_PREFIX or ids.shape[0] < 2:
                 logits = model(input_ids=ids, attention_mask=attn).logits
-                ent = token_entropy(logits.detach(), temps) if entropy else None
-                return token_logprobs(logits, ids, temps), ent
+                return token_logprobs_and_entropy(logits, ids, temps, entropy=entropy)
             logits = shared_prefix_forward(model, ids[0, :cut], ids[:, cut:], attn).logits
-        suffix = token_logprobs(logits, ids[:, cut:], temps)
+        suffix, ent = token_logprobs_and_entropy(logits, ids[:, cut:], temps, entropy=entropy)
         pad = suffix.new_zeros(ids.shape[0], cut)
-        ent = torch.cat([pad, token_entropy(logits.detach(), temps)], 1) if entropy else None
+        ent = torch.cat([pad, ent], 1) if ent is not None else None
         return torch.cat([pad, suffix], dim=1), ent
 
     def update(self, samples: list[Sample]) -> dict[str, float]:

@@ -28,7 +28,7 @@ and 0 in column 0 (never a completion token: a prompt is never empty).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +44,7 @@ __all__ = [
     "make_micro_batches",
     "token_entropy",
     "token_logprobs",
+    "token_logprobs_and_entropy",
 ]
 
 
@@ -205,6 +206,30 @@ def collate(samples: Sequence[Sample], pad_id: int = 0) -> dict[str, Tensor]:
     }
 
 
+def _scaled_rows(
+    logits: Tensor, temperature: Tensor | float, chunk_rows: int
+) -> Iterator[tuple[int, int, Tensor, Tensor]]:
+    """``(start, stop, z, lse)`` per chunk of rows: ``z = logits[start:stop, :-1] / T`` in
+    fp32 (float64 if the logits are) and ``lse = logsumexp(z)`` ``[rows, L-1, 1]``. One
+    chunk at a time, so the full fp32 ``[B, L, V]`` never exists at once."""
+    b = logits.shape[0]
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    temps = torch.as_tensor(temperature, dtype=dtype, device=logits.device).expand(b)
+    for start in range(0, b, chunk_rows):
+        stop = min(start + chunk_rows, b)
+        z = logits[start:stop, :-1].to(dtype) / temps[start:stop, None, None]
+        yield start, stop, z, torch.logsumexp(z, dim=-1, keepdim=True)
+
+
+def _aligned(rows: list[Tensor], logits: Tensor) -> Tensor:
+    """Per-row ``[rows, L-1]`` results → ``[B, L]`` with a zero column 0 (token 0 has no
+    previous position)."""
+    b, length, _ = logits.shape
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    shifted = torch.cat(rows, dim=0) if rows else logits.new_zeros((0, length - 1), dtype=dtype)
+    return torch.cat([shifted.new_zeros((b, 1)), shifted], dim=1)
+
+
 def token_logprobs(
     logits: Tensor, input_ids: Tensor, temperature: Tensor | float = 1.0, chunk_rows: int = 1
 ) -> Tensor:
@@ -217,18 +242,7 @@ def token_logprobs(
     as ``logit[token] − logsumexp(logits)``, so the full fp32 ``[B, L, V]``
     log-softmax never exists at once. Differentiable.
     """
-    b, length, _ = logits.shape
-    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    temps = torch.as_tensor(temperature, dtype=dtype, device=logits.device).expand(b)
-    targets = input_ids[:, 1:].unsqueeze(-1)
-    rows = []
-    for start in range(0, b, chunk_rows):
-        stop = min(start + chunk_rows, b)
-        chunk = logits[start:stop, :-1].to(dtype) / temps[start:stop, None, None]
-        picked = chunk.gather(-1, targets[start:stop]).squeeze(-1)
-        rows.append(picked - torch.logsumexp(chunk, dim=-1))
-    shifted = torch.cat(rows, dim=0) if rows else logits.new_zeros((0, length - 1), dtype=dtype)
-    return torch.cat([shifted.new_zeros((b, 1)), shifted], dim=1)
+    return token_logprobs_and_entropy(logits, input_ids, temperature, chunk_rows, entropy=False)[0]
 
 
 @torch.no_grad()
@@ -243,15 +257,30 @@ def token_entropy(logits: Tensor, temperature: Tensor | float = 1.0, chunk_rows:
     (``z = logits / T``), so like :func:`token_logprobs` the fp32 ``[B, L, V]``
     never exists at once; no gradient.
     """
-    b, length, _ = logits.shape
-    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    temps = torch.as_tensor(temperature, dtype=dtype, device=logits.device).expand(b)
-    rows = []
-    for start in range(0, b, chunk_rows):
-        stop = min(start + chunk_rows, b)
-        z = logits[start:stop, :-1].to(dtype) / temps[start:stop, None, None]
-        lse = torch.logsumexp(z, dim=-1, keepdim=True)
-        rows.append(lse[..., 0] - ((z - lse).exp() * z).sum(-1))
-        del z, lse
-    shifted = torch.cat(rows, dim=0) if rows else logits.new_zeros((0, length - 1), dtype=dtype)
-    return torch.cat([shifted.new_zeros((b, 1)), shifted], dim=1)
+    rows = [_entropy(z, lse) for _, _, z, lse in _scaled_rows(logits, temperature, chunk_rows)]
+    return _aligned(rows, logits)
+
+
+def token_logprobs_and_entropy(
+    logits: Tensor,
+    input_ids: Tensor,
+    temperature: Tensor | float = 1.0,
+    chunk_rows: int = 1,
+    *,
+    entropy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`token_logprobs` and (with ``entropy``) :func:`token_entropy` from one pass:
+    each chunk's scaled logits and logsumexp are computed once and serve both."""
+    targets = input_ids[:, 1:].unsqueeze(-1)
+    logps, ents = [], []
+    for start, stop, z, lse in _scaled_rows(logits, temperature, chunk_rows):
+        logps.append(z.gather(-1, targets[start:stop]).squeeze(-1) - lse[..., 0])
+        if entropy:
+            with torch.no_grad():
+                ents.append(_entropy(z.detach(), lse.detach()))
+    return _aligned(logps, logits), _aligned(ents, logits) if entropy else None
+
+
+def _entropy(z: Tensor, lse: Tensor) -> Tensor:
+    """``logsumexp(z) − Σ softmax(z)·z`` over the last axis (``lse`` keeps its last dim)."""
+    return lse[..., 0] - ((z - lse).exp() * z).sum(-1)
