@@ -81,6 +81,12 @@ FRAMEWORKS = {
         [ONE_CALL, ANSWER],
         {"max_tokens": 128},
     ),
+    "responses": Framework(
+        [PY, "examples/frameworks/responses/agent.py"],
+        ("agents",),
+        [ONE_CALL, ANSWER],
+        {"max_completion_tokens": 128},  # the chat-shaped params of a Responses call
+    ),
     "langgraph": Framework(
         [PY, "examples/frameworks/langgraph/agent.py"],
         ("langchain_openai", "langgraph"),
@@ -228,6 +234,9 @@ def test_framework_agent_through_the_gateway(name: str, outcomes: dict, tokenize
         sent = call.request
         assert call.prompt_ids == render_prompt(tokenizer, sent["messages"], sent["tools"])
         assert sent["params"].items() >= fw.sent.items(), sent["params"]
+        if name == "responses":  # sent to /v1/responses: what it sent is recorded beside
+            assert sent["api"] == "responses" and sent["responses"]["id"].startswith("resp_")
+            assert sent["responses"]["max_output_tokens"] == 128, sent["responses"]
     # The tool results went back to the model (one per tool call).
     prompt = tokenizer.decode(second.prompt_ids)
     assert prompt.count("<tool_response>\n42\n</tool_response>") == len(wanted)

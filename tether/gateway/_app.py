@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from . import _admin_routes, _openai_routes
+from . import _admin_routes, _openai_routes, _responses
 from ._core import Gateway
 from ._http import install_handlers
 from ._openapi import install_openapi
@@ -26,5 +26,6 @@ def create_app(gw: Gateway) -> FastAPI:
     install_handlers(app)
     install_openapi(app)
     app.include_router(_openai_routes.router)
+    app.include_router(_responses.router)
     app.include_router(_admin_routes.router)
     return app

@@ -18,16 +18,27 @@ from ._auth import bearer, check_rollout_id
 from ._core import Gateway
 from ._errors import ApiError
 from ._http import STREAMED, body_schema, gateway, parse, rollout_attempt, sse
-from ._render import chat_body, chat_chunks, completion_body
+from ._render import Choice, chat_body, chat_chunks, completion_body
 from ._schemas import ChatCompletionRequest, CompletionRequest, RewardRequest
 
-__all__ = ["router"]
+__all__ = ["chat_call", "recording", "router"]
 
 router = APIRouter()
 
 
-async def _chat(gw: Gateway, rollout_id: str, attempt: int, request: Request) -> Any:
-    req: ChatCompletionRequest = await parse(request, ChatCompletionRequest)
+async def chat_call(
+    gw: Gateway,
+    rollout_id: str,
+    attempt: int,
+    req: ChatCompletionRequest,
+    recorded: dict[str, Any] | None = None,
+) -> tuple[list[Choice], list[int]]:
+    """One chat-shaped model call, recorded: the choices and the prompt ids.
+
+    Shared by chat completions and the Responses API (``_responses``), which maps its
+    items, tools and ``text.format`` onto a :class:`ChatCompletionRequest` first;
+    ``recorded`` adds keys to the call's recorded request.
+    """
     top = req.top_logprobs or 0
     if top and not req.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
@@ -43,6 +54,7 @@ async def _chat(gw: Gateway, rollout_id: str, attempt: int, request: Request) ->
         "messages": req.messages,
         "tools": req.tools,
         "params": req.model_dump(exclude={"messages", "tools"}, exclude_none=True),
+        **(recorded or {}),
     }
     choices, _ = await gw.generate(
         rollout_id,
@@ -53,6 +65,13 @@ async def _chat(gw: Gateway, rollout_id: str, attempt: int, request: Request) ->
         parse_tools=bool(req.tools) and req.tool_choice != "none",
         max_tool_calls=1 if req.parallel_tool_calls is False else None,
     )
+    return choices, prompt_ids
+
+
+async def _chat(gw: Gateway, rollout_id: str, attempt: int, request: Request) -> Any:
+    req: ChatCompletionRequest = await parse(request, ChatCompletionRequest)
+    choices, prompt_ids = await chat_call(gw, rollout_id, attempt, req)
+    top = req.top_logprobs or 0
     body = chat_body(
         gw.tokenizer,
         req.model,
@@ -170,6 +189,11 @@ async def rollout_reward(
     responses=STREAMED,
 )
 async def record_chat(request: Request, gw: Gateway = Depends(gateway)):
+    return await recording(gw, request, _chat)
+
+
+async def recording(gw: Gateway, request: Request, handler: Any) -> Any:
+    """Record mode: check the record key, answer with ``handler`` in a rollout of its own."""
     token = bearer(request.headers.get("authorization"))
     if token is None:
         raise ApiError(401, "missing bearer token: record mode needs a record key")
@@ -180,7 +204,7 @@ async def record_chat(request: Request, gw: Gateway = Depends(gateway)):
         )
     opened = gw.open_rollout({}, run_id=None)
     try:
-        return await _chat(gw, opened.rollout_id, opened.attempt, request)
+        return await handler(gw, opened.rollout_id, opened.attempt, request)
     finally:
         gw.finish_rollout(opened.rollout_id, RolloutStatus.SUCCEEDED, attempt=opened.attempt)
 
