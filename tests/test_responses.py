@@ -27,7 +27,7 @@ from tether.chat import render_prompt
 from tether.engine import TransformersEngine
 from tether.engine.testing import ScriptedEngine
 from tether.gateway import BackgroundServer, Gateway, GatewayConfig, create_app
-from tether.starter import load_model
+from tether.starter import load_model, load_tokenizer
 from tether.store import Store
 
 from .conftest import ADMIN_KEY
@@ -375,7 +375,7 @@ def test_agents_sdk_streaming_runner(scripted, tokenizer: Any) -> None:
         kinds.count("response.completed") == 2 and "response.function_call_arguments.delta" in kinds
     )
     first, second = live.store.calls("r-agent")
-    assert first.request["responses"]["stream"] is True
+    assert first.request["responses"]["stream"] is first.request["params"]["stream"] is True
     assert first.response["tool_calls"][0]["function"]["name"] == "calculator"
     n = len(first.prompt_ids) + len(first.completion_ids)
     assert second.prompt_ids[:n] == first.prompt_ids + first.completion_ids
@@ -438,5 +438,15 @@ def test_the_responses_example_trains_one_step(starter_dir: Path, tmp_path: Path
         cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert ", 1 steps, " in out.stdout or ", 1 step, " in out.stdout, out.stdout[-2000:]
-    assert "after update 1" in out.stdout, out.stdout[-2000:]
+    assert " v1 " in out.stdout and "no update happened" not in out.stdout, out.stdout[-2000:]
+    # every call of every rollout went through /v1/responses and was recorded token-exactly
+    store = Store(tmp_path / "calc-responses" / "traces.sqlite")
+    try:
+        calls = [c for r in store.list_rollouts() for c in store.calls(r.id)]
+    finally:
+        store.close()
+    assert len(calls) >= 4 and {c.request["api"] for c in calls} == {"responses"}
+    tokenizer = load_tokenizer(starter_dir)
+    for c in calls:
+        assert c.prompt_ids == render_prompt(tokenizer, c.request["messages"], c.request["tools"])
+        assert len(c.completion_ids) == len(c.logprobs) > 0

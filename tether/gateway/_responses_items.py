@@ -176,6 +176,7 @@ def chat_fields(req: ResponsesRequest) -> dict[str, Any]:
         "max_completion_tokens": req.max_output_tokens,
         "temperature": req.temperature,
         "top_p": req.top_p,
+        "stream": req.stream,
         "logprobs": req.logprobs or None,
         "top_logprobs": req.top_logprobs if req.logprobs else None,
     }
