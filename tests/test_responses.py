@@ -17,16 +17,29 @@ import math
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 import openai
 import pytest
+from openai.lib.streaming.responses import ResponseStreamState
+from openai.types.responses import Response, ResponseStreamEvent
 
 from tether.chat import render_prompt
 from tether.engine import TransformersEngine
 from tether.engine.testing import ScriptedEngine
 from tether.gateway import BackgroundServer, Gateway, GatewayConfig, create_app
+from tether.gateway._deltas import Done, TextDelta, ToolCallDelta
+from tether.gateway._render import Choice
+from tether.gateway._responses import _echo
+from tether.gateway._responses_render import (
+    ResponseMeta,
+    events,
+    final_status,
+    output_items,
+    response_body,
+)
+from tether.gateway._responses_schema import ResponsesRequest
 from tether.starter import load_model, load_tokenizer
 from tether.store import Store
 
@@ -121,14 +134,18 @@ def visible(call: Any) -> list[int]:
 
 def test_text_response_is_recorded_token_exactly(starter: Live, tokenizer: Any) -> None:
     client = starter.client("r-text")
-    resp = client.responses.create(
+    raw = client.responses.with_raw_response.create(
         model="policy",
         instructions=SYSTEM,
         input=QUESTION,
         max_output_tokens=16,
         temperature=1.0,
         include=["message.output_text.logprobs"],
+        top_logprobs=2,
     )
+    resp = raw.parse()
+    # the body is a valid Responses object, field for field (the client does not validate)
+    Response.model_validate(json.loads(raw.text))
     (call,) = starter.store.calls("r-text")
     assert resp.id.startswith("resp_") and resp.object == "response"
     assert [item.type for item in resp.output] == ["message"]
@@ -144,6 +161,7 @@ def test_text_response_is_recorded_token_exactly(starter: Live, tokenizer: Any) 
     lps = [t.logprob for t in resp.output[0].content[0].logprobs]
     assert lps == pytest.approx(call.logprobs, abs=1e-6)
     assert all(math.isfinite(x) and x <= 0 for x in lps)
+    assert all(len(t.top_logprobs) == 2 for t in resp.output[0].content[0].logprobs)
 
 
 @pytest.mark.parametrize("script", [ONE_CALL, TEXT_AND_CALL, TWO_CALLS])
@@ -450,3 +468,95 @@ def test_the_responses_example_trains_one_step(starter_dir: Path, tmp_path: Path
     for c in calls:
         assert c.prompt_ids == render_prompt(tokenizer, c.request["messages"], c.request["tools"])
         assert len(c.completion_ids) == len(c.logprobs) > 0
+
+
+# --- the event emitter, fed as a token stream feeds it ----------------------------------------
+
+
+def _emitted(pieces: list[Any], choice: Any, *, prompt_tokens: int = 7) -> list[dict]:
+    """The events for ``pieces`` (TextDelta / ToolCallDelta) then Done(choice), as dicts."""
+    meta = ResponseMeta(echo=_echo(ResponsesRequest(input="x", tools=[TOOL])))
+
+    async def deltas():
+        for piece in pieces:
+            yield piece
+        yield Done([choice], prompt_tokens)
+
+    def final(done: Any) -> dict:
+        usage = {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
+        output = output_items(meta, done.choices[0], None)
+        return response_body(meta, output, status=final_status(done.choices[0]), usage=usage)
+
+    async def collect() -> list[dict]:
+        return [e async for e in events(meta, deltas(), final)]
+
+    return asyncio.run(collect())
+
+
+def _accumulated(emitted: list[dict]) -> Any:
+    """What the openai client makes of the events: each validated against its type, then
+    accumulated by the client's own stream state (which checks ids and order)."""
+    state = ResponseStreamState(input_tools=openai.omit, text_format=openai.omit)
+    for e in emitted:
+        state.handle_event(_validated(e))
+    return state._completed_response
+
+
+def _validated(event: dict) -> Any:
+    """``event`` validated against the openai package's model of its type."""
+    classes = get_args(get_args(ResponseStreamEvent)[0])
+    by_type = {get_args(c.model_fields["type"].annotation)[0]: c for c in classes}
+    return by_type[event["type"]].model_validate(event)
+
+
+@pytest.mark.parametrize("before", ["Sure.", "", "  \n"])
+def test_events_of_a_token_stream_before_a_tool_call(before: str) -> None:
+    """Pieces as an incremental parser yields them: text (the whitespace before the call
+    is held back and dropped, as the parser drops it), then the call in pieces."""
+    arguments = '{"expression": "1 + 2"}'
+    content = before.rstrip() or None
+    call = {"id": "call_1", "type": "function"}
+    call["function"] = {"name": "calculator", "arguments": arguments}
+    message = {"role": "assistant", "content": content, "tool_calls": [call]}
+    choice = Choice(before, message, "tool_calls", [1, 2, 3], [-0.5] * 3)
+    pieces = [TextDelta(0, c) for c in before + "\n"]
+    pieces += [ToolCallDelta(0, 0, "call_1", "calculator", "")]
+    pieces += [ToolCallDelta(0, 0, None, None, arguments[i : i + 5]) for i in range(0, 23, 5)]
+    emitted = _emitted(pieces, choice)
+    kinds = [e["type"].removeprefix("response.") for e in emitted]
+    message_events = ["output_item.added", "content_part.added"]
+    message_events += ["output_text.delta"] * len(before.rstrip())
+    message_events += ["output_text.done", "content_part.done", "output_item.done"]
+    assert kinds == [
+        "created",
+        "in_progress",
+        *(message_events if content else []),
+        "output_item.added",
+        *["function_call_arguments.delta"] * 5,
+        "function_call_arguments.done",
+        "output_item.done",
+        "completed",
+    ]
+    assert [e["sequence_number"] for e in emitted] == list(range(len(emitted)))
+    response = _accumulated(emitted)
+    assert response.output_text == (content or "")
+    assert [i.type for i in response.output] == ["message"] * bool(content) + ["function_call"]
+    assert response.output[-1].arguments == arguments and response.output[-1].call_id == "call_1"
+
+
+def test_events_complete_what_the_deltas_left_unsaid() -> None:
+    """The finished call is the truth: text the deltas did not carry (held-back
+    whitespace, a tail) is sent before the item is done; a cut answer is incomplete."""
+    message = {"role": "assistant", "content": "The answer is 42.\n"}
+    choice = Choice(message["content"], message, "length", [1, 2], [-0.1, -0.2])
+    emitted = _emitted(
+        [TextDelta(0, "The answer"), TextDelta(0, " is "), TextDelta(1, "x")], choice
+    )
+    deltas = [e["delta"] for e in emitted if e["type"] == "response.output_text.delta"]
+    assert deltas == ["The answer", " is", " 42.\n"]
+    assert emitted[-1]["type"] == "response.incomplete"
+    response = emitted[-1]["response"]
+    assert response["status"] == "incomplete" and response["output"][0]["status"] == "incomplete"
+    assert response["incomplete_details"] == {"reason": "max_output_tokens"}
+    for e in emitted:
+        _validated(e)

@@ -14,6 +14,10 @@ its ``.done`` events and ``response.output_item.done``, then
 ``response.completed`` (``response.incomplete`` when the token budget ran out),
 each with a ``sequence_number`` from 0. The final response is built from
 ``Done`` (it is what was recorded); items already streamed keep their ids.
+
+Whitespace at the end of the text so far is held back until more text follows:
+the text before a tool call is the message without it (as the tool-call parsers
+strip it), and whitespace alone before a tool call makes no message item.
 """
 
 from __future__ import annotations
@@ -181,6 +185,7 @@ async def events(
     pending = {**response_body(meta, [], status="in_progress", usage=None)}
     yield event("created", response=pending)
     yield event("in_progress", response=pending)
+    held = ""  # trailing whitespace of the text so far, sent once more text follows
     async for d in deltas:
         if isinstance(d, Done):
             body = final(d)
@@ -192,16 +197,20 @@ async def events(
         if d.index != 0:  # a Responses call has one choice
             continue
         if isinstance(d, TextDelta):
-            if not d.text:
+            text = held + d.text
+            said = text.rstrip()
+            held = text[len(said) :]
+            if not said:
                 continue
             last = streamed[-1] if streamed else None
             if last is None or last.done or last.item["type"] != "message":
                 item = _message_item(meta.item_id("msg", len(streamed)), "", "in_progress", None)
                 for e in [*close_open(), *added(item)]:
                     yield e
-            yield delta(streamed[-1], d.text)
+            yield delta(streamed[-1], said)
         else:
             if d.id is not None:
+                held = ""  # whitespace before a tool call is not part of the message
                 call = {"id": d.id, "function": {"name": d.name or "", "arguments": ""}}
                 item = _call_item(meta.item_id("fc", len(streamed)), call, "in_progress")
                 for e in [*close_open(), *added(item)]:
