@@ -153,6 +153,14 @@ TEST_PRIVATE_IMPORTS = {
     ("test_starter", "tether.starter._template"): "the starter's own tests: its internals",
     ("test_starter", "tether.starter._tokenizer"): "the starter's own tests: its internals",
     ("test_starter", "tether.starter._warmup"): "the starter's own tests: its internals",
+    ("test_responses", "tether.gateway._responses_render"): "the Responses event emitter, fed "
+    "as a token stream feeds it",
+    (
+        "test_responses",
+        "tether.gateway._deltas",
+    ): "what a token stream yields (the emitter's input)",
+    ("test_responses", "tether.gateway._render"): "Choice, the finished call that Done carries",
+    ("test_responses", "tether.gateway._responses_schema"): "the request a response echoes",
 }
 
 

@@ -31,9 +31,9 @@ from tether.engine.testing import ScriptedEngine
 from tether.gateway import BackgroundServer, Gateway, GatewayConfig, create_app
 from tether.gateway._deltas import Done, TextDelta, ToolCallDelta
 from tether.gateway._render import Choice
-from tether.gateway._responses import _echo
 from tether.gateway._responses_render import (
     ResponseMeta,
+    echo,
     events,
     final_status,
     output_items,
@@ -475,7 +475,7 @@ def test_the_responses_example_trains_one_step(starter_dir: Path, tmp_path: Path
 
 def _emitted(pieces: list[Any], choice: Any, *, prompt_tokens: int = 7) -> list[dict]:
     """The events for ``pieces`` (TextDelta / ToolCallDelta) then Done(choice), as dicts."""
-    meta = ResponseMeta(echo=_echo(ResponsesRequest(input="x", tools=[TOOL])))
+    meta = ResponseMeta(echo=echo(ResponsesRequest(input="x", tools=[TOOL])))
 
     async def deltas():
         for piece in pieces:

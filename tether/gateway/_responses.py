@@ -26,7 +26,14 @@ from ._http import STREAMED, body_schema, gateway, parse, rollout_attempt
 from ._openai_routes import chat_call, recording
 from ._render import Choice, _chat_logprobs, _pieces, _usage
 from ._responses_items import RESPONSES_PARAM, chat_fields
-from ._responses_render import ResponseMeta, events, final_status, output_items, response_body
+from ._responses_render import (
+    ResponseMeta,
+    echo,
+    events,
+    final_status,
+    output_items,
+    response_body,
+)
 from ._responses_schema import ResponsesRequest
 from ._schemas import ChatCompletionRequest
 
@@ -44,31 +51,6 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         loc = [str(p) for p in err.get("loc", ())]
         param = RESPONSES_PARAM.get(loc[0], loc[0]) if loc else None
         raise ApiError(400, f"{param}: {err.get('msg')}", param=param) from None
-
-
-def _echo(req: ResponsesRequest) -> dict[str, Any]:
-    """The request fields a response object repeats (OpenAI's defaults where unset)."""
-    return {
-        "model": req.model,
-        "instructions": req.instructions,
-        "max_output_tokens": req.max_output_tokens,
-        "parallel_tool_calls": req.parallel_tool_calls is not False,
-        "temperature": 1.0 if req.temperature is None else req.temperature,
-        "top_p": 1.0 if req.top_p is None else req.top_p,
-        "top_logprobs": req.top_logprobs,
-        "tool_choice": req.tool_choice or "auto",
-        "tools": req.tools or [],
-        "text": {"format": {"type": "text"}, **(req.text or {})},
-        "truncation": "disabled",
-        "reasoning": {"effort": None, "summary": None, **(req.reasoning or {})},
-        "store": False,  # nothing is kept for previous_response_id or GET /responses/{id}
-        "background": False,
-        "metadata": req.metadata or {},
-        "user": req.user,
-        "safety_identifier": req.safety_identifier,
-        "prompt_cache_key": req.prompt_cache_key,
-        "service_tier": "default",
-    }
 
 
 async def replayed(
@@ -101,7 +83,7 @@ def _event_stream(stream: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
 async def _responses(gw: Gateway, rollout_id: str, attempt: int, request: Request) -> Any:
     req: ResponsesRequest = await parse(request, ResponsesRequest)
     chat = chat_request(req)
-    meta = ResponseMeta(echo=_echo(req))
+    meta = ResponseMeta(echo=echo(req))
     kept = req.model_dump(exclude={"input", "instructions", "tools"}, exclude_none=True)
     choices, prompt_ids = await chat_call(
         gw, rollout_id, attempt, chat, {"api": "responses", "responses": {"id": meta.id, **kept}}

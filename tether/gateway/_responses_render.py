@@ -30,8 +30,16 @@ from typing import Any
 
 from ._deltas import Done, TextDelta, ToolCallDelta
 from ._render import Choice
+from ._responses_schema import ResponsesRequest
 
-__all__ = ["ResponseMeta", "events", "final_status", "output_items", "response_body"]
+__all__ = [
+    "ResponseMeta",
+    "echo",
+    "events",
+    "final_status",
+    "output_items",
+    "response_body",
+]
 
 
 @dataclass
@@ -44,6 +52,31 @@ class ResponseMeta:
 
     def item_id(self, kind: str, index: int) -> str:
         return f"{kind}_{self.id.removeprefix('resp_')}_{index}"
+
+
+def echo(req: ResponsesRequest) -> dict[str, Any]:
+    """The request fields a response object repeats (OpenAI's defaults where unset)."""
+    return {
+        "model": req.model,
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
+        "temperature": 1.0 if req.temperature is None else req.temperature,
+        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "top_logprobs": req.top_logprobs,
+        "tool_choice": req.tool_choice or "auto",
+        "tools": req.tools or [],
+        "text": {"format": {"type": "text"}, **(req.text or {})},
+        "truncation": "disabled",
+        "reasoning": {"effort": None, "summary": None, **(req.reasoning or {})},
+        "store": False,  # nothing is kept for previous_response_id or GET /responses/{id}
+        "background": False,
+        "metadata": req.metadata or {},
+        "user": req.user,
+        "safety_identifier": req.safety_identifier,
+        "prompt_cache_key": req.prompt_cache_key,
+        "service_tier": "default",
+    }
 
 
 def _message_item(item_id: str, text: str, status: str, logprobs: list | None) -> dict[str, Any]:
