@@ -208,7 +208,13 @@ def test_migration_4_marks_constrained_calls_and_keeps_old_ones(tmp_path, monkey
         with Store(path) as old:
             old.create_rollout(Rollout(id="r1"))
             old.start_attempt("r1")
-            old.record_call(call())
+    with closing(sqlite3.connect(path)) as conn, conn:  # a call as tether before 4 wrote it
+        conn.execute(
+            "INSERT INTO calls (rollout_id, attempt, seq, prompt_ids, completion_ids, logprobs, "
+            "n_prompt, n_completion, policy_version, request, response, finish_reason, "
+            "temperature, status, error, latency_s, created_at) "
+            "VALUES ('r1', 1, 0, x'', x'', x'', 0, 0, 0, '{}', '{}', 'stop', 1.0, 'ok', NULL, 0, 0)"
+        )
     with Store(path) as store:
         assert store._db.migrations_run == 1
         store.record_call(call(constraint="json_schema:Answer"))
