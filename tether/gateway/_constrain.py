@@ -6,9 +6,10 @@ completions and the Responses route (``text.format``) build the same grammar:
 
 - ``response_format`` ``json_schema`` / ``json_object`` → one JSON value (compact,
   ``json.dumps``' separators), then the end-of-turn token;
-- ``tool_choice`` ``"required"`` or a named function → the output is one or more
-  tool calls in the served model's format (``hermes``: ``<tool_call>`` blocks;
-  ``llama3_json``: one JSON object), the arguments valid against the tool's schema;
+- ``tool_choice`` ``"required"`` or a named function → the output is a tool call
+  in the served model's format (``hermes``: a ``<tool_call>`` block;
+  ``llama3_json``: a JSON object), the arguments valid against the tool's schema;
+  several calls (hermes) only with ``parallel_tool_calls: true``;
 - ``tool_choice`` ``"auto"`` with a ``strict: true`` tool → free text, but a tool
   call, once opened, follows the tool's schema (an xgrammar triggered tag);
 - ``response_format`` with tools under ``"auto"`` → the JSON value or tool calls.
@@ -233,7 +234,13 @@ def constraint_for(
                 f"tool_parser is {tool_parser!r} (known formats: {', '.join(_TOOL_FORMATS)})",
                 "tool_choice",
             )
-        single = parallel_tool_calls is False or tool_parser == "llama3_json"
+        # A forced call is one call unless parallel calls are asked for by name: a weak
+        # model would otherwise repeat calls until max_tokens.
+        single = (
+            parallel_tool_calls is False
+            or (forced is not None and parallel_tool_calls is not True)
+            or (tool_parser == "llama3_json")
+        )
         calls = {
             "type": "tags_with_separator",
             "tags": _tool_format(tool_parser, forced or tools, schemas=bool(forced)),
@@ -265,10 +272,11 @@ def constrain(engine: Any, params: SamplingParams, constraint: Constraint | None
     if constraint is None:
         return params
     if not getattr(engine, "supports_constraints", False):
+        param = "response_format" if constraint.label.startswith("json") else "tool_choice"
         raise ApiError(
             400,
-            f"this gateway's engine ({type(engine).__name__}) cannot constrain decoding, which "
-            f"{constraint.label} needs; serve with the transformers engine",
-            param="response_format" if constraint.label.startswith("json") else "tool_choice",
+            f"{param} ({constraint.label}) needs constrained decoding, which this gateway's "
+            f"engine ({type(engine).__name__}) cannot do; serve with the transformers engine",
+            param=param,
         )
     return replace(params, constraint=constraint)
