@@ -187,7 +187,9 @@ def test_forced_tool_call_is_a_parseable_call(
 ) -> None:
     rid = f"r-force-{choice}-{seed}"
     tools = [CALC_TOOL, LOOKUP_TOOL]
-    tool_choice = choice if choice == "required" else {"type": "function", "function": {"name": choice}}
+    tool_choice = (
+        choice if choice == "required" else {"type": "function", "function": {"name": choice}}
+    )
     reply = live.client(rid).chat.completions.create(
         model="policy",
         messages=MESSAGES,
@@ -278,12 +280,16 @@ BAD = [
     ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "'uniqueItems'"),
     (
         {
-            "$defs": {"Node": {"type": "object", "properties": {"kids": {
-                "type": "array", "items": {"$ref": "#/$defs/Node"}}}}},
+            "$defs": {
+                "Node": {
+                    "type": "object",
+                    "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
+                }
+            },
             "$ref": "#/$defs/Node",
         },
         "recursive schemas are not supported",
-    ),  # fmt: skip
+    ),
     (
         {"type": "object", "description": "x" * 40_000, "properties": {}},
         "the limit is 32768",
@@ -322,11 +328,23 @@ def test_bad_schema_is_refused_by_name_and_nothing_is_stored(
         ),
         ({"tool_choice": "required", "tools": None}, "tool_choice", "needs tools"),
         (
-            {"tools": [{**LOOKUP_TOOL, "function": {**LOOKUP_TOOL["function"], "parameters": {
-                "type": "object", "properties": {"x": {"if": {"type": "string"}}}}}}]},
+            {
+                "tools": [
+                    {
+                        **LOOKUP_TOOL,
+                        "function": {
+                            **LOOKUP_TOOL["function"],
+                            "parameters": {
+                                "type": "object",
+                                "properties": {"x": {"if": {"type": "string"}}},
+                            },
+                        },
+                    }
+                ]
+            },
             "tools[0].function.parameters",
             "keyword 'if'",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_bad_tool_constraints_are_refused(live: Live, fields: dict, param: str, words: str) -> None:
