@@ -27,6 +27,22 @@ from pydantic import BaseModel, Field
 from tether.starter.calc import CALCULATOR_TOOL, SYSTEM_PROMPT, calculator
 
 MODEL = "policy"
+# The calculator as a strict tool: arguments exactly as declared, the expression bounded
+# (bounding strings is good practice with structured outputs: a model that has not learnt
+# to close a string yet then still produces a call that parses).
+CALCULATOR = {
+    "type": "function",
+    "function": {
+        **CALCULATOR_TOOL["function"],
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string", "maxLength": 48}},
+            "required": ["expression"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 class Answer(BaseModel):
@@ -43,7 +59,7 @@ def solve(client: OpenAI, question: str) -> int:
     first = client.chat.completions.create(
         model=MODEL,
         messages=messages,
-        tools=[CALCULATOR_TOOL],
+        tools=[CALCULATOR],
         tool_choice={"type": "function", "function": {"name": "calculator"}},
         max_completion_tokens=64,
     )
@@ -51,7 +67,9 @@ def solve(client: OpenAI, question: str) -> int:
     messages.append(message.model_dump(exclude_none=True))
     for call in message.tool_calls or []:
         expression = str(json.loads(call.function.arguments)["expression"])
-        messages.append({"role": "tool", "tool_call_id": call.id, "content": calculator(expression)})
+        messages.append(
+            {"role": "tool", "tool_call_id": call.id, "content": calculator(expression)}
+        )
     final = client.chat.completions.parse(
         model=MODEL, messages=messages, response_format=Answer, max_completion_tokens=32
     )
