@@ -15,6 +15,7 @@ text the model writes is what a chat template renders back).
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections import OrderedDict
@@ -74,12 +75,18 @@ class Constraint:
         return cls(json.dumps(tag, sort_keys=True, separators=(",", ":")), label)
 
     def check(self) -> None:
-        """Build the grammar without a tokenizer; :class:`ConstraintError` when it fails."""
-        xgr = _xgrammar()
-        try:
-            xgr.Grammar.from_structural_tag(self.structural_tag)
-        except Exception as exc:  # xgrammar raises RuntimeError/ValueError with its reason
-            raise ConstraintError(_reason(exc)) from exc
+        """Build the grammar without a tokenizer (remembered for the last 256 checked);
+        :class:`ConstraintError` when it fails."""
+        _check_tag(self.structural_tag)
+
+
+@functools.lru_cache(maxsize=256)
+def _check_tag(tag: str) -> None:
+    xgr = _xgrammar()
+    try:
+        xgr.Grammar.from_structural_tag(tag)
+    except Exception as exc:  # xgrammar raises RuntimeError/ValueError with its reason
+        raise ConstraintError(_reason(exc)) from exc
 
 
 def _reason(exc: BaseException) -> str:
@@ -132,6 +139,11 @@ class GrammarBook:
         self.compiled = 0  # compilations done (cache misses)
         self._cache: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
+
+    def cached(self, constraint: Constraint) -> bool:
+        """Whether ``constraint`` is compiled already."""
+        with self._lock:
+            return constraint.structural_tag in self._cache
 
     def grammar(self, constraint: Constraint) -> Any:
         """The compiled grammar of ``constraint`` (cached)."""

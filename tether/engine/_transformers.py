@@ -137,8 +137,14 @@ class TransformersEngine:
                 frozenset() if params.ignore_eos else self._eos
             )
             req = Request(list(prompt_ids), params, stop_ids, loop.create_future(), loop)
-            if params.constraint is not None:
-                req.grammar = self.grammars().grammar(params.constraint)
+            if params.constraint is not None:  # compiled off the event loop when new
+                book = self.grammars()
+                compile_ = book.grammar
+                req.grammar = (
+                    compile_(params.constraint)
+                    if book.cached(params.constraint)
+                    else await asyncio.to_thread(compile_, params.constraint)
+                )
             req.future.add_done_callback(lambda f: setattr(req, "cancelled", f.cancelled()))
             self._worker.inbox.put(req)
             return await req.future

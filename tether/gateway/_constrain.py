@@ -207,6 +207,14 @@ def _forced(tools: list[dict[str, Any]], choice: Any) -> list[dict[str, Any]] | 
     return chosen[:1]
 
 
+def _checked(constraint: Constraint, param: str) -> Constraint:
+    try:
+        constraint.check()
+    except ConstraintError as exc:
+        raise _bad(f"{param}: {exc}", param) from None
+    return constraint
+
+
 def constraint_for(
     *,
     response_format: dict[str, Any] | None,
@@ -227,7 +235,11 @@ def constraint_for(
         json_fmt, json_label = _response_format(response_format)
         strict = [t for t in tools if _tool_function(t).get("strict") is True]
         if not (forced or strict or (json_fmt and tools)):
-            return Constraint.of(json_fmt, json_label) if json_fmt else None
+            return (
+                _checked(Constraint.of(json_fmt, json_label), "response_format")
+                if json_fmt
+                else None
+            )
         if tool_parser not in _TOOL_FORMATS:
             raise _bad(
                 f"forcing or constraining tool calls needs a tool-call format; this gateway's "
@@ -252,9 +264,10 @@ def constraint_for(
             label = "tool_choice:" + (
                 "required" if tool_choice == "required" else _tool_function(forced[0])["name"]
             )
-            return Constraint.of(calls, label)
+            return _checked(Constraint.of(calls, label), "tool_choice")
         if json_fmt:
-            return Constraint.of({"type": "or", "elements": [json_fmt, calls]}, json_label)
+            either = {"type": "or", "elements": [json_fmt, calls]}
+            return _checked(Constraint.of(either, json_label), "response_format")
         trigger = _TOOL_FORMATS[tool_parser][0]
         auto = {
             "type": "triggered_tags",
@@ -262,7 +275,7 @@ def constraint_for(
             "tags": calls["tags"],
             "stop_after_first": single,
         }
-        return Constraint.of(auto, "strict_tools")
+        return _checked(Constraint.of(auto, "strict_tools"), "tools")
     except MissingStructuredExtra as exc:
         raise _bad(str(exc), "response_format" if response_format else "tool_choice") from None
 
