@@ -355,3 +355,22 @@ def test_bad_tool_constraints_are_refused(live: Live, fields: dict, param: str, 
         live.client(rid).chat.completions.create(model="policy", messages=MESSAGES, **kw)
     assert err.value.param == param and words in err.value.message, err.value.message
     assert live.store.calls(rid) == []
+
+
+def test_openai_agents_sdk_output_type(live: Live) -> None:
+    """``Agent(output_type=Answer)`` over ``OpenAIChatCompletionsModel``: a json_schema
+    response format; the SDK validates the final output into the model."""
+    agents = pytest.importorskip("agents")
+    base, token = live.open("r-agents")
+    client = openai.AsyncOpenAI(base_url=base, api_key=token, max_retries=0)
+    agent = agents.Agent(
+        name="answerer",
+        instructions="Answer in JSON.",
+        output_type=Answer,
+        model=agents.OpenAIChatCompletionsModel(model="policy", openai_client=client),
+        model_settings=agents.ModelSettings(max_tokens=96, temperature=1.0),
+    )
+    result = asyncio.run(agents.Runner.run(agent, "How many apples?"))
+    assert isinstance(result.final_output, Answer)
+    (call,) = live.store.calls("r-agents")
+    assert call.constraint.startswith("json_schema:")
