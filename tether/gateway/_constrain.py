@@ -281,10 +281,17 @@ def constraint_for(
 
 
 def constrain(engine: Any, params: SamplingParams, constraint: Constraint | None) -> SamplingParams:
-    """``params`` with ``constraint``; 400 when the engine cannot honour one."""
+    """``params`` with ``constraint``; 400 when the engine cannot honour one.
+
+    ``strict`` tools under ``tool_choice: "auto"`` only tighten what the request already
+    allows, so on such an engine (the scripted test engines) they stay render-only.
+    """
     if constraint is None:
         return params
-    if not getattr(engine, "supports_constraints", False):
+    supported = getattr(engine, "supports_constraints", False)
+    if not supported and constraint.label == "strict_tools":
+        return params
+    if not supported:
         param = "response_format" if constraint.label.startswith("json") else "tool_choice"
         raise ApiError(
             400,
