@@ -219,3 +219,14 @@ def test_without_xgrammar_a_constrained_request_names_the_extra(monkeypatch) -> 
     assert (
         constraint_for(response_format={"type": "text"}, tools=[CALC], tool_choice="auto") is None
     )
+
+
+def test_responses_text_format_maps_to_the_same_grammar() -> None:
+    """The Responses API's ``text.format`` (flat) builds the chat ``response_format``'s grammar."""
+    flat = {"type": "json_schema", **ANSWER["json_schema"]}
+    chat = constraint_for(response_format=ANSWER, tools=None, tool_choice=None)
+    assert constraint_for(response_format=flat, tools=None, tool_choice=None) == chat
+    responses_tool = {"type": "function", **STRICT["function"]}  # name/parameters at top level
+    assert constraint_for(
+        response_format=None, tools=[responses_tool], tool_choice="required"
+    ) == constraint_for(response_format=None, tools=[STRICT], tool_choice="required")

@@ -153,7 +153,8 @@ def _response_format(rf: dict[str, Any] | None) -> tuple[dict[str, Any] | None, 
             f"response_format type {kind!r} is not supported; use text, json_object or json_schema",
             "response_format",
         )
-    spec = rf.get("json_schema") if rf else None
+    # chat nests the schema under "json_schema"; Responses' text.format has it flat
+    spec = rf.get("json_schema", rf if "schema" in rf else None) if rf else None
     if not isinstance(spec, dict):
         raise _bad("response_format json_schema needs a json_schema object", "response_format")
     schema = spec.get("schema", {"type": "object"})
@@ -225,7 +226,8 @@ def constraint_for(
 ) -> Constraint | None:
     """The grammar these request fields ask for (see the module docstring), or None.
 
-    ``tools`` in chat shape (``{"type": "function", "function": {...}}``; the Responses
+    ``response_format`` in chat shape, or a Responses ``text.format`` (``name``,
+    ``schema``, ``strict`` at its top level); ``tools`` in chat shape (``{"type": "function", "function": {...}}``; the Responses
     shape with ``name``/``parameters`` at the top level is read too); ``tool_parser``
     the gateway's tool-call format. Raises :class:`ApiError` (400) naming the problem.
     """
