@@ -7,7 +7,9 @@ Three tables, all on the starter model and tokenizer (or ``--model``):
    differ, so nothing is cached), and the per-step mask (fill every row's bitmask + apply it to the
    logits) at batch 1 and 16 along a random walk through the grammar.
 2. **compile** — tether's ``GrammarBook``: a schema's first compile (cold) vs
-   every later lookup (cached).
+   every later lookup (cached); then the **sampling step alone** (the engine's
+   sampler on random logits, without and with the masks and matcher advance):
+   what a constrained step adds, free of the model's noise.
 3. **engine** — ``TransformersEngine`` generated tokens/s at 1 and 16
    concurrent requests, without and with a JSON schema, interleaved
    (A B A B …, ``--rounds`` each); every request generates exactly
@@ -172,7 +174,41 @@ def bench_compile(engine: TransformersEngine) -> tuple[float, float]:
     return statistics.median(cold), statistics.median(cached)
 
 
-# -- 3. the engine ---------------------------------------------------------------------------
+# -- 3. the sampler's step, alone --------------------------------------------------------------
+
+
+def bench_step(engine: TransformersEngine, rows: int, iters: int = 200) -> tuple[float, float]:
+    """Seconds per sampling step of ``rows`` rows without / with masks (fill, copy, apply,
+    sample, advance the matchers), interleaved; each matcher is reset when it terminates."""
+    from tether.engine._constraint import masked_logits
+    from tether.engine._sampling import sample_rows
+
+    book = engine.grammars()
+    constraint = Constraint.of(json_schema_format(SCHEMA), "bench")
+    matchers = [book.matcher(constraint) for _ in range(rows)]
+    vocab = engine.model.get_input_embeddings().num_embeddings
+    gen = torch.Generator().manual_seed(0)
+    temps, top_p = torch.ones(rows), torch.ones(rows)
+    plain, guided = [], []
+    for _ in range(iters):
+        logits = torch.randn(rows, vocab, generator=gen)
+        uniforms = torch.rand(rows, generator=gen)
+        t0 = time.perf_counter()
+        sample_rows(logits, temps, top_p, uniforms)
+        plain.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        masked = masked_logits(book, logits, matchers)
+        out = sample_rows(logits, temps, top_p, uniforms, 0, masked)
+        for m, token in zip(matchers, out.tokens, strict=True):
+            m.accept_token(token)
+        guided.append(time.perf_counter() - t0)
+        for m in matchers:
+            if m.is_terminated():
+                m.reset()
+    return statistics.median(plain), statistics.median(guided)
+
+
+# -- 4. the engine ---------------------------------------------------------------------------
 
 
 async def one_round(
@@ -234,6 +270,11 @@ def main() -> None:
                 print("| " + " | ".join(row) + " |")
         cold, cached = bench_compile(engine)
         print(f"\ncompile through GrammarBook: cold {ms(cold)}, cached {cached * 1e6:.1f} µs")
+        print("\nsampling step alone (median of 200, interleaved)\n| rows | no schema | schema "
+              "| added per step |\n|---|---|---|---|")  # fmt: skip
+        for n in (1, 16):
+            plain, guided = bench_step(engine, n)
+            print(f"| {n} | {ms(plain)} | {ms(guided)} | {ms(guided - plain)} |")
         rows = asyncio.run(bench_engine(engine, args.rounds, args.max_tokens))
         print(f"\nengine, {args.max_tokens} tokens per request, T=1, median of {args.rounds} "
               "interleaved rounds\n| concurrent | no schema tok/s | schema tok/s | slower per "
