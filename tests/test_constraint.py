@@ -230,3 +230,36 @@ def test_responses_text_format_maps_to_the_same_grammar() -> None:
     assert constraint_for(
         response_format=None, tools=[responses_tool], tool_choice="required"
     ) == constraint_for(response_format=None, tools=[STRICT], tool_choice="required")
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        (
+            {"tools": [CALC, {**STRICT, "function": {**STRICT["function"], "parameters": {
+                "type": "object", "properties": ["fruit"]}}}],
+             "tool_choice": {"type": "function", "function": {"name": "lookup"}}},
+            "tools[1].function.parameters",
+            "properties at # must be an object",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {
+                "anyOf": {"type": "string"}}}}},
+            "response_format.json_schema",
+            "anyOf at # must be a list",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {
+                "$ref": "https://example.com/s.json"}}}},
+            "response_format.json_schema",
+            "only local $ref",
+        ),
+        ({"tools": [CALC], "tool_choice": "required", "tool_parser": "none"}, "tool_choice",
+         "tool_parser is 'none'"),
+    ],
+)  # fmt: skip
+def test_malformed_requests_name_the_field(fields: dict, param: str, words: str) -> None:
+    kw = {"response_format": None, "tools": None, "tool_choice": None, **fields}
+    with pytest.raises(ApiError) as err:
+        constraint_for(**kw)
+    assert err.value.param == param and words in err.value.message, err.value.message

@@ -59,8 +59,7 @@ _FORMATS = {
 }  # fmt: skip
 _SUBSCHEMA = ("items", "additionalProperties")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
-_TOOL_FORMATS = {  # parser name -> (trigger, begin of a call to NAME, end of a call, separator)
+_TOOL_FORMATS = {  # parser name -> (trigger, begin of a call to NAME, end of a call)
     "hermes": ("<tool_call>", '<tool_call>\n{{"name": "{name}", "arguments": ', "}\n</tool_call>"),
     "llama3_json": ('{"name": "', '{{"name": "{name}", "parameters": ', "}"),
 }
@@ -108,15 +107,19 @@ def _walk(node: Any, root: Any, param: str, path: str, depth: int, counted: list
         if isinstance(node.get(key), dict):
             _walk(node[key], root, param, f"{path}/{key}", depth + 1, counted)
     for key in _SUBSCHEMA_LISTS:
-        for i, sub in enumerate(node.get(key) or []):
+        subs = node.get(key) or []
+        if not isinstance(subs, list):
+            raise _bad(f"{param}: {key} at {path} must be a list of schemas", param)
+        for i, sub in enumerate(subs):
             _walk(sub, root, param, f"{path}/{key}/{i}", depth + 1, counted)
-    for key in ("properties",):
-        props = node.get(key) or {}
-        counted[0] += len(props)
-        if counted[0] > MAX_PROPERTIES:
-            raise _bad(f"{param} defines more than {MAX_PROPERTIES} properties", param)
-        for name, sub in props.items():
-            _walk(sub, root, param, f"{path}/{key}/{name}", depth + 1, counted)
+    props = node.get("properties") or {}
+    if not isinstance(props, dict):
+        raise _bad(f"{param}: properties at {path} must be an object", param)
+    counted[0] += len(props)
+    if counted[0] > MAX_PROPERTIES:
+        raise _bad(f"{param} defines more than {MAX_PROPERTIES} properties", param)
+    for name, sub in props.items():
+        _walk(sub, root, param, f"{path}/properties/{name}", depth + 1, counted)
     if "$ref" in node:
         _walk(_resolve(root, node["$ref"], param), root, param, node["$ref"], depth + 1, counted)
 
@@ -166,12 +169,18 @@ def _tool_function(tool: dict[str, Any]) -> dict[str, Any]:
     return tool.get("function", tool) if isinstance(tool, dict) else {}
 
 
-def _tool_format(parser: str, tools: list[dict[str, Any]], schemas: bool) -> list[dict[str, Any]]:
-    """One tag per tool: its call in ``parser``'s format; the arguments follow the tool's
-    schema when ``schemas`` or the tool is ``strict``, else any JSON object."""
+def _tool_format(
+    parser: str, tools: list[dict[str, Any]], only: list[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """One tag per tool (those in ``only`` when given: forced, the arguments then follow
+    the tool's schema): its call in ``parser``'s format; the arguments of the others
+    follow the schema when the tool is ``strict``, else they are any JSON object."""
     _, begin, end = _TOOL_FORMATS[parser]
     tags = []
     for i, tool in enumerate(tools):
+        if only is not None and not any(tool is t for t in only):
+            continue
+        schemas = only is not None
         fn = _tool_function(tool)
         name = fn.get("name")
         if not isinstance(name, str) or not name or '"' in name or "\\" in name:
@@ -257,7 +266,7 @@ def constraint_for(
         )
         calls = {
             "type": "tags_with_separator",
-            "tags": _tool_format(tool_parser, forced or tools, schemas=bool(forced)),
+            "tags": _tool_format(tool_parser, tools, forced),
             "separator": _SEPARATOR[tool_parser],
             "at_least_one": True,
             "stop_after_first": single,
