@@ -374,3 +374,22 @@ def test_openai_agents_sdk_output_type(live: Live) -> None:
     assert isinstance(result.final_output, Answer)
     (call,) = live.store.calls("r-agents")
     assert call.constraint.startswith("json_schema:")
+
+
+def test_streamed_structured_output_parses(live: Live, model: Any) -> None:
+    """``client.chat.completions.stream(response_format=Model)``: the SDK assembles the
+    streamed deltas and parses them; the stored completion is what was streamed."""
+    client = live.client("r-stream")
+    with client.chat.completions.stream(
+        model="policy",
+        messages=MESSAGES,
+        response_format=Answer,
+        temperature=1.0,
+        seed=7,
+        max_completion_tokens=96,
+    ) as stream:
+        final = stream.get_final_completion()
+    message = final.choices[0].message
+    assert isinstance(message.parsed, Answer), message.content
+    call = check_recorded(live, model, "r-stream", {"messages": MESSAGES}, message.content)
+    assert call.constraint == "json_schema:Answer" and call.request["params"]["stream"] is True
