@@ -53,5 +53,13 @@ def test_one_training_step_of_the_structured_agent(starter_dir: Path, tmp_path: 
             assert labels == ["tool_choice:calculator", "json_schema:Answer"], (r.id, labels)
         (gap,) = store.metrics(run.id, "logprob_gap")
         (gap_max,) = store.metrics(run.id, "logprob_gap_max")
+    shown = subprocess.run(
+        [sys.executable, "-m", "tether.cli", "rollouts", "show", rollouts[0].id, "--store",
+         str(tmp_path / "calc-structured" / "traces.sqlite")],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "constrained: tool_choice:calculator" in shown.stdout
+    assert "constrained: json_schema:Answer" in shown.stdout
     print(f"logprob_gap {gap.value:.3g} max {gap_max.value:.3g}")
     assert 0 <= gap.value < 1e-4 and gap_max.value < 1e-3, (gap.value, gap_max.value)
