@@ -147,6 +147,8 @@ def test_the_checks_catch_violations() -> None:
 # Tests import public names; these test package internals that have no public name, on purpose.
 TEST_PRIVATE_IMPORTS = {
     ("test_engine", "tether.engine._prefix"): "the prefix cache's block and eviction rules",
+    ("test_constraint", "tether.engine._constraint"): "GrammarBook, the compiled-grammar LRU",
+    ("test_constraint", "tether.engine._sampling"): "sample_rows under a mask vs a reference",
     ("test_trainer", "tether.trainer._update"): "shared_prefix, the update's prefix cut",
     ("test_starter", "tether.starter._evaluate"): "the starter's own tests: its internals",
     ("test_starter", "tether.starter._model"): "the starter's own tests: its internals",

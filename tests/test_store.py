@@ -100,7 +100,8 @@ SCHEMA = {
                  "created_at", "finished_at"],
     "calls": ["rollout_id", "attempt", "seq", "prompt_ids", "completion_ids", "logprobs",
               "n_prompt", "n_completion", "policy_version", "request", "response",
-              "finish_reason", "temperature", "status", "error", "latency_s", "created_at"],
+              "finish_reason", "temperature", "status", "error", "latency_s", "created_at",
+              "constraint_label"],
     "rewards": ["id", "rollout_id", "attempt", "call_seq", "value", "given", "source",
                 "created_at"],
     "metrics": ["id", "run_id", "step", "name", "value", "created_at"],
@@ -188,7 +189,7 @@ def test_migration_3_keys_tasks_by_run_and_keeps_them(tmp_path, monkeypatch):
             old.create_run({}, run_id="a")
             old.add_tasks([Task("t1", {"q": 1}, run_id="a"), Task("t0", {"q": 0})])
     with Store(path) as store:
-        assert store._db.migrations_run == 1
+        assert store._db.migrations_run == len(_migrations.MIGRATIONS) - 2
         assert [(t.id, t.run_id) for t in store.list_tasks()] == [("t1", "a"), ("t0", None)]
         store.create_run({}, run_id="b")
         store.add_tasks([Task("t1", {"q": "other"}, run_id="b")])
@@ -196,6 +197,28 @@ def test_migration_3_keys_tasks_by_run_and_keeps_them(tmp_path, monkeypatch):
         assert store.get_task("t1").run_id == "a"  # without a run: the first stored
         with pytest.raises(AlreadyExists, match="run 'a'"):
             store.add_tasks([Task("t1", {"q": 2}, run_id="a")])
+
+
+def test_migration_4_marks_constrained_calls_and_keeps_old_ones(tmp_path, monkeypatch):
+    """A file made before migration 4 keeps its calls (unconstrained: NULL); new calls
+    carry the grammar they were drawn under."""
+    path = tmp_path / "v3.db"
+    with monkeypatch.context() as m:
+        m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:3])
+        with Store(path) as old:
+            old.create_rollout(Rollout(id="r1"))
+            old.start_attempt("r1")
+    with closing(sqlite3.connect(path)) as conn, conn:  # a call as tether before 4 wrote it
+        conn.execute(
+            "INSERT INTO calls (rollout_id, attempt, seq, prompt_ids, completion_ids, logprobs, "
+            "n_prompt, n_completion, policy_version, request, response, finish_reason, "
+            "temperature, status, error, latency_s, created_at) "
+            "VALUES ('r1', 1, 0, x'', x'', x'', 0, 0, 0, '{}', '{}', 'stop', 1.0, 'ok', NULL, 0, 0)"
+        )
+    with Store(path) as store:
+        assert store._db.migrations_run == 1
+        store.record_call(call(constraint="json_schema:Answer"))
+        assert [c.constraint for c in store.calls("r1")] == [None, "json_schema:Answer"]
 
 
 def test_add_tasks_stores_a_runs_4000_tasks_and_re_adding_them_is_a_no_op(db):
@@ -266,7 +289,7 @@ def test_every_record_round_trips(db):
         request={"messages": [{"role": "user", "content": "hi"}], "tools": [], "temperature": 0.7},
         response={"choices": [{"finish_reason": "length"}]}, finish_reason="length",
         temperature=0.7, status=CallStatus.FAILED, error="engine died", latency_s=0.125,
-        created_at=1234.5,
+        created_at=1234.5, constraint="tool_choice:required",
     )  # fmt: skip
     assert db.record_call(full) == 0
     assert db.calls("r1") == [Call(**{**asdict(full), "seq": 0})]

@@ -149,6 +149,8 @@ def print_rollout(store: Any, rollout_id: str, *, tokens: bool, tokenizer: Any =
             f"call {c.seq}  policy v{c.policy_version}  {c.status.value}  finish={c.finish_reason}  "
             f"T={c.temperature:g}  {c.latency_s * 1000:.1f} ms"
         )
+        if c.constraint:  # the tokens were drawn under a grammar; logprobs are unmasked
+            out.print(f"constrained: {c.constraint}", markup=False, highlight=False)
         last = (c.request.get("messages") or [{}])[-1]
         out.print(
             f"prompt: {len(c.prompt_ids)} tokens; last message ({last.get('role', '?')}): "

@@ -163,7 +163,12 @@ class Rollout:
 class Call:
     """One model call. ``logprobs[i]`` is the log-probability of ``completion_ids[i]``
     under the sampling distribution ``log_softmax(logits / T)`` (T = 1 when greedy),
-    before top-p truncation; the trainer recomputes exactly this quantity."""
+    before top-p truncation; the trainer recomputes exactly this quantity.
+
+    ``constraint`` names the grammar the tokens were drawn under (``json_schema:NAME``,
+    ``json_object``, ``tool_choice:...``, ``strict_tools``), None when unconstrained:
+    the logprobs are then still the unmasked model's, not those of the masked
+    distribution the tokens were drawn from (docs/structured-outputs.md)."""
 
     rollout_id: str
     seq: int
@@ -180,6 +185,7 @@ class Call:
     error: str | None = None
     latency_s: float = 0.0
     created_at: float = field(default_factory=_now)
+    constraint: str | None = None
 
 
 @dataclass

@@ -7,6 +7,9 @@
   lazily, so importing :mod:`tether.engine` does not import torch)
 - :class:`AdmissionGate` — pause, drain and resume generations (the engines'
   and the gateway's gate); :class:`AdmissionTimeout` when a held call waits too long
+- :class:`Constraint` — a grammar on generation (structured outputs, forced tool
+  calls; xgrammar structural tags); :func:`json_schema_format` builds its JSON part;
+  :class:`ConstraintError`, :class:`MissingStructuredExtra`, :class:`UnsupportedConstraint`
 - :func:`end_of_turn_ids` — the ids that end a generated turn (one rule for
   the gateway's stop ids, the engines' defaults and the starter's eos)
 - :mod:`tether.engine.testing` — fake engines for tests
@@ -17,6 +20,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tether._lazy import lazy_exports
+from tether.engine._constraint import (
+    Constraint,
+    ConstraintError,
+    MissingStructuredExtra,
+    UnsupportedConstraint,
+    json_schema_format,
+)
 from tether.engine._gate import AdmissionGate, AdmissionTimeout
 from tether.engine._protocol import (
     Completion,
@@ -37,15 +47,20 @@ __all__ = [
     "AdmissionGate",
     "AdmissionTimeout",
     "Completion",
+    "Constraint",
+    "ConstraintError",
     "Engine",
     "EngineError",
     "EngineFailed",
     "EngineStats",
     "EngineTimeout",
     "GenerateResult",
+    "MissingStructuredExtra",
     "SamplingParams",
     "TransformersEngine",
+    "UnsupportedConstraint",
     "end_of_turn_ids",
+    "json_schema_format",
 ]
 
 

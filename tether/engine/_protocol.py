@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tether.errors import TetherError
+
+if TYPE_CHECKING:
+    from tether.engine._constraint import Constraint
 
 __all__ = [
     "Completion",
@@ -54,6 +57,12 @@ class SamplingParams:
     use this for fixed-length generations). The stop token is included in
     ``token_ids`` and has a logprob, because the model produced it and the
     trainer must learn it.
+
+    ``constraint`` (a :class:`~tether.engine.Constraint`) restricts every sampled
+    token to those its grammar allows; the row stops when the grammar is complete
+    (with the end-of-turn token). The logprobs stay the model's unconstrained ones
+    (see :class:`Completion`). An engine that cannot honour it raises
+    :class:`~tether.engine.UnsupportedConstraint`.
     """
 
     temperature: float = 1.0
@@ -65,6 +74,7 @@ class SamplingParams:
     seed: int | None = None
     top_logprobs: int = 0
     ignore_eos: bool = False
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):

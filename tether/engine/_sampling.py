@@ -4,7 +4,9 @@
 top-p and random draw, so a seeded request samples the same tokens whatever
 it is batched with. The logprob returned for a token is
 ``log_softmax(logits / T)[token]`` in fp32 (T = 1 for greedy rows), taken
-before top-p truncation — exactly what the trainer recomputes.
+before top-p truncation — exactly what the trainer recomputes. Rows under a
+grammar constraint are drawn from ``sample_logits`` (the logits with the
+disallowed tokens at -inf); their logprob is still the unmasked one.
 """
 
 from __future__ import annotations
@@ -31,19 +33,28 @@ def sample_rows(
     top_p: torch.Tensor,
     uniforms: torch.Tensor,
     top_k: int = 0,
+    sample_logits: torch.Tensor | None = None,
 ) -> SampleOut:
     """Sample one token per row.
 
     Shapes: ``logits`` [B, V] (any float dtype); ``temperature``, ``top_p``,
     ``uniforms`` [B] fp32 on the logits' device. ``temperature[b] == 0``
     means greedy (argmax). ``uniforms[b]`` in [0, 1) is row ``b``'s random
-    draw, inverted through the (top-p truncated) CDF.
+    draw, inverted through the (top-p truncated) CDF. ``sample_logits`` [B, V],
+    when given, is what the token is drawn from (greedy: its argmax; top-p
+    applies to its renormalized distribution); the returned logprobs and top
+    logprobs are always those of ``logits``.
     """
     logits = logits.float()
     greedy = temperature <= 0
     scale = torch.where(greedy, torch.ones_like(temperature), temperature)
     logp = torch.log_softmax(logits / scale.unsqueeze(-1), dim=-1)  # [B, V]
-    probs = logp.exp()
+    if sample_logits is None:
+        drawn_from = logits
+        probs = logp.exp()
+    else:
+        drawn_from = sample_logits.float()
+        probs = torch.softmax(drawn_from / scale.unsqueeze(-1), dim=-1)
     if bool((top_p < 1).any()):
         sorted_p, order = probs.sort(dim=-1, descending=True)
         drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p.unsqueeze(-1)
@@ -52,7 +63,7 @@ def sample_rows(
     draw = (uniforms * cdf[:, -1]).unsqueeze(-1)
     sampled = torch.searchsorted(cdf, draw, right=True).squeeze(-1)
     sampled = sampled.clamp(max=logits.shape[-1] - 1)
-    tokens = torch.where(greedy, logits.argmax(-1), sampled)
+    tokens = torch.where(greedy, drawn_from.argmax(-1), sampled)
     chosen = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     top = None
     if top_k > 0:

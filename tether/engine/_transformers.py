@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from tether.engine._constraint import GrammarBook
 from tether.engine._gate import AdmissionGate
 from tether.engine._protocol import EngineFailed, GenerateResult, SamplingParams
 from tether.engine._turns import end_of_turn_ids
@@ -38,7 +39,10 @@ class TransformersEngine:
     seeds the draws of requests that carry none. ``prefix_cache_tokens``
     bounds the KV kept for shared prompt prefixes (0 turns it off). ``stats`` (:class:`EngineStats`)
     records batch sizes and prefix-cache hits, for tests and benchmarks.
+    ``SamplingParams.constraint`` is honoured (grammar masks, needs xgrammar).
     """
+
+    supports_constraints = True
 
     def __init__(
         self,
@@ -133,9 +137,26 @@ class TransformersEngine:
                 frozenset() if params.ignore_eos else self._eos
             )
             req = Request(list(prompt_ids), params, stop_ids, loop.create_future(), loop)
+            if params.constraint is not None:  # compiled off the event loop when new
+                book = self.grammars()
+                compile_ = book.grammar
+                req.grammar = (
+                    compile_(params.constraint)
+                    if book.cached(params.constraint)
+                    else await asyncio.to_thread(compile_, params.constraint)
+                )
             req.future.add_done_callback(lambda f: setattr(req, "cancelled", f.cancelled()))
             self._worker.inbox.put(req)
             return await req.future
+
+    def grammars(self) -> GrammarBook:
+        """The compiled grammars of this engine's tokenizer (made on first use; needs xgrammar)."""
+        if self._worker.grammars is None:
+            if self.tokenizer is None:
+                raise UserError("constrained decoding needs a tokenizer: pass tokenizer=")
+            stop = end_of_turn_ids(self.tokenizer, self.model)[0]
+            self._worker.grammars = GrammarBook(self.tokenizer, self._vocab, stop)
+        return self._worker.grammars
 
     def _check(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if not prompt_ids:

@@ -33,6 +33,7 @@ import torch
 
 from tether._hf import cache_kwarg
 from tether.engine._batch import KVBatch
+from tether.engine._constraint import masked_logits
 from tether.engine._prefix import Prefix, PrefixCache
 from tether.engine._protocol import Completion, EngineFailed, GenerateResult, SamplingParams
 from tether.engine._sampling import StopChecker, sample_rows
@@ -71,6 +72,7 @@ class Request:
     completions: list[Completion | None] = field(default_factory=list)
     version: int = 0
     cancelled: bool = False
+    grammar: Any = None  # the compiled grammar of params.constraint (engine's GrammarBook)
 
 
 @dataclass(eq=False)
@@ -79,6 +81,7 @@ class _Row:
     index: int
     generator: torch.Generator | None
     checker: StopChecker | None
+    matcher: Any = None  # the grammar matcher of a constrained row
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[dict[int, float]] = field(default_factory=list)
@@ -103,6 +106,7 @@ class Scheduler(threading.Thread):
         rng: torch.Generator,
         prefix_cache_tokens: int = 32_768,
         max_prefill_tokens: int = 16_384,
+        grammars: Any = None,
     ):
         super().__init__(name="tether-engine", daemon=True)
         self.model = model
@@ -112,6 +116,7 @@ class Scheduler(threading.Thread):
         self.max_len = max_len
         self.pad_id = pad_id
         self.rng = rng
+        self.grammars = grammars  # a GrammarBook, set by the engine on its first constraint
         self.version = 0
         self.weights_lock = threading.Lock()
         self.stats = EngineStats()
@@ -235,7 +240,8 @@ class Scheduler(threading.Thread):
             else:
                 gen.manual_seed((p.seed * 1_000_003 + index) % 2**63)
         checker = StopChecker(p.stop, self.tokenizer) if p.stop else None
-        return _Row(req, index, gen, checker)
+        matcher = self.grammars.matcher_of(req.grammar) if req.grammar is not None else None
+        return _Row(req, index, gen, checker, matcher)
 
     def _decode(self) -> None:
         assert self._batch is not None
@@ -257,9 +263,14 @@ class Scheduler(threading.Thread):
         top_p = torch.tensor([r.req.params.top_p for r in rows], device=dev)
         draws = [float(torch.rand((), generator=r.generator)) if r.generator else 0.0 for r in rows]
         top_k = max(r.req.params.top_logprobs for r in rows)
-        out = sample_rows(logits, temps, top_p, torch.tensor(draws, device=dev), top_k)
+        masked = None
+        if self.grammars is not None:
+            masked = masked_logits(self.grammars, logits, [r.matcher for r in rows])
+        out = sample_rows(logits, temps, top_p, torch.tensor(draws, device=dev), top_k, masked)
         self.stats.tokens += len(rows)
         for i, row in enumerate(rows):
+            if row.matcher is not None:
+                row.matcher.accept_token(out.tokens[i])
             row.tokens.append(out.tokens[i])
             row.logprobs.append(out.logprobs[i])
             if out.top is not None and row.req.params.top_logprobs:
@@ -287,6 +298,8 @@ class Scheduler(threading.Thread):
         p = row.req.params
         if row.tokens[-1] in row.req.stop_ids or (row.checker and row.checker.hit(row.tokens)):
             return "stop"
+        if row.matcher is not None and row.matcher.is_terminated():
+            return "stop"  # the grammar is complete (it ends with the end-of-turn token)
         if (
             len(row.tokens) >= p.max_tokens
             or len(row.req.prompt_ids) + len(row.tokens) >= self.max_len

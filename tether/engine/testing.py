@@ -15,6 +15,9 @@ the real engines' pause/resume semantics: ``pause()`` waits for in-flight
 generations, ``generate`` calls made while paused wait for ``resume()``.
 ``update_weights`` records the state dict and bumps ``policy_version``;
 ``close`` makes every later or waiting call fail with ``EngineFailed``.
+A fake cannot honour a grammar: a call with ``SamplingParams.constraint``
+raises :class:`~tether.engine.UnsupportedConstraint` (``supports_constraints``
+is False, which the gateway checks first).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
+from tether.engine._constraint import UnsupportedConstraint
 from tether.engine._gate import AdmissionGate
 from tether.engine._protocol import (
     Completion,
@@ -37,6 +41,15 @@ from tether.engine._turns import end_of_turn_ids
 __all__ = ["FakeEngine", "FaultyEngine", "NullEngine", "ScriptedEngine"]
 
 
+def refuse_constraint(engine: Any, params: SamplingParams) -> None:
+    """Raise :class:`UnsupportedConstraint` when ``params`` carries a grammar constraint."""
+    if params.constraint is not None:
+        raise UnsupportedConstraint(
+            f"{type(engine).__name__} cannot honour a grammar constraint "
+            f"({params.constraint.label}); use TransformersEngine for structured outputs"
+        )
+
+
 class FakeEngine:
     """Shared machinery of the fakes; subclasses implement :meth:`_complete`.
 
@@ -44,6 +57,8 @@ class FakeEngine:
     ``weights`` holds the state dicts given to :meth:`update_weights`.
     ``delay_s`` makes every call take that long (an awaited sleep).
     """
+
+    supports_constraints = False
 
     def __init__(self, *, logprob: float = -0.5, tokenizer: Any = None, delay_s: float = 0.0):
         self.logprob = float(logprob)
@@ -71,6 +86,7 @@ class FakeEngine:
         return self._gate.in_flight
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
+        refuse_constraint(self, params)
         async with self._gate.admit():
             self.calls.append((list(prompt_ids), params))
             version = self._version
@@ -256,6 +272,7 @@ class FaultyEngine(FakeEngine):
         return self.inner.policy_version
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
+        refuse_constraint(self, params)
         async with self._gate.admit():
             index = len(self.calls)
             self.calls.append((list(prompt_ids), params))

@@ -259,6 +259,7 @@ class Gateway(Rollouts):
                         finish_reason=choice.finish_reason,
                         temperature=params.temperature,
                         latency_s=latency,
+                        constraint=params.constraint.label if params.constraint else None,
                     )
                 )
             )

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from tether.records import RewardSource, RolloutStatus
 
 from ._auth import bearer, check_rollout_id
+from ._constrain import constrain, constraint_for
 from ._core import Gateway
 from ._errors import ApiError
 from ._http import STREAMED, body_schema, gateway, parse, rollout_attempt, sse
@@ -48,6 +49,14 @@ async def chat_call(
         top_logprobs=top,
         rollout_id=rollout_id,
     )
+    constraint = constraint_for(
+        response_format=req.response_format,
+        tools=req.tools,
+        tool_choice=req.tool_choice,
+        parallel_tool_calls=req.parallel_tool_calls,
+        tool_parser=gw.config.tool_parser,
+    )
+    params = constrain(gw.engine, params, constraint)
     prompt_ids = gw.render(req.messages, req.tools)
     gw.check_prompt(prompt_ids, params)
     record = {

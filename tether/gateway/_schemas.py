@@ -120,20 +120,13 @@ class ChatCompletionRequest(_Sampling):
     def _tool_choice(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
         if isinstance(v, str) and v not in ("auto", "none", "required"):
             raise ValueError("must be 'auto', 'none', 'required' or a function object")
-        if v == "required" or isinstance(v, dict):
-            raise ValueError(
-                "forcing a tool call is not supported by tether yet (it needs constrained "
-                "decoding); use 'auto'"
-            )
-        return v
+        return v  # a function object is checked against tools (gateway._constrain)
 
     @field_validator("response_format")
     @classmethod
     def _response_format(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None and v.get("type") != "text":
-            raise ValueError(
-                "only {'type': 'text'} is supported; structured output needs constrained decoding"
-            )
+        if v is not None and v.get("type") not in ("text", "json_object", "json_schema"):
+            raise ValueError("type must be 'text', 'json_object' or 'json_schema'")
         return v
 
 

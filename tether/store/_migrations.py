@@ -156,10 +156,18 @@ def _m003_tasks_per_run(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _m004_call_constraint(conn: sqlite3.Connection) -> None:
+    """``calls.constraint``: the grammar a call's tokens were drawn under (structured
+    output, forced tool call), NULL when unconstrained. Its logprobs stay the unmasked
+    model's, so the trainer can tell these calls apart."""
+    conn.execute("ALTER TABLE calls ADD COLUMN constraint_label TEXT")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _m001_initial,
     _m002_attempts,
     _m003_tasks_per_run,
+    _m004_call_constraint,
 ]
 
 

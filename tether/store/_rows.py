@@ -54,7 +54,8 @@ ROLLOUT_COLUMNS = (
 )
 CALL_COLUMNS = (
     "rollout_id, seq, prompt_ids, completion_ids, logprobs, policy_version, attempt, "
-    "request, response, finish_reason, temperature, status, error, latency_s, created_at"
+    "request, response, finish_reason, temperature, status, error, latency_s, created_at, "
+    "constraint_label"
 )
 ATTEMPT_COLUMNS = "rollout_id, attempt, status, error, exit_code, output_tail, success, finished_at"
 REWARD_COLUMNS = "rollout_id, value, given, source, attempt, call_seq, created_at"
@@ -118,6 +119,7 @@ def call_from_row(row: Row) -> Call:
         error=row[12],
         latency_s=row[13],
         created_at=row[14],
+        constraint=row[15],
     )
 
 
