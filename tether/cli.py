@@ -221,6 +221,30 @@ def eval_(
     )
 
 
+@app.command()
+def dashboard(
+    store: Annotated[
+        Path | None, typer.Option(help="One SQLite trace store file (instead of --dir).")
+    ] = None,
+    dir: Annotated[
+        Path, typer.Option("--dir", help="A folder of runs: every NAME/traces.sqlite in it.")
+    ] = Path("runs"),
+    host: Annotated[
+        str, typer.Option(help="Address to bind; others than loopback need TETHER_ADMIN_KEY.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8322,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
+) -> None:
+    """Watch runs in a browser: live curves, rollouts, tokens and their logprobs.
+
+    Serves http://127.0.0.1:8322/ui/ until Ctrl-C; log in with the admin key.
+    """
+    _setup_logging(log_level)
+    from ._cli_dashboard import run_dashboard
+
+    run_dashboard(store, dir, host, port, console)
+
+
 RunArg = Annotated[
     str | None,
     typer.Argument(help="A run name (runs/NAME/traces.sqlite) or run folder."),

@@ -20,6 +20,7 @@ from tether._lazy import lazy_exports
 from ._config import DEFAULT_PORT, GatewayConfig, is_loopback
 from ._core import Gateway, OpenedRollout
 from ._errors import ApiError
+from ._keyfile import admin_key_file
 
 if TYPE_CHECKING:
     from ._app import create_app
@@ -33,6 +34,7 @@ __all__ = [
     "GatewayConfig",
     "LoopServer",
     "OpenedRollout",
+    "admin_key_file",
     "create_app",
     "is_loopback",
     "make_server",
