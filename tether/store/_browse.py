@@ -118,7 +118,7 @@ class Browse:
 
         Filters: ``group_prefix`` (the group id starts with it), ``task_id``, ``status``,
         the reward range (a rollout without a usable reward matches no range). ``sort``
-        is a key of :data:`ROLLOUT_SORTS`.
+        is a key of :data:`ROLLOUT_SORTS`; ties keep creation order (either direction).
         """
         if sort not in ROLLOUT_SORTS:
             raise InvalidRecord(f"sort ({sort!r}) must be one of {', '.join(ROLLOUT_SORTS)}")
@@ -146,7 +146,7 @@ class Browse:
         )
         sql = (
             f"SELECT {_R_COLUMNS}, {_N_CALLS} AS n_calls, {_N_TOKENS} AS n_tokens "
-            f"FROM rollouts r{scope} ORDER BY {order}, r.rowid{direction} LIMIT ? OFFSET ?"
+            f"FROM rollouts r{scope} ORDER BY {order}, r.rowid LIMIT ? OFFSET ?"
         )
         with self._db.read(snapshot=True) as conn:
             total = conn.execute(f"SELECT COUNT(*) FROM rollouts r{scope}", params).fetchone()[0]
