@@ -182,7 +182,7 @@ def test_login_sets_a_strict_httponly_cookie_and_logout_ends_the_session(runs_di
                 "x-frame-options": "DENY",
                 "x-content-type-options": "nosniff",
                 "cache-control": "no-store",
-                "referrer-policy": "no-referrer",
+                "referrer-policy": "same-origin",
             }.items():
                 assert value in page.headers[name]
             # logging out needs the same origin too; then the old token is dead
@@ -289,6 +289,7 @@ def test_runs_and_run_pages_show_status_steps_best_eval_events_and_config(runs_d
     assert "run failed" in _visible(crashed.text) and "No metrics yet" in crashed.text
     data = feed.json()
     assert data["status"] == "running" and data["last"] == 13 and len(data["points"]) == 13
+    assert data["head"]["steps"] == "3 / 4" and data["head"]["best"] == "sampled 50%, greedy 25%"
     assert [0, "reward_mean", 0.0] in data["points"]
     assert [1, "loss", None] in data["points"]  # NaN travels as null (valid JSON)
     assert later.json()["points"] == [[1, "groups_dropped", 1.0], [1, "loss", None]]

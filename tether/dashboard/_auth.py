@@ -75,10 +75,11 @@ class Sessions:
 
 def same_origin(headers: dict[str, str], scheme: str) -> bool:
     """Whether a POST comes from a page of this server: its ``Origin`` is this host, or
-    (no ``Origin``) the browser says ``Sec-Fetch-Site: same-origin``. Neither: refused."""
+    (no ``Origin``, or an opaque ``null`` one) the browser says ``Sec-Fetch-Site:
+    same-origin`` (a header no script can set). Neither: refused."""
     host = headers.get("host")
     origin = headers.get("origin")
-    if origin is not None:
+    if origin is not None and origin != "null":
         return bool(host) and hmac.compare_digest(origin, f"{scheme}://{host}")
     return headers.get("sec-fetch-site") == "same-origin"
 

@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from tether.dashboard._catalog import Catalog
+from tether.dashboard._render import head_fields
 from tether.dashboard._tokens import call_pieces, sample_views
 from tether.dashboard._views import (
     advantages,
@@ -111,13 +112,14 @@ def run_page(catalog: Catalog, key: str, run_id: str) -> dict[str, Any]:
 
 def metrics_feed(catalog: Catalog, key: str, run_id: str, after: int) -> dict[str, Any]:
     """The run's metrics stored after row ``after``: ``{"last": id, "status": ...,
-    "points": [[step, name, value or null], ...]}``."""
+    "head": {field: text}, "points": [[step, name, value or null], ...]}``."""
     store = _store(catalog, key)
     run = _run(store, run_id)
     found = store.metrics_after(run.id, max(after, 0), limit=50_000)
     return {
         "last": found[-1][0] if found else max(after, 0),
         "status": run.status.value,
+        "head": head_fields(run_header(store, run)),
         "points": [[m.step, m.name, _finite(m.value)] for _, m in found],
     }
 

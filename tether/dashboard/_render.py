@@ -15,7 +15,7 @@ from typing import Any
 
 import jinja2
 
-__all__ = ["render"]
+__all__ = ["head_fields", "render"]
 
 _env = jinja2.Environment(
     loader=jinja2.PackageLoader("tether.dashboard", "templates"),
@@ -61,3 +61,14 @@ _env.filters.update(when=_when, pct=_pct, num=_num, dur=_dur, as_json=_as_json)
 
 def render(template: str, **context: Any) -> str:
     return _env.get_template(template).render(**context)
+
+
+def head_fields(run: dict[str, Any]) -> dict[str, str]:
+    """The run header's live fields (``data-field`` in ``_runhead.html``) as text."""
+    total = f" / {run['total_steps']}" if run.get("total_steps") else ""
+    return {
+        "steps": f"{run['steps']}{total}",
+        "last_at": _when(run["last_at"]),
+        "rollouts": f"{run['rollouts']} ({run['calls']} calls)",
+        "best": f"sampled {_pct(run['best_sampled'])}, greedy {_pct(run['best_greedy'])}",
+    }

@@ -42,7 +42,14 @@ CHARTS: list[tuple[str, list[str]]] = [
     ("memory (MiB)", ["rss_mb"]),
     ("groups", ["groups_dropped", "zero_variance_groups", "groups_dropped_lag"]),
 ]
-_HIDDEN = {"eval/tasks", "eval/rollouts", "eval/wall_s", "policy_version"}
+_HIDDEN = {
+    "eval/tasks",
+    "eval/rollouts",
+    "eval/wall_s",
+    "policy_version",
+    "rollouts",
+    "micro_batches",
+}
 _GROUP = re.compile(r"-(s|eval)(\d+)(?:-(s|g))?-g\d+$")
 
 

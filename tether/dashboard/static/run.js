@@ -89,6 +89,10 @@
       .then(function (d) {
         last = d.last;
         apply(d.points);
+        Object.keys(d.head || {}).forEach(function (k) {
+          var el = document.querySelector('[data-field="' + k + '"]');
+          if (el) el.textContent = d.head[k];
+        });
         var st = document.getElementById("run-status");
         if (st) { st.textContent = d.status; st.className = "status " + d.status; }
         var live = document.getElementById("live");
