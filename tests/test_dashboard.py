@@ -10,14 +10,18 @@ import asyncio
 import hashlib
 import html
 import math
+import os
 import random
 import re
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.helpers import TETHER, free_port
 from tether.dashboard import Catalog, create_server_app, mount_dashboard
 from tether.records import Call, CallStatus, Reward, RewardSource, Rollout, RunStatus
 from tether.store import Store, StoreError
@@ -417,3 +421,55 @@ def test_the_vendored_chart_library_matches_its_readme() -> None:
         assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest, name
     assert "MIT" in (folder / "LICENSE").read_text()
     assert len(re.findall(r"[0-9a-f]{64}", readme)) == 3
+
+
+# -- tether dashboard, the command ---------------------------------------------------------
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**{k: v for k, v in os.environ.items() if k != "TETHER_ADMIN_KEY"}, **extra}
+
+
+def test_tether_dashboard_serves_a_runs_folder_with_the_key_file_it_names(runs_dir: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*TETHER, "dashboard", "--dir", str(runs_dir), "--port", str(port)],
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert proc.poll() is None
+                time.sleep(0.2)
+        key_file = runs_dir / "admin_key"
+        assert key_file.stat().st_mode & 0o777 == 0o600
+        with httpx.Client(base_url=base) as c:
+            assert c.get("/", follow_redirects=True).status_code == 401
+            r = c.post("/ui/login", data={"key": key_file.read_text().strip()},
+                       headers={"Origin": base})  # fmt: skip
+            assert r.status_code == 303
+            page = c.get("/ui/")
+            assert page.status_code == 200 and "crashed" in page.text and "good" in page.text
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0]
+    assert f"tether dashboard on {base}/ui/  (every run under {runs_dir}/)" in out, out
+    assert f"log in with the admin key: cat {runs_dir / 'admin_key'}" in out, out
+    assert key_file.read_text().strip() not in out
+
+
+def test_tether_dashboard_refuses_an_open_bind_without_a_key_and_a_missing_store(
+    tmp_path: Path,
+) -> None:
+    for args, message in (
+        (["--host", "0.0.0.0"], "refusing to bind 0.0.0.0 without an admin key"),
+        (["--store", str(tmp_path / "nope.sqlite")], "no trace store at"),
+    ):
+        r = subprocess.run([*TETHER, "dashboard", "--dir", str(tmp_path), *args],
+                           capture_output=True, text=True, timeout=120, env=_env())  # fmt: skip
+        assert r.returncode == 2 and message in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1

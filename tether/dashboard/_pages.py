@@ -112,14 +112,15 @@ def run_page(catalog: Catalog, key: str, run_id: str) -> dict[str, Any]:
 
 def metrics_feed(catalog: Catalog, key: str, run_id: str, after: int) -> dict[str, Any]:
     """The run's metrics stored after row ``after``: ``{"last": id, "status": ...,
-    "head": {field: text}, "points": [[step, name, value or null], ...]}``."""
+    "head": {field: text}, "points": [[step, name, value or null], ...]}``; the header
+    fields only when there are new points (a poll between steps costs one indexed query)."""
     store = _store(catalog, key)
     run = _run(store, run_id)
     found = store.metrics_after(run.id, max(after, 0), limit=50_000)
     return {
         "last": found[-1][0] if found else max(after, 0),
         "status": run.status.value,
-        "head": head_fields(run_header(store, run)),
+        "head": head_fields(run_header(store, run)) if found else {},
         "points": [[m.step, m.name, _finite(m.value)] for _, m in found],
     }
 
