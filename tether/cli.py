@@ -202,7 +202,7 @@ def eval_(
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
 ) -> None:
-    """Evaluate on the val split (the config's model, or a checkpoint)."""
+    """Evaluate on the val split (the config's model or a checkpoint)."""
     _setup_logging(log_level)
     from tether.configio import load_config
     from tether.run import TrainConfig
@@ -235,9 +235,10 @@ def dashboard(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8322,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
 ) -> None:
-    """Watch runs in a browser: live curves, rollouts, tokens and their logprobs.
+    """Watch runs in a browser: curves, rollouts and tokens, live.
 
-    Serves http://127.0.0.1:8322/ui/ until Ctrl-C; log in with the admin key.
+    Serves http://127.0.0.1:8322/ui/ (every run under --dir, or one --store) until
+    Ctrl-C; log in with the admin key. Tokens are coloured by their logprob.
     """
     _setup_logging(log_level)
     from ._cli_dashboard import run_dashboard
