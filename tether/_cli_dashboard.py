@@ -60,9 +60,8 @@ def _model_folder(run: Any) -> Path | None:
 
 
 def tokenizer_finder() -> Any:
-    """``(store key, run) -> tokenizer or None`` for the dashboard, one load per folder."""
-    from tether.starter import load_tokenizer
-
+    """``(store key, run) -> tokenizer or None`` for the dashboard, one load per folder
+    (transformers is imported on the first rollout page, not at start)."""
     cache: dict[Path, Any] = {}
     lock = threading.Lock()
 
@@ -72,6 +71,8 @@ def tokenizer_finder() -> Any:
             return None
         with lock:
             if folder not in cache:
+                from tether.starter import load_tokenizer
+
                 try:
                     cache[folder] = load_tokenizer(folder)
                 except Exception:  # an unreadable folder: show token ids instead
@@ -98,14 +99,13 @@ def run_dashboard(
         catalog = Catalog(runs_dir=runs_dir)
         key, how = _admin_key(runs_dir, host)
         what = f"every run under {runs_dir}/" + ("" if runs_dir.is_dir() else " (none yet)")
-    from tether.trainer import algorithms, build_samples  # torch now, not on the first page
-
-    del algorithms, build_samples
-
-    app = create_server_app(catalog, key, tokenizer_finder())
     shown = f"[{host}]" if ":" in host else host
     console.print(f"tether dashboard on http://{shown}:{port}{PREFIX}/  ({what})", soft_wrap=True)
     console.print(f"log in with the admin key: {how}", soft_wrap=True, highlight=False)
+    from tether.trainer import algorithms, build_samples  # torch now, not on the first page
+
+    del algorithms, build_samples
+    app = create_server_app(catalog, key, tokenizer_finder())
     try:
         make_server(app, host, port, log_level="warning").run()
     finally:

@@ -32,6 +32,11 @@
     });
     return data;
   }
+  function chartWidth() {
+    // three charts a row on a wide window, two on a narrower one, else one
+    var w = box.clientWidth, cols = w >= 1100 ? 3 : (w >= 700 ? 2 : 1);
+    return Math.max(Math.floor((w - 12 * (cols - 1)) / cols) - 12, 260);
+  }
   function ensure(def) {
     if (charts[def.title]) return charts[def.title];
     var el = document.createElement("div");
@@ -52,7 +57,7 @@
       series.push({ label: n, stroke: colors[i % colors.length], width: 1.5, spanGaps: true, points: { show: true, size: 4 } });
     });
     var plot = new uPlot({
-      width: Math.max(Math.min(460, box.clientWidth - 8), 280), height: 200,
+      width: chartWidth(), height: 200,
       scales: { x: { time: false } }, series: series,
       axes: [{ label: "step", size: 36 }, { size: 52 }],
       legend: { live: true },
