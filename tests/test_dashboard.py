@@ -155,6 +155,12 @@ def test_every_route_but_login_and_static_files_refuses_without_a_session(runs_d
                         assert 'name="key"' in r.text
                         assert method == "POST" or f'value="{url}"' in r.text
             c.cookies.clear()
+            feed = "/ui/s/good/run/good-1/metrics.json?after=oops"
+            assert (await c.get(feed)).status_code == 401  # the session before the query
+            assert (await _login(c)).status_code == 303
+            bad = await c.get(feed)
+            assert bad.status_code == 400 and "after ('oops')" in bad.json()["error"]
+            c.cookies.clear()
             static = await c.get("/ui/static/app.js")
             assert static.status_code == 200 and "textContent" in static.text
 

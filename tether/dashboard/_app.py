@@ -157,9 +157,12 @@ def create_dashboard(
         return page("run.html", request, pages.run_page(catalog, key, run_id))
 
     @app.get("/s/{key}/run/{run_id}/metrics.json")
-    def metrics(request: Request, key: str, run_id: str, after: int = 0) -> Response:
-        session(request)
-        data = pages.metrics_feed(catalog, key, run_id, after)
+    def metrics(request: Request, key: str, run_id: str) -> Response:
+        session(request)  # first: even a malformed query gets a 401 without a session
+        raw = request.query_params.get("after") or "0"
+        if not raw.isdigit():
+            return JSONResponse({"error": f"after ({raw!r}) must be a row id >= 0"}, 400)
+        data = pages.metrics_feed(catalog, key, run_id, int(raw))
         return Response(json.dumps(data, allow_nan=False), media_type="application/json")
 
     @app.get("/s/{key}/run/{run_id}/rollouts", response_class=HTMLResponse)

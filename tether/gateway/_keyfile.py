@@ -29,8 +29,18 @@ def admin_key_file(path: Path) -> str:
             return key
     path.parent.mkdir(parents=True, exist_ok=True)
     key = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # written aside, then linked into place: two runs starting at once agree on one key
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(key + "\n")
-    os.chmod(path, 0o600)
+    try:
+        if path.exists():  # an empty file: replaced
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+    except FileExistsError:  # another process made it first: use theirs
+        return path.read_text().strip() or key
+    finally:
+        tmp.unlink(missing_ok=True)
     return key
