@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import html
+import json
 import math
 import os
 import random
@@ -479,3 +480,33 @@ def test_tether_dashboard_refuses_an_open_bind_without_a_key_and_a_missing_store
                            capture_output=True, text=True, timeout=120, env=_env())  # fmt: skip
         assert r.returncode == 2 and message in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_tooltip_gets_the_top_alternatives_the_agent_asked_for(tmp_path: Path) -> None:
+    """Chat and completions shapes of ``logprobs`` both reach the token's ``data-top``."""
+    chat = {"choices": [{"message": {"role": "assistant", "content": "ab"}, "logprobs": {
+        "content": [{"token": "a", "logprob": -0.1, "top_logprobs": [
+            {"token": "a", "logprob": -0.1}, {"token": "<b>", "logprob": -2.5}]},
+                    {"token": "b", "logprob": -0.2, "top_logprobs": []}]}}]}  # fmt: skip
+    completion = {"choices": [{"text": "ab", "logprobs": {
+        "tokens": ["a", "b"], "token_logprobs": [-0.1, -0.2],
+        "top_logprobs": [{"x": -3.0, "a": -0.1}, {"b": -0.2}]}}]}  # fmt: skip
+    with Store(tmp_path / "s" / "traces.sqlite") as s:
+        s.create_run({}, "r")
+        for rid, response in (("r-chat", chat), ("r-text", completion)):
+            s.create_rollout(Rollout(id=rid, run_id="r"))
+            a = s.start_attempt(rid)
+            s.record_call(Call(rid, 0, [1], [5, 6], [-0.1, -0.2], 0, attempt=a, response=response))
+    app = create_server_app(Catalog(runs_dir=tmp_path), KEY)
+    chat_page, text_page = _get_all(app, ["/ui/s/s/rollout/r-chat", "/ui/s/s/rollout/r-text"])
+    tops = re.findall(r"data-top='([^']*)'>([^<]*)<", chat_page.text)
+    # tojson writes "<" as \u003c inside the attribute: markup never appears raw
+    assert "<b>" not in chat_page.text and "\\u003cb\\u003e" in chat_page.text
+    assert [(json.loads(html.unescape(t)), text) for t, text in tops] == [
+        ([["a", -0.1], ["<b>", -2.5]], "a")
+    ]
+    tops = re.findall(r"data-top='([^']*)'>([^<]*)<", text_page.text)
+    assert [(json.loads(html.unescape(t)), text) for t, text in tops] == [
+        ([["a", -0.1], ["x", -3.0]], "a"),
+        ([["b", -0.2]], "b"),
+    ]
