@@ -14,6 +14,7 @@ import math
 import os
 import random
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -510,3 +511,19 @@ def test_the_tooltip_gets_the_top_alternatives_the_agent_asked_for(tmp_path: Pat
         ([["a", -0.1], ["x", -3.0]], "a"),
         ([["b", -0.2]], "b"),
     ]
+
+
+def test_a_run_folder_made_afresh_is_read_afresh(tmp_path: Path) -> None:
+    """``tether demo`` replaces its run folder: the dashboard shows the new run, not the
+    deleted file it still had open."""
+    catalog = Catalog(runs_dir=tmp_path)
+    path = tmp_path / "demo" / "traces.sqlite"
+    with Store(path) as s:
+        s.create_run({"name": "old"}, "old-1")
+    assert [r.id for r in catalog.store("demo").list_runs()] == ["old-1"]
+    shutil.rmtree(path.parent)
+    assert catalog.store("demo") is None
+    with Store(path) as s:
+        s.create_run({"name": "new"}, "new-1")
+    assert [r.id for r in catalog.store("demo").list_runs()] == ["new-1"]
+    catalog.close()

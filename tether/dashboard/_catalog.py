@@ -20,6 +20,11 @@ STORE_FILE = "traces.sqlite"
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
+def _identity(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_dev, st.st_ino
+
+
 def _key(name: str) -> str:
     """A URL-safe key for a folder name (other characters become ``_``)."""
     key = re.sub(r"[^A-Za-z0-9_.-]", "_", name).lstrip("._-")[:128]
@@ -32,7 +37,7 @@ class Catalog:
     def __init__(self, files: dict[str, Path] | None = None, runs_dir: Path | None = None):
         self._files = {_key(k): Path(v) for k, v in (files or {}).items()}
         self.runs_dir = runs_dir
-        self._open: dict[str, Store] = {}
+        self._open: dict[str, tuple[Store, tuple[int, int]]] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -49,14 +54,23 @@ class Catalog:
 
     def store(self, key: str) -> Store | None:
         """The store under ``key`` (opened read-only on first use); None if there is none
-        or it cannot be read."""
+        or it cannot be read. A file replaced since it was opened (``tether demo`` starts
+        its run folder afresh) is opened again."""
         if not _KEY.fullmatch(key):
             return None
-        with self._lock:
-            if key in self._open:
-                return self._open[key]
         path = self.paths().get(key)
-        if path is None or not path.is_file():
+        try:
+            ident = None if path is None else _identity(path)
+        except OSError:
+            ident = None
+        with self._lock:
+            held = self._open.get(key)
+            if held is not None and held[1] == ident:
+                return held[0]
+            if held is not None:  # gone or replaced: drop the old file's connections
+                del self._open[key]
+                held[0].close()
+        if path is None or ident is None:
             return None
         try:
             store = Store(path, read_only=True)
@@ -65,12 +79,12 @@ class Catalog:
         with self._lock:
             if key in self._open:  # another thread opened it meanwhile
                 store.close()
-                return self._open[key]
-            self._open[key] = store
+                return self._open[key][0]
+            self._open[key] = (store, ident)
             return store
 
     def close(self) -> None:
         with self._lock:
-            for store in self._open.values():
+            for store, _ in self._open.values():
                 store.close()
             self._open.clear()
