@@ -86,6 +86,9 @@ def runs_dir(tmp_path: Path) -> Path:
         _rollout(s, "good-1-s1-g0-1", run.id, "good-1-s1-g0", reward=None, status="failed")
         _rollout(s, "good-1-s2-g0-0", run.id, "good-1-s2-g0", reward=0.5,
                  calls=[_call([1], [2], status=CallStatus.FAILED, error="engine: " + HOSTILE)])  # fmt: skip
+        for i in range(2):  # an eval's group: never trained on, so no advantage
+            _rollout(s, f"good-1-eval0-s-g0-{i}", run.id, "good-1-eval0-s-g0", reward=float(i),
+                     calls=[_call([1, 2], [3])])  # fmt: skip
         from tether.records import Checkpoint
 
         s.add_checkpoint(Checkpoint(run_id=run.id, step=2, path="/ck/step-2"))
@@ -323,9 +326,20 @@ def test_hostile_text_is_escaped_everywhere_and_long_lines_are_cut(runs_dir: Pat
 
 def test_a_rollout_without_calls_and_a_failed_engine_call_render(runs_dir: Path) -> None:
     app = create_server_app(Catalog(runs_dir=runs_dir), KEY)
-    no_calls, failed = _get_all(
-        app, ["/ui/s/good/rollout/good-1-s1-g0-1", "/ui/s/good/rollout/good-1-s2-g0-0"]
+    no_calls, failed, evaluated, evals = _get_all(
+        app,
+        [
+            "/ui/s/good/rollout/good-1-s1-g0-1",
+            "/ui/s/good/rollout/good-1-s2-g0-0",
+            "/ui/s/good/rollout/good-1-eval0-s-g0-1",
+            "/ui/s/good/run/good-1/rollouts?phase=eval&step=0",
+        ],
     )
+    assert "A held-out eval rollout: never trained on" in evaluated.text
+    assert "advantage</dt><dd>-</dd>" in evaluated.text.replace("\n", "").replace("  ", "")
+    rows = re.findall(r'rollout-link" href="[^"]+">([^<]+)<', evals.text)
+    assert rows == ["good-1-eval0-s-g0-0", "good-1-eval0-s-g0-1"]
+    assert "eval sampled" in evals.text
     assert no_calls.status_code == 200 and "No model calls in this attempt" in no_calls.text
     assert "not usable for training" in no_calls.text
     assert failed.status_code == 200

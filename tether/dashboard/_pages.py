@@ -178,7 +178,8 @@ def rollouts_page(catalog: Catalog, key: str, run_id: str, query: dict[str, str]
     for r, _, _ in found:
         if r.group_id and r.group_id not in groups:
             members = store.list_rollouts(group_id=r.group_id)
-            adv = advantages(members, estimator)
+            trained = not group_phase(run.id, r.group_id)[0].startswith("eval")
+            adv = advantages(members, estimator) if trained else None  # evals teach nothing
             groups[r.group_id] = {"id": r.group_id, "members": members, "adv": adv}
     rows = []
     for r, n_calls, n_tokens in found:
@@ -342,11 +343,12 @@ def rollout_page(
             {"n": n, "end": ends.get(n), "calls": [_call(c, decode, mine) for c in calls]}
         )
     members = store.list_rollouts(group_id=r.group_id) if r.group_id else [r]
-    adv_map = advantages(members, _estimator(run))
+    phase, step = group_phase(r.run_id, r.group_id)
+    evaluated = phase.startswith("eval")  # an eval's rollouts are never trained on
+    adv_map = None if evaluated else advantages(members, _estimator(run))
     adv = None if adv_map is None else adv_map.get(r.id)
     current = store.calls(r.id) if r.attempt else []
     samples, (stats, skipped) = sample_views(current, adv or 0.0, decode)
-    phase, step = group_phase(r.run_id, r.group_id)
     return {
         "title": f"rollout {r.id}",
         "key": key,
@@ -355,6 +357,7 @@ def rollout_page(
         "phase": phase,
         "step": step,
         "usable": usable(r),
+        "evaluated": evaluated,
         "adv": adv,
         "members": members,
         "adv_map": adv_map or {},
