@@ -47,6 +47,13 @@ def test_serve_then_call_with_openai_then_list_and_show(
             ).status_code
             == 200
         )
+        with httpx.Client(base_url=base) as ui:  # the dashboard at /ui, behind the same key
+            assert ui.get("/ui/").status_code == 401
+            login = ui.post("/ui/login", data={"key": "cli-admin-key"}, headers={"Origin": base})
+            assert login.status_code == 303
+            page = ui.get("/ui/s/serve/rollout/r-cli")
+            assert page.status_code == 200 and '<span class="tok p' in page.text
+    assert f"dashboard: {base}/ui/" in served.logs
     assert "cli-admin-key" not in served.logs  # the admin key is never printed
     listed = _run("rollouts", "list", "--store", str(store))
     assert listed.returncode == 0 and "r-cli" in listed.stdout and "succeeded" in listed.stdout

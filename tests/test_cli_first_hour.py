@@ -41,6 +41,7 @@ def test_version() -> None:
         ["rollouts"],
         ["rollouts", "list"],
         ["rollouts", "show"],
+        ["dashboard"],
     ],
 )
 def test_help_is_not_cut_at_80_columns(command: list[str]) -> None:

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PACKAGES = [
     "tether.chat",
+    "tether.dashboard",
     "tether.engine",
     "tether.gateway",
     "tether.runner",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from rich.console import Console
 
 from tether.configio import load_config
 from tether.errors import UserError
-from tether.gateway import DEFAULT_PORT, GatewayConfig, is_loopback
+from tether.gateway import DEFAULT_PORT, GatewayConfig, admin_key_file, is_loopback
 
 __all__ = ["ServeConfig", "run_serve", "serve_config"]
 
@@ -70,6 +69,7 @@ def run_serve(cfg: ServeConfig, console: Console) -> None:
         from tether.starter import model_source
 
         model_source(cfg.model)
+    from tether.dashboard import PREFIX, Catalog, mount_dashboard
     from tether.gateway import Gateway, create_app, make_server
     from tether.records import RunStatus
     from tether.run import end_status
@@ -101,12 +101,18 @@ def run_serve(cfg: ServeConfig, console: Console) -> None:
     console.print(
         f"create a rollout: POST http://{host}:{port}/admin/rollouts  (Bearer: admin key)"
     )
+    app = create_app(gw)
+    catalog = Catalog.of_file(store, key="serve")
+    mount_dashboard(app, catalog, key, tokenizers=lambda _key, _run: tokenizer)
+    console.print(
+        f"dashboard: http://{host}:{port}{PREFIX}/  (log in with the admin key)", soft_wrap=True
+    )
     if gcfg.record_keys:
         console.print(
             f"record mode: POST http://{host}:{port}/v1/chat/completions  "
             f"(Bearer: one of {len(gcfg.record_keys)} record key(s))"
         )
-    server = make_server(create_app(gw), host, port, log_level="warning")
+    server = make_server(app, host, port, log_level="warning")
     status = RunStatus.FINISHED
     try:
         server.run()
@@ -116,6 +122,7 @@ def run_serve(cfg: ServeConfig, console: Console) -> None:
     finally:
         db.set_run_status(run.id, status)
         db.close()
+        catalog.close()
 
 
 def _admin_key(store: Path, host: str, configured: str | None) -> tuple[str, Path | None]:
@@ -135,23 +142,7 @@ def _admin_key(store: Path, host: str, configured: str | None) -> tuple[str, Pat
             "(e.g. export TETHER_ADMIN_KEY=$(openssl rand -hex 32)) or bind 127.0.0.1"
         )
     path = store.parent / "admin_key"
-    if path.exists():
-        mode = path.stat().st_mode & 0o777
-        if mode & 0o077:
-            raise UserError(
-                f"admin key file {path} is readable by others (mode {mode:o}): "
-                f"run chmod 600 {path}, or delete it to get a new key"
-            )
-        key = path.read_text().strip()
-        if key:
-            return key, path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    key = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(key + "\n")
-    os.chmod(path, 0o600)
-    return key, path
+    return admin_key_file(path), path
 
 
 def _record_keys(given: list[str] | tuple[str, ...]) -> tuple[str, ...]:

@@ -202,7 +202,7 @@ def eval_(
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
 ) -> None:
-    """Evaluate on the val split (the config's model, or a checkpoint)."""
+    """Evaluate on the val split (the config's model or a checkpoint)."""
     _setup_logging(log_level)
     from tether.configio import load_config
     from tether.run import TrainConfig
@@ -219,6 +219,31 @@ def eval_(
     print(
         f"held-out success: sampled {r.sampled:.0%}, greedy {greedy} ({r.tasks} tasks, {r.rollouts} rollouts)"
     )
+
+
+@app.command()
+def dashboard(
+    store: Annotated[
+        Path | None, typer.Option(help="One SQLite trace store file (instead of --dir).")
+    ] = None,
+    dir: Annotated[
+        Path, typer.Option("--dir", help="A folder of runs: every NAME/traces.sqlite in it.")
+    ] = Path("runs"),
+    host: Annotated[
+        str, typer.Option(help="Address to bind; others than loopback need TETHER_ADMIN_KEY.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8322,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
+) -> None:
+    """Watch runs in a browser: curves, rollouts and tokens, live.
+
+    Serves http://127.0.0.1:8322/ui/ (every run under --dir, or one --store) until
+    Ctrl-C; log in with the admin key. Tokens are coloured by their logprob.
+    """
+    _setup_logging(log_level)
+    from ._cli_dashboard import run_dashboard
+
+    run_dashboard(store, dir, host, port, console)
 
 
 RunArg = Annotated[

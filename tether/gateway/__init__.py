@@ -23,6 +23,7 @@ from ._config import DEFAULT_PORT, GatewayConfig, is_loopback
 from ._constrain import constraint_for
 from ._core import Gateway, OpenedRollout
 from ._errors import ApiError
+from ._keyfile import admin_key_file
 
 if TYPE_CHECKING:
     from ._app import create_app
@@ -36,6 +37,7 @@ __all__ = [
     "GatewayConfig",
     "LoopServer",
     "OpenedRollout",
+    "admin_key_file",
     "constraint_for",
     "create_app",
     "is_loopback",

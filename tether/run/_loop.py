@@ -64,6 +64,7 @@ from tether.run._setup import (
     resolve_model_path,
 )
 from tether.run._tasks import load_tasks, tasks_for_step
+from tether.run._ui import mount_ui, ui_line
 from tether.run.config import TrainConfig
 from tether.runner import make_runner
 from tether.store import AlreadyExists, Store
@@ -180,10 +181,13 @@ class TrainingRun:
         gcfg.check_bind()
         self.on_event("status", "starting the gateway and the agent runner")
         self.gateway = Gateway(self.engine, self.tokenizer, self.store, gcfg, seed=cfg.trainer.seed)
-        self.server = await LoopServer(create_app(self.gateway), gcfg.host, gcfg.port or 0).start()
+        app = create_app(self.gateway)
+        self._ui = mount_ui(app, self)  # the dashboard at /ui
+        self.server = await LoopServer(app, gcfg.host, gcfg.port or 0).start()
         if not gcfg.public_url:  # port 0: the URL is known once the server listens
             gcfg = self.gateway.config = dataclasses.replace(gcfg, public_url=self.server.url)
         self.gateway_config = gcfg
+        self.on_event("status", ui_line(self, self.server.url))
         self.runner = make_runner(cfg.agent)
         # rollouts wait as "queued" until the runner starts their agent
         self.runner.on_start = lambda launch: self.gateway.mark_running(
@@ -226,6 +230,8 @@ class TrainingRun:
                 await close()
             except Exception:  # teardown must reach every part
                 log.exception("error while shutting down")
+        if getattr(self, "_ui", None) is not None:
+            self._ui.close()
         if getattr(self, "store", None) is not None:
             if getattr(self, "run_record", None) is not None:
                 self.store.set_run_status(self.run_record.id, end_status(exc[0] if exc else None))

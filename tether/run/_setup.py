@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tether.configio import dump
 from tether.errors import Interrupted
-from tether.gateway import GatewayConfig
+from tether.gateway import GatewayConfig, admin_key_file, is_loopback
 from tether.records import RunStatus
 from tether.run._async import AsyncRollouts
 from tether.run._rundir import ResumePoint
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from tether.run._loop import TrainingRun
 
 __all__ = [
+    "admin_key_path",
     "async_rollouts",
     "end_status",
     "gateway_config",
@@ -49,12 +50,24 @@ def record_config(cfg: TrainConfig, command: str, resume: ResumePoint | None) ->
     return record
 
 
+def admin_key_path(cfg: TrainConfig) -> Path | None:
+    """Where the run's admin key is kept when the operator gives none: ``{dir}/admin_key``
+    (mode 600, shared by every run under ``dir`` and by ``tether dashboard --dir``) on a
+    loopback bind; None when the key comes from the operator, or off loopback."""
+    given = cfg.gateway.admin_key or os.environ.get("TETHER_ADMIN_KEY")
+    return None if given or not is_loopback(cfg.gateway.host) else Path(cfg.dir) / "admin_key"
+
+
 def gateway_config(cfg: TrainConfig) -> GatewayConfig:
-    """The run's gateway config: an admin key (the operator's, or a fresh one), and in async
-    mode ``trainer.hold_timeout_s`` as the admission timeout."""
+    """The run's gateway config: an admin key (the operator's; else on loopback the one in
+    :func:`admin_key_path`, made once; else a fresh one), and in async mode
+    ``trainer.hold_timeout_s`` as the admission timeout."""
     gcfg = cfg.gateway
     if not gcfg.admin_key:  # the operator's key reaches the admin API of the run's gateway
-        key = os.environ.get("TETHER_ADMIN_KEY") or secrets.token_urlsafe(32)
+        path = admin_key_path(cfg)
+        key = os.environ.get("TETHER_ADMIN_KEY") or (
+            admin_key_file(path) if path is not None else secrets.token_urlsafe(32)
+        )
         gcfg = dataclasses.replace(gcfg, admin_key=key)
     hold = cfg.trainer.hold_timeout_s
     if cfg.trainer.mode == "async" and hold is not None:

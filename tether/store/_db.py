@@ -9,6 +9,11 @@ other processes wait (``busy_timeout``) instead of failing on a lock upgrade.
 Reads use their own connections (``query_only``) from a small pool. In WAL
 mode a reader sees the last committed state and never a half-done write, and
 it does not wait for the writer.
+
+A read-only database (``read_only=True``: the dashboard, over a file a
+training run is writing) opens no writer at all: its connections are opened
+``mode=ro``, it never migrates, and it refuses a file whose schema version is
+not the one this tether writes.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 
 from tether.errors import UserError
 from tether.store._errors import StoreError
-from tether.store._migrations import migrate
+from tether.store._migrations import MIGRATIONS, migrate
 
 __all__ = ["SYNCHRONOUS", "Database"]
 
@@ -31,7 +36,9 @@ SYNCHRONOUS = ("NORMAL", "FULL")
 class Database:
     """The connections of one :class:`~tether.store.Store`."""
 
-    def __init__(self, path: str | Path, synchronous: str, busy_timeout_s: float) -> None:
+    def __init__(
+        self, path: str | Path, synchronous: str, busy_timeout_s: float, read_only: bool = False
+    ) -> None:
         mode = str(synchronous).upper()
         if mode not in SYNCHRONOUS:
             raise UserError(
@@ -42,7 +49,7 @@ class Database:
         if not busy_timeout_s > 0:
             raise UserError(f"busy_timeout_s ({busy_timeout_s}) must be > 0")
         self.path = str(path)
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self.read_only = read_only
         self.synchronous = mode
         self._busy_ms = int(busy_timeout_s * 1000)
         self._lock = threading.Lock()
@@ -51,6 +58,10 @@ class Database:
         self._readers: list[sqlite3.Connection] = []
         self._closed = False
         self.migrations_run = 0
+        if read_only:
+            self._open_read_only()
+            return
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         try:
             self._writer = self._connect()
         except sqlite3.Error as e:
@@ -66,9 +77,28 @@ class Database:
                 raise StoreError(f"cannot open the store at {self.path}: {e}") from e
             raise
 
+    def _open_read_only(self) -> None:
+        if not Path(self.path).is_file():
+            raise StoreError(f"no trace store at {self.path}")
+        with self.read() as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version != len(MIGRATIONS):
+            self.close()
+            fix = (
+                "upgrade tether to read it"
+                if version > len(MIGRATIONS)
+                else f"migrate it first: tether rollouts list --store {self.path}"
+            )
+            raise StoreError(
+                f"the store at {self.path} is at schema version {version}, this tether "
+                f"reads version {len(MIGRATIONS)} and opened it read-only: {fix}"
+            )
+
     def _connect(self, *, query_only: bool = False) -> sqlite3.Connection:
+        target = Path(self.path).resolve().as_uri() + "?mode=ro" if self.read_only else self.path
         conn = sqlite3.connect(
-            self.path,
+            target,
+            uri=self.read_only,
             isolation_level=None,  # autocommit; transactions are explicit
             check_same_thread=False,  # guarded by the lock (writer) or the pool (readers)
             timeout=self._busy_ms / 1000,
@@ -88,6 +118,8 @@ class Database:
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction on the writer: committed on exit, rolled back on error."""
+        if self.read_only:
+            raise StoreError(f"the store at {self.path} was opened read-only; nothing is written")
         with self._lock:
             self._check_open()
             conn = self._writer
@@ -141,6 +173,8 @@ class Database:
                 conn.close()
             self._readers.clear()
             self._idle.clear()
+            if self.read_only:
+                return
             with suppress(sqlite3.Error):
                 self._writer.execute("PRAGMA optimize")
             self._writer.close()

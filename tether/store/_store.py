@@ -26,6 +26,7 @@ from tether.records import (
     check_transition,
 )
 from tether.store import _rows as rows
+from tether.store._browse import Browse
 from tether.store._codec import dump_json, pack_floats, pack_ids, reward_column
 from tether.store._db import Database
 from tether.store._errors import (
@@ -101,7 +102,7 @@ def _insert_final_reward(conn: sqlite3.Connection, reward: Reward) -> None:
     )
 
 
-class Store(RunLog):
+class Store(RunLog, Browse):
     """A SQLite (WAL) trace store at ``path``; created and migrated on open.
 
     ``synchronous`` is ``"NORMAL"`` (a commit survives a process crash) or
@@ -109,12 +110,21 @@ class Store(RunLog):
     ``busy_timeout_s`` bounds the wait for another process's write lock.
     Missing parent directories are created. One ``Store`` serves every thread
     of a process; a forked child must open its own.
+
+    ``read_only=True`` opens an existing file for reading only (no writer
+    connection, no migration; every write raises :class:`StoreError`): what a
+    viewer such as ``tether dashboard`` uses on a store a run is writing.
     """
 
     def __init__(
-        self, path: str | Path, *, synchronous: str = "NORMAL", busy_timeout_s: float = 10.0
+        self,
+        path: str | Path,
+        *,
+        synchronous: str = "NORMAL",
+        busy_timeout_s: float = 10.0,
+        read_only: bool = False,
     ) -> None:
-        self._db = Database(path, synchronous, busy_timeout_s)
+        self._db = Database(path, synchronous, busy_timeout_s, read_only)
 
     def __enter__(self) -> Store:
         return self

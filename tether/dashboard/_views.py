@@ -1,0 +1,198 @@
+"""What each page shows, read from one store: plain dicts for the templates.
+
+Run naming follows the training loop: a step's groups are ``{run}-s{step}-g{k}``, an
+eval's ``{run}-eval{step}-s-g{k}`` (sampled) and ``{run}-eval{step}-g-g{k}`` (greedy),
+async mode's ``{run}-a-g{k}``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from typing import Any
+
+from tether.records import Rollout, RolloutStatus, Run
+from tether.store import Store
+
+__all__ = [
+    "CHARTS",
+    "advantages",
+    "chart_layout",
+    "events",
+    "group_phase",
+    "run_header",
+    "sparkline",
+]
+
+#: The run page's charts: title → metric names, in this order; a metric named in none
+#: gets a chart of its own after these.
+CHARTS: list[tuple[str, list[str]]] = [
+    ("reward", ["reward_mean", "success"]),
+    ("held-out success", ["eval/sampled_success", "eval/greedy_success"]),
+    ("loss", ["loss"]),
+    ("KL", ["approx_kl", "kl_ref"]),
+    ("clip fraction", ["clip_frac", "clip_frac_low", "clip_frac_high"]),
+    ("grad norm", ["grad_norm"]),
+    ("entropy", ["entropy"]),
+    ("logprob gap (engine vs trainer)", ["logprob_gap", "logprob_gap_max"]),
+    ("policy lag", ["policy_lag_max", "call_lag_mean"]),
+    ("step time (s)", ["step_s", "rollout_s", "update_s", "wait_s", "drain_s", "paused_s"]),
+    ("tokens/s", ["gen_tokens_per_s"]),
+    ("memory (MiB)", ["rss_mb"]),
+    ("groups", ["groups_dropped", "zero_variance_groups", "groups_dropped_lag"]),
+]
+_HIDDEN = {
+    "eval/tasks",
+    "eval/rollouts",
+    "eval/wall_s",
+    "policy_version",
+    "rollouts",
+    "micro_batches",
+}
+_GROUP = re.compile(r"-(s|eval)(\d+)(?:-(s|g))?-g\d+$")
+
+
+def chart_layout() -> dict[str, Any]:
+    """What the run page's script draws: ``charts`` (:data:`CHARTS`; a chart appears once
+    one of its metrics has a point, a metric named in none gets its own) and ``hidden``
+    (counters not drawn)."""
+    return {
+        "charts": [{"title": t, "series": list(s)} for t, s in CHARTS],
+        "hidden": sorted(_HIDDEN),
+    }
+
+
+def group_phase(run_id: str | None, group_id: str | None) -> tuple[str, int | None]:
+    """``(phase, step)`` of a group: ``train``, ``eval sampled``, ``eval greedy``,
+    ``async`` (step unknown) or ``other``."""
+    if not group_id:
+        return "other", None
+    tail = group_id.removeprefix(f"{run_id}-") if run_id else group_id
+    m = _GROUP.search("-" + tail)
+    if m is None:
+        return ("async", None) if tail.startswith("a-g") else ("other", None)
+    if m.group(1) == "s":
+        return "train", int(m.group(2))
+    return ("eval sampled" if m.group(3) == "s" else "eval greedy"), int(m.group(2))
+
+
+def phase_prefix(run_id: str, phase: str, step: int | None) -> str | None:
+    """The group-id prefix of a phase (and step) of the run, for filtering; None = any."""
+    at = "" if step is None else str(step)
+    if phase == "train":
+        return f"{run_id}-s{at}" + ("-g" if step is not None else "")
+    if phase == "eval":
+        return f"{run_id}-eval{at}" + ("-" if step is not None else "")
+    if phase == "async":
+        return f"{run_id}-a-g"
+    return None
+
+
+def run_header(store: Store, run: Run) -> dict[str, Any]:
+    """Name, status, model, steps, start, last activity and best held-out success."""
+    cfg = run.config or {}
+    model = cfg.get("model")
+    if isinstance(model, dict):
+        model = model.get("path")
+    activity = store.run_activity(run.id)
+    best = activity["best"]
+    return {
+        "id": run.id,
+        "name": str(cfg.get("name") or cfg.get("command") or run.id),
+        "status": run.status.value,
+        "model": "" if model is None else str(model),
+        "steps": activity["steps"],
+        "total_steps": (cfg.get("trainer") or {}).get("steps")
+        if isinstance(cfg.get("trainer"), dict)
+        else None,
+        "created_at": run.created_at,
+        "last_at": activity["last_at"],
+        "rollouts": activity["rollouts"],
+        "calls": activity["calls"],
+        "best_sampled": best.get("eval/sampled_success"),
+        "best_greedy": best.get("eval/greedy_success"),
+    }
+
+
+def sparkline(values: list[float], width: int = 120, height: int = 28) -> str:
+    """SVG polyline points of ``values`` (NaN skipped), scaled into ``width × height``."""
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if len(vals) < 2:
+        return ""
+    lo, hi = min(vals), max(vals)
+    span = (hi - lo) or 1.0
+    step = width / (len(vals) - 1)
+    return " ".join(
+        f"{i * step:.1f},{height - 2 - (v - lo) / span * (height - 4):.1f}"
+        for i, v in enumerate(vals)
+    )
+
+
+def events(store: Store, run: Run) -> list[dict[str, Any]]:
+    """What happened, by step: evals, checkpoints, dropped groups, failed calls, rewards of
+    0 for ``collapse_patience`` steps in a row, and how the run ended."""
+    by_step: dict[int, dict[str, float]] = defaultdict(dict)
+    for m in store.metrics(run.id):
+        by_step[m.step][m.name] = m.value
+    out: list[dict[str, Any]] = []
+    streak = 0
+    trainer = run.config.get("trainer") if isinstance(run.config.get("trainer"), dict) else {}
+    patience = int(trainer.get("collapse_patience") or 0)
+    for step in sorted(by_step):
+        m = by_step[step]
+        if "eval/sampled_success" in m:
+            greedy = m.get("eval/greedy_success")
+            text = f"held-out success: sampled {_pct(m['eval/sampled_success'])}"
+            if greedy is not None:
+                text += f", greedy {_pct(greedy)}"
+            out.append({"step": step, "kind": "eval", "text": text})
+        for name, what in (
+            ("groups_dropped", "group(s) dropped: an unusable reward"),
+            ("groups_dropped_lag", "group(s) dropped: policy lag"),
+            ("failed_calls", "call(s) failed in the engine"),
+        ):
+            if m.get(name, 0) and m[name] > 0:
+                out.append({"step": step, "kind": "dropped", "text": f"{m[name]:.0f} {what}"})
+        if "reward_mean" in m:
+            streak = streak + 1 if m["reward_mean"] <= 0 else 0
+            if patience and streak == patience:
+                out.append(
+                    {
+                        "step": step,
+                        "kind": "collapse",
+                        "text": f"reward 0 for {patience} steps in a row: the policy collapsed",
+                    }
+                )
+    for c in store.checkpoints(run.id):
+        out.append({"step": c.step, "kind": "checkpoint", "text": f"checkpoint {c.path}"})
+    out.sort(key=lambda e: e["step"])
+    if run.status is not run.status.RUNNING:
+        out.append({"step": None, "kind": "end", "text": f"run {run.status.value}"})
+    return out
+
+
+def _pct(v: float) -> str:
+    return "-" if v is None or not math.isfinite(v) else f"{v:.0%}"
+
+
+def usable(r: Rollout) -> bool:
+    """What the trainer learns from: a succeeded rollout with a finite reward."""
+    return r.status is RolloutStatus.SUCCEEDED and r.reward is not None and math.isfinite(r.reward)
+
+
+def advantages(members: list[Rollout], estimator: str) -> dict[str, float] | None:
+    """Each rollout's advantage in its group (the trainer's estimator), or None when the
+    group is dropped (a rollout without a usable reward) or not finished."""
+    if not members or not all(usable(r) for r in members):
+        return None
+    import torch
+
+    from tether.trainer import algorithms as A
+
+    rewards = torch.tensor([[r.reward for r in members]], dtype=torch.float64)
+    try:
+        adv = A.compute_advantages(rewards, estimator).advantages[0].tolist()
+    except ValueError:
+        return None
+    return {r.id: a for r, a in zip(members, adv, strict=True)}
