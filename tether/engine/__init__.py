@@ -5,6 +5,8 @@
 - :class:`TransformersEngine` — embedded, continuous batching, prefix
   caching, CPU or CUDA; :class:`EngineStats` its counters (both imported
   lazily, so importing :mod:`tether.engine` does not import torch)
+- :class:`TokenDelta` — what ``Engine.generate_stream`` yields per sampled token
+  (then the :class:`GenerateResult`)
 - :class:`AdmissionGate` — pause, drain and resume generations (the engines'
   and the gateway's gate); :class:`AdmissionTimeout` when a held call waits too long
 - :func:`end_of_turn_ids` — the ids that end a generated turn (one rule for
@@ -27,6 +29,7 @@ from tether.engine._protocol import (
     GenerateResult,
     SamplingParams,
 )
+from tether.engine._stream import TokenDelta
 from tether.engine._turns import end_of_turn_ids
 
 if TYPE_CHECKING:
@@ -44,6 +47,7 @@ __all__ = [
     "EngineTimeout",
     "GenerateResult",
     "SamplingParams",
+    "TokenDelta",
     "TransformersEngine",
     "end_of_turn_ids",
 ]

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tether.errors import TetherError
+
+if TYPE_CHECKING:
+    from tether.engine._stream import TokenDelta
 
 __all__ = [
     "Completion",
@@ -120,6 +124,16 @@ class Engine(Protocol):
         """Sample ``params.n`` completions of ``prompt_ids``.
 
         Concurrent calls are batched together. Raises :class:`EngineError`.
+        """
+        ...
+
+    def generate_stream(
+        self, prompt_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[TokenDelta | GenerateResult]:
+        """Like :meth:`generate`, token by token: a :class:`~tether.engine.TokenDelta` per
+        sampled token as it is sampled, then the :class:`GenerateResult`.
+
+        Closing the iterator early cancels the request (see ``tether.engine._stream``).
         """
         ...
 

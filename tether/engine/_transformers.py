@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
 
@@ -22,11 +23,14 @@ import torch
 
 from tether.engine._gate import AdmissionGate
 from tether.engine._protocol import EngineFailed, GenerateResult, SamplingParams
+from tether.engine._stream import TokenDelta
 from tether.engine._turns import end_of_turn_ids
 from tether.engine._worker import STOP, EngineStats, Request, Scheduler
 from tether.errors import UserError
 
 __all__ = ["TransformersEngine"]
+
+_END = object()  # queued after a streamed request's last token
 
 
 class TransformersEngine:
@@ -126,16 +130,39 @@ class TransformersEngine:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
         self._check(prompt_ids, params)
         async with self._gate.admit():
-            if not self._worker.is_alive():
-                raise EngineFailed("the engine's worker thread is not running")
-            loop = asyncio.get_running_loop()
-            stop_ids = frozenset(params.stop_token_ids) | (
-                frozenset() if params.ignore_eos else self._eos
-            )
-            req = Request(list(prompt_ids), params, stop_ids, loop.create_future(), loop)
-            req.future.add_done_callback(lambda f: setattr(req, "cancelled", f.cancelled()))
-            self._worker.inbox.put(req)
+            req = self._submit(prompt_ids, params)
             return await req.future
+
+    async def generate_stream(
+        self, prompt_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[TokenDelta | GenerateResult]:
+        """Each token as the worker samples it, then the result; closing the iterator early
+        cancels the request (its rows leave the batch at the worker's next step)."""
+        self._check(prompt_ids, params)
+        async with self._gate.admit():
+            tokens: asyncio.Queue[Any] = asyncio.Queue()
+            req = self._submit(prompt_ids, params, tokens.put_nowait)
+            req.future.add_done_callback(lambda _: tokens.put_nowait(_END))
+            try:
+                while (item := await tokens.get()) is not _END:
+                    yield item
+                yield req.future.result()
+            finally:
+                if not req.future.done():
+                    req.future.cancel()  # sets req.cancelled: the worker drops its rows
+
+    def _submit(self, prompt_ids: list[int], params: SamplingParams, on_token: Any = None):
+        if not self._worker.is_alive():
+            raise EngineFailed("the engine's worker thread is not running")
+        loop = asyncio.get_running_loop()
+        stop_ids = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else self._eos
+        )
+        req = Request(list(prompt_ids), params, stop_ids, loop.create_future(), loop)
+        req.on_token = on_token
+        req.future.add_done_callback(lambda f: setattr(req, "cancelled", f.cancelled()))
+        self._worker.inbox.put(req)
+        return req
 
     def _check(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if not prompt_ids:

@@ -36,6 +36,7 @@ from tether.engine._batch import KVBatch
 from tether.engine._prefix import Prefix, PrefixCache
 from tether.engine._protocol import Completion, EngineFailed, GenerateResult, SamplingParams
 from tether.engine._sampling import StopChecker, sample_rows
+from tether.engine._stream import TokenDelta
 
 __all__ = ["STOP", "EngineStats", "Request", "Scheduler"]
 
@@ -71,6 +72,7 @@ class Request:
     completions: list[Completion | None] = field(default_factory=list)
     version: int = 0
     cancelled: bool = False
+    on_token: Any = None  # streamed requests: called (on ``loop``) with each TokenDelta
 
 
 @dataclass(eq=False)
@@ -270,7 +272,10 @@ class Scheduler(threading.Thread):
             reason = self._finished(row) if i >= offset else None
             if row.req.cancelled:
                 done = True
-            elif reason is None:
+                continue
+            if i >= offset and row.req.on_token is not None:
+                self._push(row, reason)
+            if reason is None:
                 keep.append(i)
             else:
                 done = True
@@ -282,6 +287,12 @@ class Scheduler(threading.Thread):
             self._rows = [self._rows[i] for i in keep]
         elif done:
             self._batch, self._rows = None, []
+
+    def _push(self, row: _Row, reason: str | None) -> None:
+        top = row.top[-1] if row.req.params.top_logprobs and row.top else None
+        delta = TokenDelta(row.index, row.tokens[-1], row.logprobs[-1], top, reason)
+        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
+            row.req.loop.call_soon_threadsafe(row.req.on_token, delta)
 
     def _finished(self, row: _Row) -> str | None:
         p = row.req.params
