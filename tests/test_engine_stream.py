@@ -11,8 +11,14 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from tether.engine import Engine, EngineFailed, GenerateResult, SamplingParams, TokenDelta
-from tether.engine import TransformersEngine
+from tether.engine import (
+    Engine,
+    EngineFailed,
+    GenerateResult,
+    SamplingParams,
+    TokenDelta,
+    TransformersEngine,
+)
 from tether.engine.testing import FaultyEngine, NullEngine, ScriptedEngine
 
 VOCAB = 300
@@ -56,7 +62,9 @@ async def test_stream_yields_the_tokens_generate_returns(engine):
     params = SamplingParams(temperature=1.0, max_tokens=20, n=3, seed=11, top_logprobs=2)
     deltas, result = await collect(engine.generate_stream([5, 6, 7, 8], params))
     ref = await engine.generate([5, 6, 7, 8], params)  # same seed: same tokens
-    for got, want, mine in zip(per_choice(deltas, 3), ref.completions, result.completions):
+    for got, want, mine in zip(
+        per_choice(deltas, 3), ref.completions, result.completions, strict=True
+    ):
         assert [d.token_id for d in got] == want.token_ids == mine.token_ids
         assert [d.logprob for d in got] == pytest.approx(want.logprobs, abs=1e-5)
         assert [d.top_logprobs for d in got] == mine.top_logprobs

@@ -8,8 +8,8 @@ scripted engines for tests) implements :class:`Engine`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tether.errors import TetherError
