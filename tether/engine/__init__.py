@@ -6,7 +6,8 @@
   caching, CPU or CUDA; :class:`EngineStats` its counters (both imported
   lazily, so importing :mod:`tether.engine` does not import torch)
 - :class:`TokenDelta` — what ``Engine.generate_stream`` yields per sampled token
-  (then the :class:`GenerateResult`)
+  (then the :class:`GenerateResult`); :func:`engine_stream` streams any engine
+  (one without ``generate_stream`` through ``generate``)
 - :class:`AdmissionGate` — pause, drain and resume generations (the engines'
   and the gateway's gate); :class:`AdmissionTimeout` when a held call waits too long
 - :func:`end_of_turn_ids` — the ids that end a generated turn (one rule for
@@ -29,7 +30,7 @@ from tether.engine._protocol import (
     GenerateResult,
     SamplingParams,
 )
-from tether.engine._stream import TokenDelta
+from tether.engine._stream import TokenDelta, engine_stream
 from tether.engine._turns import end_of_turn_ids
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ __all__ = [
     "TokenDelta",
     "TransformersEngine",
     "end_of_turn_ids",
+    "engine_stream",
 ]
 
 

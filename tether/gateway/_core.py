@@ -13,6 +13,7 @@ import logging
 import secrets
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
@@ -34,6 +35,7 @@ from ._config import GatewayConfig
 from ._errors import ApiError
 from ._render import Choice, choices_from
 from ._rollouts import OpenedRollout, Rollouts
+from ._streaming import stream_call
 
 __all__ = ["Gateway", "OpenedRollout"]
 
@@ -242,6 +244,49 @@ class Gateway(Rollouts):
             self.parser if parse_tools else None,
             max_tool_calls=max_tool_calls,
         )
+        seqs = self.record_choices(
+            rollout_id, attempt, prompt_ids, params, request, result, choices, latency
+        )
+        return choices, seqs
+
+    def generate_stream(
+        self,
+        rollout_id: str,
+        attempt: int,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request: dict[str, Any],
+        *,
+        parse_tools: bool,
+        max_tool_calls: int | None = None,
+        tokens: bool = False,
+    ) -> AsyncIterator[Any]:
+        """:meth:`generate`, streamed: ``TextDelta`` / ``ToolCallDelta`` pieces as the engine
+        samples tokens, then ``Done`` once the calls are committed (see ``_streaming``)."""
+        return stream_call(
+            self,
+            rollout_id,
+            attempt,
+            prompt_ids,
+            params,
+            request,
+            parse_tools=parse_tools,
+            max_tool_calls=max_tool_calls,
+            tokens=tokens,
+        )
+
+    def record_choices(
+        self,
+        rollout_id: str,
+        attempt: int,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request: dict[str, Any],
+        result: Any,
+        choices: list[Choice],
+        latency: float,
+    ) -> list[int]:
+        """Commit one call per choice; return their seqs."""
         seqs = []
         for choice, completion in zip(choices, result.completions, strict=True):
             seqs.append(
@@ -269,9 +314,21 @@ class Gateway(Rollouts):
                 request.get("messages"),
                 [c.text for c in choices],
             )
-        return choices, seqs
+        return seqs
 
-    def _record_failure(self, rollout_id, attempt, prompt_ids, params, request, t0, error) -> None:
+    def _record_failure(
+        self,
+        rollout_id,
+        attempt,
+        prompt_ids,
+        params,
+        request,
+        t0,
+        error,
+        *,
+        status: CallStatus = CallStatus.FAILED,
+        completion: tuple[list[int], list[float]] = ([], []),
+    ) -> None:
         try:
             self.store.record_call(
                 Call(
@@ -279,13 +336,13 @@ class Gateway(Rollouts):
                     seq=-1,
                     attempt=attempt,
                     prompt_ids=list(prompt_ids),
-                    completion_ids=[],
-                    logprobs=[],
+                    completion_ids=list(completion[0]),
+                    logprobs=list(completion[1]),
                     policy_version=self.engine.policy_version,
                     request=request,
                     finish_reason=None,
                     temperature=params.temperature,
-                    status=CallStatus.FAILED,
+                    status=status,
                     error=error[:500],
                     latency_s=time.perf_counter() - t0,
                 )

@@ -17,16 +17,20 @@ from tether.records import RewardSource, RolloutStatus
 from ._auth import bearer, check_rollout_id
 from ._core import Gateway
 from ._errors import ApiError
-from ._http import STREAMED, body_schema, gateway, parse, rollout_attempt, sse
-from ._render import chat_body, chat_chunks, completion_body
+from ._http import STREAMED, body_schema, gateway, parse, rollout_attempt
+from ._render import chat_body, completion_body
 from ._schemas import ChatCompletionRequest, CompletionRequest, RewardRequest
+from ._sse import stream_response
 
 __all__ = ["router"]
 
 router = APIRouter()
 
 
-async def _chat(gw: Gateway, rollout_id: str, attempt: int, request: Request) -> Any:
+async def _chat(
+    gw: Gateway, rollout_id: str, attempt: int, request: Request, on_end: Any = None
+) -> Any:
+    """``on_end`` runs when the call is over (for a stream: when the stream ends)."""
     req: ChatCompletionRequest = await parse(request, ChatCompletionRequest)
     top = req.top_logprobs or 0
     if top and not req.logprobs:
@@ -44,15 +48,32 @@ async def _chat(gw: Gateway, rollout_id: str, attempt: int, request: Request) ->
         "tools": req.tools,
         "params": req.model_dump(exclude={"messages", "tools"}, exclude_none=True),
     }
-    choices, _ = await gw.generate(
-        rollout_id,
-        attempt,
-        prompt_ids,
-        params,
-        record,
-        parse_tools=bool(req.tools) and req.tool_choice != "none",
-        max_tool_calls=1 if req.parallel_tool_calls is False else None,
-    )
+    parse_tools = bool(req.tools) and req.tool_choice != "none"
+    max_tool_calls = 1 if req.parallel_tool_calls is False else None
+    if req.stream:
+        events = gw.generate_stream(
+            rollout_id, attempt, prompt_ids, params, record,
+            parse_tools=parse_tools, max_tool_calls=max_tool_calls, tokens=True,
+        )  # fmt: skip
+        return await stream_response(
+            events,
+            tokenizer=gw.tokenizer,
+            model=req.model,
+            policy_version=gw.engine.policy_version,
+            chat=True,
+            logprobs=bool(req.logprobs),
+            top_logprobs=top,
+            include_usage=bool((req.stream_options or {}).get("include_usage")),
+            on_end=on_end,
+        )
+    try:
+        choices, _ = await gw.generate(
+            rollout_id, attempt, prompt_ids, params, record,
+            parse_tools=parse_tools, max_tool_calls=max_tool_calls,
+        )  # fmt: skip
+    finally:
+        if on_end is not None:
+            on_end()
     body = chat_body(
         gw.tokenizer,
         req.model,
@@ -62,9 +83,6 @@ async def _chat(gw: Gateway, rollout_id: str, attempt: int, request: Request) ->
         top_logprobs=top,
         policy_version=gw.engine.policy_version,
     )
-    if req.stream:
-        include_usage = bool((req.stream_options or {}).get("include_usage"))
-        return sse(chat_chunks(gw.tokenizer, body, choices, include_usage=include_usage))
     return JSONResponse(body)
 
 
@@ -121,6 +139,18 @@ async def rollout_completions(
         prompt_ids = list(req.prompt)
     gw.check_prompt(prompt_ids, params)
     record = {"prompt": req.prompt, "params": req.model_dump(exclude={"prompt"}, exclude_none=True)}
+    if req.stream:
+        return await stream_response(
+            gw.generate_stream(
+                rollout_id, attempt, prompt_ids, params, record, parse_tools=False, tokens=True
+            ),
+            tokenizer=gw.tokenizer,
+            model=req.model,
+            policy_version=gw.engine.policy_version,
+            chat=False,
+            logprobs=req.logprobs,
+            include_usage=bool((req.stream_options or {}).get("include_usage")),
+        )
     choices, _ = await gw.generate(
         rollout_id, attempt, prompt_ids, params, record, parse_tools=False
     )
@@ -132,9 +162,6 @@ async def rollout_completions(
         logprobs=req.logprobs,
         policy_version=gw.engine.policy_version,
     )
-    if req.stream:
-        base = {k: body[k] for k in ("id", "object", "created", "model")}
-        return sse([{**base, "choices": [c]} for c in body["choices"]])
     return JSONResponse(body)
 
 
@@ -179,10 +206,18 @@ async def record_chat(request: Request, gw: Gateway = Depends(gateway)):
             "invalid key for record mode (tether serve --record-key KEY, or gateway.record_keys)",
         )
     opened = gw.open_rollout({}, run_id=None)
+    ended = []
+
+    def finish() -> None:  # once: when the answer (or the stream) is over, or failed
+        if not ended:
+            ended.append(True)
+            gw.finish_rollout(opened.rollout_id, RolloutStatus.SUCCEEDED, attempt=opened.attempt)
+
     try:
-        return await _chat(gw, opened.rollout_id, opened.attempt, request)
-    finally:
-        gw.finish_rollout(opened.rollout_id, RolloutStatus.SUCCEEDED, attempt=opened.attempt)
+        return await _chat(gw, opened.rollout_id, opened.attempt, request, on_end=finish)
+    except BaseException:
+        finish()
+        raise
 
 
 @router.get("/v1/models", tags=["record"])
