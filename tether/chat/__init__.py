@@ -5,7 +5,8 @@ records are exactly what the model saw, and parses the completion text back
 into an OpenAI assistant message (:func:`get_parser`), streamed or not
 (:func:`stream_chunks`; :class:`LiveText` releases a completion's content
 token by token while it is generated). :class:`PromptEncoder` encodes a growing
-conversation's prompt text reusing the ids of the prefix it has seen.
+conversation's prompt text reusing the ids of the prefix it has seen;
+:class:`HistoryCache` renders and encodes only a conversation's new turns.
 
 Exceptions::
 
@@ -30,6 +31,7 @@ from tether.chat._errors import (
     UnknownParser,
     UnsupportedContent,
 )
+from tether.chat._history import HistoryCache
 from tether.chat._incremental import LiveText, live_prefix
 from tether.chat._parsers import (
     CallIds,
@@ -54,6 +56,7 @@ from tether.chat._stream import assemble_chunks, stream_chunks, usage_chunk
 __all__ = [
     "CallIds",
     "ChatError",
+    "HistoryCache",
     "InvalidMessages",
     "LiveText",
     "MissingChatTemplate",

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-from tether.chat import PromptEncoder, get_parser, render_text
+from tether.chat import HistoryCache, PromptEncoder, get_parser, render_text
 from tether.engine import (
     AdmissionGate,
     Engine,
@@ -82,6 +82,7 @@ class Gateway(Rollouts):
         self.gate = AdmissionGate()
         self.stop_ids = end_of_turn_ids(tokenizer)
         self.prompts = PromptEncoder(tokenizer)
+        self.history = HistoryCache(tokenizer)
         self.max_context = int(getattr(tokenizer, "model_max_length", 0) or 0)
         self.engine_calls = 0
         # Per-rollout sampling overrides set by the trainer (e.g. greedy evaluation);
@@ -173,7 +174,15 @@ class Gateway(Rollouts):
                 param="messages",
             )
 
-    def render(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+    def render(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None,
+        *,
+        conversation: tuple[str, int] | None = None,
+    ) -> list[int]:
+        """The prompt ids (400 beyond a cap). ``conversation`` (rollout id, attempt): render
+        and encode only what extends that conversation's previous prompt (``HistoryCache``)."""
         cfg = self.config
         if not messages:
             raise ApiError(400, "messages must not be empty", param="messages")
@@ -187,8 +196,14 @@ class Gateway(Rollouts):
             raise ApiError(
                 400, f"{len(tools)} tools is above the cap of {cfg.max_tools}", param="tools"
             )
+        if conversation is not None and self.config.render_cache:
+            return self.history.render(conversation, messages, tools or None, self._render_full)
+        return self._render_full(messages, tools or None)[1]
+
+    def _render_full(self, messages: Any, tools: Any) -> tuple[str, list[int]]:
         # render_prompt(), with the encoding of a prefix seen before reused (token-exact).
-        return self.prompts.encode(render_text(self.tokenizer, messages, tools or None))
+        text = render_text(self.tokenizer, messages, tools)
+        return text, self.prompts.encode(text)
 
     async def generate(
         self,

@@ -41,7 +41,7 @@ async def _chat(
         top_logprobs=top,
         rollout_id=rollout_id,
     )
-    prompt_ids = gw.render(req.messages, req.tools)
+    prompt_ids = gw.render(req.messages, req.tools, conversation=(rollout_id, attempt))
     gw.check_prompt(prompt_ids, params)
     record = {
         "messages": req.messages,
