@@ -52,12 +52,23 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Entry:
-    messages: list[str]  # each message as JSON (key order and number types count)
+    count: int  # the number of messages
+    messages: str  # the messages as one JSON list (key order and number types count)
     tools: str  # the tools as JSON
     text: str  # the prompt text (with the generation prompt)
     ids: array  # its ids
     # (the generation prompt's text and ids, the first message's rendering), computed once
     fixed: tuple[str, list[int], str] | None = None
+
+
+def _extends(dumped: str, entry: _Entry) -> bool:
+    """Whether the JSON list ``dumped`` starts with the entry's messages, serialized alike.
+
+    JSON is read left to right, so equal text up to the end of the old last message
+    followed by ``, `` means the same old messages, key order and number types included.
+    """
+    head = entry.messages[:-1]  # without the closing "]"
+    return dumped.startswith(head) and dumped.startswith(", ", len(head))
 
 
 def _role(message: Any) -> Any:
@@ -66,7 +77,7 @@ def _role(message: Any) -> Any:
 
 def _dumps(obj: Any) -> str | None:
     try:
-        return json.dumps(obj, ensure_ascii=False)
+        return json.dumps(obj)
     except (TypeError, ValueError):
         return None
 
@@ -108,9 +119,9 @@ class HistoryCache:
         """The prompt ids of ``messages`` and ``tools``, as ``full`` would compute them."""
         if not self.enabled:
             return full(messages, tools)[1]
-        dumped = [_dumps(m) for m in messages]
+        dumped = _dumps(list(messages))
         tools_json = _dumps(tools)
-        if tools_json is None or None in dumped:
+        if tools_json is None or dumped is None:
             return full(messages, tools)[1]
         with self._lock:
             entry = self._entries.get(key)
@@ -142,7 +153,9 @@ class HistoryCache:
                     return want[1]
         fixed = entry.fixed if found is not None and entry is not None else None
         with self._lock:
-            self._entries[key] = _Entry(dumped, tools_json, text, array("i", ids), fixed)  # type: ignore[arg-type]
+            self._entries[key] = _Entry(
+                len(messages), dumped, tools_json, text, array("i", ids), fixed
+            )
             self._entries.move_to_end(key)
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
@@ -163,11 +176,11 @@ class HistoryCache:
         entry: _Entry,
         messages: Sequence[Any],
         tools: Any,
-        dumped: list[str | None],
+        dumped: str,
         tools_json: str,
     ) -> tuple[str, list[int]] | None:
-        old = len(entry.messages)
-        if len(messages) <= old or tools_json != entry.tools or dumped[:old] != entry.messages:
+        old = entry.count
+        if len(messages) <= old or tools_json != entry.tools or not _extends(dumped, entry):
             return None
         assert self.turn is not None
         mark = self.turn[0]
