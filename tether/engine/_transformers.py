@@ -25,7 +25,7 @@ from tether.engine._gate import AdmissionGate
 from tether.engine._protocol import EngineFailed, GenerateResult, SamplingParams
 from tether.engine._stream import TokenDelta
 from tether.engine._turns import end_of_turn_ids
-from tether.engine._worker import STOP, EngineStats, Request, Scheduler
+from tether.engine._worker import STOP, EngineStats, Request, Scheduler, TokenFeed
 from tether.errors import UserError
 
 __all__ = ["TransformersEngine"]
@@ -140,8 +140,9 @@ class TransformersEngine:
         cancels the request (its rows leave the batch at the worker's next step)."""
         self._check(prompt_ids, params)
         async with self._gate.admit():
-            tokens: asyncio.Queue[Any] = asyncio.Queue()
-            req = self._submit(prompt_ids, params, tokens.put_nowait)
+            feed = TokenFeed(asyncio.get_running_loop())
+            tokens = feed.queue
+            req = self._submit(prompt_ids, params, feed.put)
             req.future.add_done_callback(lambda _: tokens.put_nowait(_END))
             try:
                 while (item := await tokens.get()) is not _END:

@@ -38,7 +38,7 @@ from tether.engine._protocol import Completion, EngineFailed, GenerateResult, Sa
 from tether.engine._sampling import StopChecker, sample_rows
 from tether.engine._stream import TokenDelta
 
-__all__ = ["STOP", "EngineStats", "Request", "Scheduler"]
+__all__ = ["STOP", "EngineStats", "Request", "Scheduler", "TokenFeed"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class Request:
     completions: list[Completion | None] = field(default_factory=list)
     version: int = 0
     cancelled: bool = False
-    on_token: Any = None  # streamed requests: called (on ``loop``) with each TokenDelta
+    on_token: Any = None  # streamed requests: called (in the worker) with each TokenDelta
 
 
 @dataclass(eq=False)
@@ -84,6 +84,38 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[dict[int, float]] = field(default_factory=list)
+
+
+class TokenFeed:
+    """A streamed request's tokens, from the worker thread to its event loop's ``queue``.
+
+    :meth:`put` (worker) wakes the loop only when no wake-up is pending, so tokens that
+    arrive while the loop is busy cost one wake-up together (fewer GIL hand-offs).
+    Wake-ups and the result's settling are FIFO on the loop, so every token is in
+    ``queue`` before the request's future is done.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._pending: list[Any] = []
+        self._scheduled = False
+        self._lock = threading.Lock()
+
+    def put(self, item: Any) -> None:
+        with self._lock:
+            self._pending.append(item)
+            if self._scheduled:
+                return
+            self._scheduled = True
+        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
+            self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._pending, self._scheduled = self._pending, [], False
+        for item in items:
+            self.queue.put_nowait(item)
 
 
 def settle(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -290,9 +322,7 @@ class Scheduler(threading.Thread):
 
     def _push(self, row: _Row, reason: str | None) -> None:
         top = row.top[-1] if row.req.params.top_logprobs and row.top else None
-        delta = TokenDelta(row.index, row.tokens[-1], row.logprobs[-1], top, reason)
-        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
-            row.req.loop.call_soon_threadsafe(row.req.on_token, delta)
+        row.req.on_token(TokenDelta(row.index, row.tokens[-1], row.logprobs[-1], top, reason))
 
     def _finished(self, row: _Row) -> str | None:
         p = row.req.params
