@@ -40,7 +40,9 @@ class TransformersEngine:
     ``n`` samples takes ``n``); ``max_prefill_tokens`` the prompt tokens
     admitted in one step (a longer prompt waits, then runs alone). ``seed``
     seeds the draws of requests that carry none. ``prefix_cache_tokens``
-    bounds the KV kept for shared prompt prefixes (0 turns it off). ``stats`` (:class:`EngineStats`)
+    bounds the KV kept for shared prompt prefixes (0 turns it off). ``stream_interval_s``:
+    a streamed request's tokens reach its event loop at most that often (the first at
+    once; see ``TokenFeed``). ``stats`` (:class:`EngineStats`)
     records batch sizes and prefix-cache hits, for tests and benchmarks.
     """
 
@@ -55,12 +57,14 @@ class TransformersEngine:
         seed: int | None = None,
         prefix_cache_tokens: int = 32_768,
         max_prefill_tokens: int = 16_384,
+        stream_interval_s: float = 0.05,
     ):
         if max_batch_size < 1:
             raise UserError(f"max_batch_size ({max_batch_size}) must be >= 1")
         self.model = model.to(device=device, dtype=dtype) if dtype else model.to(device)
         self.model.eval()
         self.tokenizer = tokenizer
+        self.stream_interval_s = float(stream_interval_s)
         self._vocab = self.model.get_input_embeddings().num_embeddings
         self._max_len = getattr(self.model.config, "max_position_embeddings", None) or 1 << 30
         self._eos = frozenset(end_of_turn_ids(tokenizer, self.model))
@@ -140,10 +144,10 @@ class TransformersEngine:
         cancels the request (its rows leave the batch at the worker's next step)."""
         self._check(prompt_ids, params)
         async with self._gate.admit():
-            feed = TokenFeed(asyncio.get_running_loop())
+            feed = TokenFeed(asyncio.get_running_loop(), self.stream_interval_s)
             tokens = feed.queue
             req = self._submit(prompt_ids, params, feed.put)
-            req.future.add_done_callback(lambda _: tokens.put_nowait(_END))
+            req.future.add_done_callback(lambda _: (feed.flush(), tokens.put_nowait(_END)))
             try:
                 while (item := await tokens.get()) is not _END:
                     yield item

@@ -89,29 +89,34 @@ class _Row:
 class TokenFeed:
     """A streamed request's tokens, from the worker thread to its event loop's ``queue``.
 
-    :meth:`put` (worker) wakes the loop only when no wake-up is pending, so tokens that
-    arrive while the loop is busy cost one wake-up together (fewer GIL hand-offs).
-    Wake-ups and the result's settling are FIFO on the loop, so every token is in
-    ``queue`` before the request's future is done.
+    Each wake-up of the loop is a GIL hand-off between the worker and the loop
+    threads, which on a busy machine stalls the worker for a scheduler slice. So
+    :meth:`put` (worker) wakes the loop at most once per ``interval_s``: the first
+    token goes at once, later ones in bursts (at most ``interval_s`` plus one
+    decode step late); :meth:`flush` (loop, when the request is done) delivers the
+    rest. Wake-ups are FIFO with the result's settling on the loop.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float = 0.05):
         self.loop = loop
+        self.interval_s = interval_s
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self._pending: list[Any] = []
         self._scheduled = False
+        self._sent = float("-inf")
         self._lock = threading.Lock()
 
     def put(self, item: Any) -> None:
+        now = time.monotonic()
         with self._lock:
             self._pending.append(item)
-            if self._scheduled:
+            if self._scheduled or now - self._sent < self.interval_s:
                 return
-            self._scheduled = True
+            self._scheduled, self._sent = True, now
         with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
-            self.loop.call_soon_threadsafe(self._drain)
+            self.loop.call_soon_threadsafe(self.flush)
 
-    def _drain(self) -> None:
+    def flush(self) -> None:
         with self._lock:
             items, self._pending, self._scheduled = self._pending, [], False
         for item in items:
