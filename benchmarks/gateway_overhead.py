@@ -13,6 +13,13 @@ call must be in the store and every answer a 200 with the parsed tool call.
 
     .venv/bin/python benchmarks/gateway_overhead.py [--calls 2000] [--warmup 200]
         [--concurrency 1 64] [--quick] [--client raw|httpx] [--loop auto|asyncio|uvloop]
+    .venv/bin/python benchmarks/gateway_overhead.py --turns 30 [--rollouts 60]
+
+``--turns N`` measures long conversations instead (``turns.py``): the gateway's
+CPU per call at each turn of an agent that calls a tool every turn (the
+history grows ~130 tokens a turn, ~4,000 at turn 30), with the render cache
+off (the baseline) and on, two gateway processes driven turn by turn in
+alternation.
 
 "added" is the gateway's latency minus the baseline's at the same percentile.
 The machine is shared, so latencies move with its load; the CPU time per call
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import importlib.util
 import json
@@ -44,6 +52,8 @@ from _calls import ANSWER, KEY_ENV, SYSTEM, TOOLS, USER, pct
 MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER.format(n=25)}]
 MAX_TOKENS = 64
 LOOP_ENV = "TETHER_BENCH_LOOP"
+CACHE_ENV = "TETHER_BENCH_RENDER_CACHE"
+LONG_ENV = "TETHER_BENCH_LONG_CONTEXT"
 
 
 def answer_ids(tokenizer: Any) -> list[int]:
@@ -73,9 +83,15 @@ def serve(starter: str, store_path: str) -> None:
 
     async def main() -> None:
         tokenizer = load_tokenizer(starter)
+        if os.environ.get(LONG_ENV) == "1":  # the null engine has no context limit
+            tokenizer.model_max_length = 1 << 20
         store = Store(store_path)
-        config = GatewayConfig(admin_key=os.environ[KEY_ENV], port=0)
-        gw = Gateway(null_engine(tokenizer), tokenizer, store, config)
+        cache = os.environ.get(CACHE_ENV, "1") == "1"
+        config = GatewayConfig(admin_key=os.environ[KEY_ENV], port=0, render_cache=cache)
+        engine = null_engine(tokenizer)
+        if os.environ.get(LONG_ENV) == "1":  # the null engine's record of calls would grow
+            engine.calls = collections.deque(maxlen=1)
+        gw = Gateway(engine, tokenizer, store, config)
         server = await LoopServer(create_app(gw), "127.0.0.1", 0).start()
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -97,9 +113,16 @@ def serve(starter: str, store_path: str) -> None:
 
 
 def start_server(
-    starter: Path, store_path: Path, key: str, loop: str
+    starter: Path,
+    store_path: Path,
+    key: str,
+    loop: str,
+    *,
+    render_cache: bool = True,
+    long_context: bool = False,
 ) -> tuple[subprocess.Popen, str, str]:
-    env = {**os.environ, KEY_ENV: key, LOOP_ENV: loop}
+    env = {**os.environ, KEY_ENV: key, LOOP_ENV: loop, CACHE_ENV: "1" if render_cache else "0"}
+    env[LONG_ENV] = "1" if long_context else "0"
     args = [sys.executable, __file__, "--serve", str(starter), str(store_path)]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline() if proc.stdout else ""
@@ -342,6 +365,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="300 calls, 50 warm-up")
     parser.add_argument("--client", choices=("raw", "httpx"), default="raw")
     parser.add_argument(
+        "--turns", type=int, default=0, help="measure a conversation of this many tool turns"
+    )
+    parser.add_argument("--rollouts", type=int, default=60, help="conversations (with --turns)")
+    parser.add_argument(
         "--loop",
         choices=("auto", "asyncio", "uvloop"),
         default="auto",
@@ -358,6 +385,10 @@ def main() -> int:
 
     starter = build_starter()
     with tempfile.TemporaryDirectory(prefix="gateway-overhead-") as tmp:
+        if args.turns:
+            from turns import run_turns
+
+            return asyncio.run(run_turns(args, Path(starter), Path(tmp)))
         return asyncio.run(run(args, Path(starter), Path(tmp)))
 
 

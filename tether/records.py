@@ -105,6 +105,7 @@ def check_transition(old: RolloutStatus, new: RolloutStatus) -> None:
 class CallStatus(str, enum.Enum):
     OK = "ok"
     FAILED = "failed"  # the engine failed; never a training sample
+    CANCELLED = "cancelled"  # the client left a streamed call before it ended; never a sample
 
 
 class RewardSource(str, enum.Enum):

@@ -3,8 +3,10 @@
 The gateway renders the prompt itself (:func:`render_prompt`), so the ids it
 records are exactly what the model saw, and parses the completion text back
 into an OpenAI assistant message (:func:`get_parser`), streamed or not
-(:func:`stream_chunks`). :class:`PromptEncoder` encodes a growing
-conversation's prompt text reusing the ids of the prefix it has seen.
+(:func:`stream_chunks`; :class:`LiveText` releases a completion's content
+token by token while it is generated). :class:`PromptEncoder` encodes a growing
+conversation's prompt text reusing the ids of the prefix it has seen;
+:class:`HistoryCache` renders and encodes only a conversation's new turns.
 
 Exceptions::
 
@@ -29,6 +31,8 @@ from tether.chat._errors import (
     UnknownParser,
     UnsupportedContent,
 )
+from tether.chat._history import HistoryCache
+from tether.chat._incremental import LiveText, live_prefix
 from tether.chat._parsers import (
     CallIds,
     ParsedMessage,
@@ -52,7 +56,9 @@ from tether.chat._stream import assemble_chunks, stream_chunks, usage_chunk
 __all__ = [
     "CallIds",
     "ChatError",
+    "HistoryCache",
     "InvalidMessages",
+    "LiveText",
     "MissingChatTemplate",
     "ParsedMessage",
     "PromptEncoder",
@@ -64,6 +70,7 @@ __all__ = [
     "decode_completion",
     "finish_reason_for",
     "get_parser",
+    "live_prefix",
     "normalize_messages",
     "normalize_tools",
     "parser_names",

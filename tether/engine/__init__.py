@@ -5,6 +5,9 @@
 - :class:`TransformersEngine` — embedded, continuous batching, prefix
   caching, CPU or CUDA; :class:`EngineStats` its counters (both imported
   lazily, so importing :mod:`tether.engine` does not import torch)
+- :class:`TokenDelta` — what ``Engine.generate_stream`` yields per sampled token
+  (then the :class:`GenerateResult`); :func:`engine_stream` streams any engine
+  (one without ``generate_stream`` through ``generate``)
 - :class:`AdmissionGate` — pause, drain and resume generations (the engines'
   and the gateway's gate); :class:`AdmissionTimeout` when a held call waits too long
 - :class:`Constraint` — a grammar on generation (structured outputs, forced tool
@@ -37,6 +40,7 @@ from tether.engine._protocol import (
     GenerateResult,
     SamplingParams,
 )
+from tether.engine._stream import TokenDelta, engine_stream
 from tether.engine._turns import end_of_turn_ids
 
 if TYPE_CHECKING:
@@ -57,9 +61,11 @@ __all__ = [
     "GenerateResult",
     "MissingStructuredExtra",
     "SamplingParams",
+    "TokenDelta",
     "TransformersEngine",
     "UnsupportedConstraint",
     "end_of_turn_ids",
+    "engine_stream",
     "json_schema_format",
 ]
 

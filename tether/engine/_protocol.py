@@ -8,6 +8,7 @@ scripted engines for tests) implements :class:`Engine`.
 from __future__ import annotations
 
 import math
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -15,6 +16,7 @@ from tether.errors import TetherError
 
 if TYPE_CHECKING:
     from tether.engine._constraint import Constraint
+    from tether.engine._stream import TokenDelta
 
 __all__ = [
     "Completion",
@@ -130,6 +132,16 @@ class Engine(Protocol):
         """Sample ``params.n`` completions of ``prompt_ids``.
 
         Concurrent calls are batched together. Raises :class:`EngineError`.
+        """
+        ...
+
+    def generate_stream(
+        self, prompt_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[TokenDelta | GenerateResult]:
+        """Like :meth:`generate`, token by token: a :class:`~tether.engine.TokenDelta` per
+        sampled token as it is sampled, then the :class:`GenerateResult`.
+
+        Closing the iterator early cancels the request (see ``tether.engine._stream``).
         """
         ...
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
 
@@ -23,11 +24,14 @@ import torch
 from tether.engine._constraint import GrammarBook
 from tether.engine._gate import AdmissionGate
 from tether.engine._protocol import EngineFailed, GenerateResult, SamplingParams
+from tether.engine._stream import TokenDelta
 from tether.engine._turns import end_of_turn_ids
-from tether.engine._worker import STOP, EngineStats, Request, Scheduler
+from tether.engine._worker import STOP, EngineStats, Request, Scheduler, TokenFeed
 from tether.errors import UserError
 
 __all__ = ["TransformersEngine"]
+
+_END = object()  # queued after a streamed request's last token
 
 
 class TransformersEngine:
@@ -37,7 +41,9 @@ class TransformersEngine:
     ``n`` samples takes ``n``); ``max_prefill_tokens`` the prompt tokens
     admitted in one step (a longer prompt waits, then runs alone). ``seed``
     seeds the draws of requests that carry none. ``prefix_cache_tokens``
-    bounds the KV kept for shared prompt prefixes (0 turns it off). ``stats`` (:class:`EngineStats`)
+    bounds the KV kept for shared prompt prefixes (0 turns it off). ``stream_interval_s``:
+    a streamed request's tokens reach its event loop at most that often (the first at
+    once; see ``TokenFeed``). ``stats`` (:class:`EngineStats`)
     records batch sizes and prefix-cache hits, for tests and benchmarks.
     ``SamplingParams.constraint`` is honoured (grammar masks, needs xgrammar).
     """
@@ -55,12 +61,14 @@ class TransformersEngine:
         seed: int | None = None,
         prefix_cache_tokens: int = 32_768,
         max_prefill_tokens: int = 16_384,
+        stream_interval_s: float = 0.05,
     ):
         if max_batch_size < 1:
             raise UserError(f"max_batch_size ({max_batch_size}) must be >= 1")
         self.model = model.to(device=device, dtype=dtype) if dtype else model.to(device)
         self.model.eval()
         self.tokenizer = tokenizer
+        self.stream_interval_s = float(stream_interval_s)
         self._vocab = self.model.get_input_embeddings().num_embeddings
         self._max_len = getattr(self.model.config, "max_position_embeddings", None) or 1 << 30
         self._eos = frozenset(end_of_turn_ids(tokenizer, self.model))
@@ -130,24 +138,27 @@ class TransformersEngine:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
         self._check(prompt_ids, params)
         async with self._gate.admit():
-            if not self._worker.is_alive():
-                raise EngineFailed("the engine's worker thread is not running")
-            loop = asyncio.get_running_loop()
-            stop_ids = frozenset(params.stop_token_ids) | (
-                frozenset() if params.ignore_eos else self._eos
-            )
-            req = Request(list(prompt_ids), params, stop_ids, loop.create_future(), loop)
-            if params.constraint is not None:  # compiled off the event loop when new
-                book = self.grammars()
-                compile_ = book.grammar
-                req.grammar = (
-                    compile_(params.constraint)
-                    if book.cached(params.constraint)
-                    else await asyncio.to_thread(compile_, params.constraint)
-                )
-            req.future.add_done_callback(lambda f: setattr(req, "cancelled", f.cancelled()))
-            self._worker.inbox.put(req)
+            req = await self._submit(prompt_ids, params)
             return await req.future
+
+    async def generate_stream(
+        self, prompt_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[TokenDelta | GenerateResult]:
+        """Each token as the worker samples it, then the result; closing the iterator early
+        cancels the request (its rows leave the batch at the worker's next step)."""
+        self._check(prompt_ids, params)
+        async with self._gate.admit():
+            feed = TokenFeed(asyncio.get_running_loop(), self.stream_interval_s)
+            tokens = feed.queue
+            req = await self._submit(prompt_ids, params, feed.put)
+            req.future.add_done_callback(lambda _: (feed.flush(), tokens.put_nowait(_END)))
+            try:
+                while (item := await tokens.get()) is not _END:
+                    yield item
+                yield req.future.result()
+            finally:
+                if not req.future.done():
+                    req.future.cancel()  # sets req.cancelled: the worker drops its rows
 
     def grammars(self) -> GrammarBook:
         """The compiled grammars of this engine's tokenizer (made on first use; needs xgrammar)."""
@@ -157,6 +168,27 @@ class TransformersEngine:
             stop = end_of_turn_ids(self.tokenizer, self.model)[0]
             self._worker.grammars = GrammarBook(self.tokenizer, self._vocab, stop)
         return self._worker.grammars
+
+    async def _submit(self, prompt_ids: list[int], params: SamplingParams, on_token: Any = None):
+        if not self._worker.is_alive():
+            raise EngineFailed("the engine's worker thread is not running")
+        loop = asyncio.get_running_loop()
+        stop_ids = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else self._eos
+        )
+        req = Request(list(prompt_ids), params, stop_ids, loop.create_future(), loop)
+        req.on_token = on_token
+        if params.constraint is not None:  # compiled off the event loop when new
+            book = self.grammars()
+            compile_ = book.grammar
+            req.grammar = (
+                compile_(params.constraint)
+                if book.cached(params.constraint)
+                else await asyncio.to_thread(compile_, params.constraint)
+            )
+        req.future.add_done_callback(lambda f: setattr(req, "cancelled", f.cancelled()))
+        self._worker.inbox.put(req)
+        return req
 
     def _check(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if not prompt_ids:

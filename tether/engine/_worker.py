@@ -37,8 +37,9 @@ from tether.engine._constraint import masked_logits
 from tether.engine._prefix import Prefix, PrefixCache
 from tether.engine._protocol import Completion, EngineFailed, GenerateResult, SamplingParams
 from tether.engine._sampling import StopChecker, sample_rows
+from tether.engine._stream import TokenDelta
 
-__all__ = ["STOP", "EngineStats", "Request", "Scheduler"]
+__all__ = ["STOP", "EngineStats", "Request", "Scheduler", "TokenFeed"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class Request:
     version: int = 0
     cancelled: bool = False
     grammar: Any = None  # the compiled grammar of params.constraint (engine's GrammarBook)
+    on_token: Any = None  # streamed requests: called (in the worker) with each TokenDelta
 
 
 @dataclass(eq=False)
@@ -85,6 +87,43 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[dict[int, float]] = field(default_factory=list)
+
+
+class TokenFeed:
+    """A streamed request's tokens, from the worker thread to its event loop's ``queue``.
+
+    Each wake-up of the loop is a GIL hand-off between the worker and the loop
+    threads, which on a busy machine stalls the worker for a scheduler slice. So
+    :meth:`put` (worker) wakes the loop at most once per ``interval_s``: the first
+    token goes at once, later ones in bursts (at most ``interval_s`` plus one
+    decode step late); :meth:`flush` (loop, when the request is done) delivers the
+    rest. Wake-ups are FIFO with the result's settling on the loop.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float = 0.05):
+        self.loop = loop
+        self.interval_s = interval_s
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._pending: list[Any] = []
+        self._scheduled = False
+        self._sent = float("-inf")
+        self._lock = threading.Lock()
+
+    def put(self, item: Any) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._pending.append(item)
+            if self._scheduled or now - self._sent < self.interval_s:
+                return
+            self._scheduled, self._sent = True, now
+        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
+            self.loop.call_soon_threadsafe(self.flush)
+
+    def flush(self) -> None:
+        with self._lock:
+            items, self._pending, self._scheduled = self._pending, [], False
+        for item in items:
+            self.queue.put_nowait(item)
 
 
 def settle(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -281,7 +320,10 @@ class Scheduler(threading.Thread):
             reason = self._finished(row) if i >= offset else None
             if row.req.cancelled:
                 done = True
-            elif reason is None:
+                continue
+            if i >= offset and row.req.on_token is not None:
+                self._push(row, reason)
+            if reason is None:
                 keep.append(i)
             else:
                 done = True
@@ -293,6 +335,10 @@ class Scheduler(threading.Thread):
             self._rows = [self._rows[i] for i in keep]
         elif done:
             self._batch, self._rows = None, []
+
+    def _push(self, row: _Row, reason: str | None) -> None:
+        top = row.top[-1] if row.req.params.top_logprobs and row.top else None
+        row.req.on_token(TokenDelta(row.index, row.tokens[-1], row.logprobs[-1], top, reason))
 
     def _finished(self, row: _Row) -> str | None:
         p = row.req.params

@@ -23,7 +23,7 @@ is False, which the gateway checks first).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -36,6 +36,7 @@ from tether.engine._protocol import (
     GenerateResult,
     SamplingParams,
 )
+from tether.engine._stream import TokenDelta, deltas_of, stream_via_generate
 from tether.engine._turns import end_of_turn_ids
 
 __all__ = ["FakeEngine", "FaultyEngine", "NullEngine", "ScriptedEngine"]
@@ -97,6 +98,12 @@ class FakeEngine:
                 for i in range(params.n)
             ]
             return GenerateResult(completions, version, {"engine": type(self).__name__})
+
+    def generate_stream(
+        self, prompt_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[TokenDelta | GenerateResult]:
+        """:meth:`generate`, then its tokens as deltas and the result (all at the end)."""
+        return stream_via_generate(self, prompt_ids, params)
 
     def _complete(self, prompt_ids: list[int], params: SamplingParams, index: int) -> list[int]:
         raise NotImplementedError
@@ -237,7 +244,7 @@ class ScriptedEngine(FakeEngine):
         return super()._finish(ids, params)
 
 
-FaultMode = Literal["raise", "hang", "delay"]
+FaultMode = Literal["raise", "hang", "delay", "break"]
 
 
 class FaultyEngine(FakeEngine):
@@ -246,7 +253,9 @@ class FaultyEngine(FakeEngine):
     ``fault``: ``"raise"`` fails with ``error`` (default EngineFailed) after
     ``delay_s``; ``"hang"`` never returns until :meth:`close` (then
     EngineFailed) — for timeout tests; ``"delay"`` waits ``delay_s`` and then
-    answers from ``inner``; ``None`` passes every call through. ``on_calls``
+    answers from ``inner``; ``"break"`` streams the first half of ``inner``'s
+    tokens, then fails with EngineFailed (a generate call just fails);
+    ``None`` passes every call through. ``on_calls``
     limits the fault to those 0-based call indices. ``fault`` may be changed
     at any time.
     """
@@ -283,12 +292,29 @@ class FaultyEngine(FakeEngine):
                 raise EngineFailed("engine closed while the call hung")
             if faulty and self.fault_delay_s:
                 await asyncio.sleep(self.fault_delay_s)
-            if faulty and self.fault == "raise":
+            if faulty and self.fault in ("raise", "break"):
                 err = self.error or EngineFailed(f"injected fault on call {index}")
                 if isinstance(err, EngineError):
                     raise err
                 raise EngineFailed(f"injected fault: {err!r}") from err
             return await self.inner.generate(prompt_ids, params)
+
+    async def generate_stream(
+        self, prompt_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[TokenDelta | GenerateResult]:
+        index = len(self.calls)
+        if self.fault != "break" or (self.on_calls is not None and index not in self.on_calls):
+            async for item in stream_via_generate(self, prompt_ids, params):
+                yield item
+            return
+        async with self._gate.admit():
+            self.calls.append((list(prompt_ids), params))
+            deltas = deltas_of(await self.inner.generate(prompt_ids, params))
+            for delta in deltas[: len(deltas) // 2]:
+                yield delta
+            if self.fault_delay_s:
+                await asyncio.sleep(self.fault_delay_s)
+            raise EngineFailed(f"injected fault in the stream of call {index}")
 
     async def update_weights(
         self, state_dict: dict[str, Any], *, version: int | None = None

@@ -55,6 +55,8 @@ class GatewayConfig:
     # How long a call waits while admission is paused before a 503.
     admission_timeout_s: float = 600.0
     log_prompts: bool = False
+    #: Render and tokenize only the new turns of a rollout's conversation (tether.chat.HistoryCache).
+    render_cache: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_n", "max_tokens", "max_messages", "max_tools", "max_body_bytes"):

@@ -13,10 +13,11 @@ import logging
 import secrets
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-from tether.chat import PromptEncoder, get_parser, render_text
+from tether.chat import HistoryCache, PromptEncoder, get_parser, render_text
 from tether.engine import (
     AdmissionGate,
     Engine,
@@ -34,6 +35,7 @@ from ._config import GatewayConfig
 from ._errors import ApiError
 from ._render import Choice, choices_from
 from ._rollouts import OpenedRollout, Rollouts
+from ._streaming import stream_call
 
 __all__ = ["Gateway", "OpenedRollout"]
 
@@ -80,6 +82,7 @@ class Gateway(Rollouts):
         self.gate = AdmissionGate()
         self.stop_ids = end_of_turn_ids(tokenizer)
         self.prompts = PromptEncoder(tokenizer)
+        self.history = HistoryCache(tokenizer)
         self.max_context = int(getattr(tokenizer, "model_max_length", 0) or 0)
         self.engine_calls = 0
         # Per-rollout sampling overrides set by the trainer (e.g. greedy evaluation);
@@ -171,7 +174,15 @@ class Gateway(Rollouts):
                 param="messages",
             )
 
-    def render(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+    def render(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None,
+        *,
+        conversation: tuple[str, int] | None = None,
+    ) -> list[int]:
+        """The prompt ids (400 beyond a cap). ``conversation`` (rollout id, attempt): render
+        and encode only what extends that conversation's previous prompt (``HistoryCache``)."""
         cfg = self.config
         if not messages:
             raise ApiError(400, "messages must not be empty", param="messages")
@@ -185,8 +196,14 @@ class Gateway(Rollouts):
             raise ApiError(
                 400, f"{len(tools)} tools is above the cap of {cfg.max_tools}", param="tools"
             )
+        if conversation is not None and self.config.render_cache:
+            return self.history.render(conversation, messages, tools or None, self._render_full)
+        return self._render_full(messages, tools or None)[1]
+
+    def _render_full(self, messages: Any, tools: Any) -> tuple[str, list[int]]:
         # render_prompt(), with the encoding of a prefix seen before reused (token-exact).
-        return self.prompts.encode(render_text(self.tokenizer, messages, tools or None))
+        text = render_text(self.tokenizer, messages, tools)
+        return text, self.prompts.encode(text)
 
     async def generate(
         self,
@@ -242,6 +259,49 @@ class Gateway(Rollouts):
             self.parser if parse_tools else None,
             max_tool_calls=max_tool_calls,
         )
+        seqs = self.record_choices(
+            rollout_id, attempt, prompt_ids, params, request, result, choices, latency
+        )
+        return choices, seqs
+
+    def generate_stream(
+        self,
+        rollout_id: str,
+        attempt: int,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request: dict[str, Any],
+        *,
+        parse_tools: bool,
+        max_tool_calls: int | None = None,
+        tokens: bool = False,
+    ) -> AsyncIterator[Any]:
+        """:meth:`generate`, streamed: ``TextDelta`` / ``ToolCallDelta`` pieces as the engine
+        samples tokens, then ``Done`` once the calls are committed (see ``_streaming``)."""
+        return stream_call(
+            self,
+            rollout_id,
+            attempt,
+            prompt_ids,
+            params,
+            request,
+            parse_tools=parse_tools,
+            max_tool_calls=max_tool_calls,
+            tokens=tokens,
+        )
+
+    def record_choices(
+        self,
+        rollout_id: str,
+        attempt: int,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request: dict[str, Any],
+        result: Any,
+        choices: list[Choice],
+        latency: float,
+    ) -> list[int]:
+        """Commit one call per choice; return their seqs."""
         seqs = []
         for choice, completion in zip(choices, result.completions, strict=True):
             seqs.append(
@@ -270,9 +330,21 @@ class Gateway(Rollouts):
                 request.get("messages"),
                 [c.text for c in choices],
             )
-        return choices, seqs
+        return seqs
 
-    def _record_failure(self, rollout_id, attempt, prompt_ids, params, request, t0, error) -> None:
+    def _record_failure(
+        self,
+        rollout_id,
+        attempt,
+        prompt_ids,
+        params,
+        request,
+        t0,
+        error,
+        *,
+        status: CallStatus = CallStatus.FAILED,
+        completion: tuple[list[int], list[float]] = ([], []),
+    ) -> None:
         try:
             self.store.record_call(
                 Call(
@@ -280,13 +352,13 @@ class Gateway(Rollouts):
                     seq=-1,
                     attempt=attempt,
                     prompt_ids=list(prompt_ids),
-                    completion_ids=[],
-                    logprobs=[],
+                    completion_ids=list(completion[0]),
+                    logprobs=list(completion[1]),
                     policy_version=self.engine.policy_version,
                     request=request,
                     finish_reason=None,
                     temperature=params.temperature,
-                    status=CallStatus.FAILED,
+                    status=status,
                     error=error[:500],
                     latency_s=time.perf_counter() - t0,
                 )

@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -29,7 +29,6 @@ __all__ = [
     "parse",
     "require_admin",
     "rollout_attempt",
-    "sse",
 ]
 
 
@@ -129,17 +128,6 @@ async def parse(request: Request, model: type[BaseModel]) -> Any:
         raise ApiError(
             400, f"{param}: {err.get('msg')}" if param else str(err.get("msg")), param=param
         ) from None
-
-
-def sse(chunks: list[dict[str, Any]]) -> StreamingResponse:
-    async def events():
-        for chunk in chunks:
-            yield f"data: {json.dumps(chunk)}\n\n"
-        yield "data: [DONE]\n\n"
-
-    return StreamingResponse(
-        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-    )
 
 
 # -- errors ------------------------------------------------------------------

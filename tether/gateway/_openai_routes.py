@@ -7,34 +7,51 @@ the response bodies are built in ``_render``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
+from tether.engine import SamplingParams
 from tether.records import RewardSource, RolloutStatus
 
 from ._auth import bearer, check_rollout_id
 from ._constrain import constrain, constraint_for
 from ._core import Gateway
 from ._errors import ApiError
-from ._http import STREAMED, body_schema, gateway, parse, rollout_attempt, sse
-from ._render import Choice, chat_body, chat_chunks, completion_body
+from ._http import STREAMED, body_schema, gateway, parse, rollout_attempt
+from ._render import Choice, chat_body, completion_body
 from ._schemas import ChatCompletionRequest, CompletionRequest, RewardRequest
+from ._sse import stream_response
 
-__all__ = ["chat_call", "recording", "router"]
+__all__ = ["ChatCall", "chat_call", "recording", "router"]
 
 router = APIRouter()
 
+OnEnd = Callable[[], None] | None
 
-async def chat_call(
+
+@dataclass
+class ChatCall:
+    """A chat-shaped call made ready: sampling, constraint, prompt and what is recorded."""
+
+    params: SamplingParams
+    prompt_ids: list[int]
+    record: dict[str, Any]
+    parse_tools: bool
+    max_tool_calls: int | None
+
+
+def prepare_chat(
     gw: Gateway,
     rollout_id: str,
     attempt: int,
     req: ChatCompletionRequest,
     recorded: dict[str, Any] | None = None,
-) -> tuple[list[Choice], list[int]]:
-    """One chat-shaped model call, recorded: the choices and the prompt ids.
+) -> ChatCall:
+    """Check and render one chat-shaped call (nothing is generated or stored yet).
 
     Shared by chat completions and the Responses API (``_responses``), which maps its
     items, tools and ``text.format`` onto a :class:`ChatCompletionRequest` first;
@@ -57,7 +74,7 @@ async def chat_call(
         tool_parser=gw.config.tool_parser,
     )
     params = constrain(gw.engine, params, constraint)
-    prompt_ids = gw.render(req.messages, req.tools)
+    prompt_ids = gw.render(req.messages, req.tools, conversation=(rollout_id, attempt))
     gw.check_prompt(prompt_ids, params)
     record = {
         "messages": req.messages,
@@ -65,22 +82,63 @@ async def chat_call(
         "params": req.model_dump(exclude={"messages", "tools"}, exclude_none=True),
         **(recorded or {}),
     }
-    choices, _ = await gw.generate(
-        rollout_id,
-        attempt,
-        prompt_ids,
+    return ChatCall(
         params,
+        prompt_ids,
         record,
         parse_tools=bool(req.tools) and req.tool_choice != "none",
         max_tool_calls=1 if req.parallel_tool_calls is False else None,
     )
-    return choices, prompt_ids
 
 
-async def _chat(gw: Gateway, rollout_id: str, attempt: int, request: Request) -> Any:
+async def chat_call(
+    gw: Gateway,
+    rollout_id: str,
+    attempt: int,
+    req: ChatCompletionRequest,
+    recorded: dict[str, Any] | None = None,
+) -> tuple[list[Choice], list[int]]:
+    """One chat-shaped model call, recorded: the choices and the prompt ids."""
+    call = prepare_chat(gw, rollout_id, attempt, req, recorded)
+    choices, _ = await gw.generate(
+        rollout_id, attempt, call.prompt_ids, call.params, call.record,
+        parse_tools=call.parse_tools, max_tool_calls=call.max_tool_calls,
+    )  # fmt: skip
+    return choices, call.prompt_ids
+
+
+def chat_stream(gw: Gateway, rollout_id: str, attempt: int, call: ChatCall, *, tokens: bool):
+    """The call of :func:`prepare_chat`, streamed (``Gateway.generate_stream``)."""
+    return gw.generate_stream(
+        rollout_id, attempt, call.prompt_ids, call.params, call.record,
+        parse_tools=call.parse_tools, max_tool_calls=call.max_tool_calls, tokens=tokens,
+    )  # fmt: skip
+
+
+async def _chat(
+    gw: Gateway, rollout_id: str, attempt: int, request: Request, on_end: OnEnd = None
+) -> Any:
+    """``on_end`` runs when the call is over (for a stream: when the stream ends)."""
     req: ChatCompletionRequest = await parse(request, ChatCompletionRequest)
-    choices, prompt_ids = await chat_call(gw, rollout_id, attempt, req)
     top = req.top_logprobs or 0
+    if req.stream:
+        call = prepare_chat(gw, rollout_id, attempt, req)
+        return await stream_response(
+            chat_stream(gw, rollout_id, attempt, call, tokens=True),
+            tokenizer=gw.tokenizer,
+            model=req.model,
+            policy_version=gw.engine.policy_version,
+            chat=True,
+            logprobs=bool(req.logprobs),
+            top_logprobs=top,
+            include_usage=bool((req.stream_options or {}).get("include_usage")),
+            on_end=on_end,
+        )
+    try:
+        choices, prompt_ids = await chat_call(gw, rollout_id, attempt, req)
+    finally:
+        if on_end is not None:
+            on_end()
     body = chat_body(
         gw.tokenizer,
         req.model,
@@ -90,9 +148,6 @@ async def _chat(gw: Gateway, rollout_id: str, attempt: int, request: Request) ->
         top_logprobs=top,
         policy_version=gw.engine.policy_version,
     )
-    if req.stream:
-        include_usage = bool((req.stream_options or {}).get("include_usage"))
-        return sse(chat_chunks(gw.tokenizer, body, choices, include_usage=include_usage))
     return JSONResponse(body)
 
 
@@ -149,6 +204,18 @@ async def rollout_completions(
         prompt_ids = list(req.prompt)
     gw.check_prompt(prompt_ids, params)
     record = {"prompt": req.prompt, "params": req.model_dump(exclude={"prompt"}, exclude_none=True)}
+    if req.stream:
+        return await stream_response(
+            gw.generate_stream(
+                rollout_id, attempt, prompt_ids, params, record, parse_tools=False, tokens=True
+            ),
+            tokenizer=gw.tokenizer,
+            model=req.model,
+            policy_version=gw.engine.policy_version,
+            chat=False,
+            logprobs=req.logprobs,
+            include_usage=bool((req.stream_options or {}).get("include_usage")),
+        )
     choices, _ = await gw.generate(
         rollout_id, attempt, prompt_ids, params, record, parse_tools=False
     )
@@ -160,9 +227,6 @@ async def rollout_completions(
         logprobs=req.logprobs,
         policy_version=gw.engine.policy_version,
     )
-    if req.stream:
-        base = {k: body[k] for k in ("id", "object", "created", "model")}
-        return sse([{**base, "choices": [c]} for c in body["choices"]])
     return JSONResponse(body)
 
 
@@ -212,10 +276,18 @@ async def recording(gw: Gateway, request: Request, handler: Any) -> Any:
             "invalid key for record mode (tether serve --record-key KEY, or gateway.record_keys)",
         )
     opened = gw.open_rollout({}, run_id=None)
+    ended = []
+
+    def finish() -> None:  # once: when the answer (or the stream) is over, or failed
+        if not ended:
+            ended.append(True)
+            gw.finish_rollout(opened.rollout_id, RolloutStatus.SUCCEEDED, attempt=opened.attempt)
+
     try:
-        return await handler(gw, opened.rollout_id, opened.attempt, request)
-    finally:
-        gw.finish_rollout(opened.rollout_id, RolloutStatus.SUCCEEDED, attempt=opened.attempt)
+        return await handler(gw, opened.rollout_id, opened.attempt, request, on_end=finish)
+    except BaseException:
+        finish()
+        raise
 
 
 @router.get("/v1/models", tags=["record"])

@@ -11,15 +11,12 @@ from tether.chat import (
     ParsedMessage,
     decode_completion,
     finish_reason_for,
-    stream_chunks,
-    usage_chunk,
 )
 from tether.engine import GenerateResult, SamplingParams
 
 __all__ = [
     "Choice",
     "chat_body",
-    "chat_chunks",
     "choices_from",
     "completion_body",
 ]
@@ -142,56 +139,6 @@ def chat_body(
         ],
         "usage": _usage(prompt_len, choices),
     }
-
-
-def chat_chunks(
-    tokenizer: Any, body: dict[str, Any], choices: list[Choice], *, include_usage: bool
-) -> list[dict[str, Any]]:
-    """The streamed form of a finished chat completion: one content delta per token.
-
-    Tool calls (with the same ids as the stored response) come after the content.
-    """
-    chunks: list[dict[str, Any]] = []
-    for i, c in enumerate(choices):
-        parsed = c.parsed or ParsedMessage(content=c.text, tool_calls=[])
-        pieces = None if c.parsed else _pieces(tokenizer, c)
-        chunks += stream_chunks(
-            parsed,
-            completion_id=body["id"],
-            model=body["model"],
-            created=body["created"],
-            finish_reason=c.finish_reason,
-            choice_index=i,
-            text_pieces=pieces,
-        )
-    if include_usage:
-        chunks.append(
-            usage_chunk(
-                completion_id=body["id"],
-                model=body["model"],
-                created=body["created"],
-                usage=body["usage"],
-            )
-        )
-    return chunks
-
-
-def _pieces(tokenizer: Any, c: Choice) -> list[str]:
-    """Per-token text pieces of the visible text, decoded incrementally (no split characters)."""
-    pieces, prev = [], ""
-    for k in range(1, len(c.token_ids) + 1):
-        text = tokenizer.decode(
-            c.token_ids[:k], skip_special_tokens=False, clean_up_tokenization_spaces=False
-        )
-        if text.endswith("\ufffd"):
-            continue
-        text = text[: len(c.text)] if len(text) > len(c.text) else text
-        if len(text) > len(prev) and c.text.startswith(text):
-            pieces.append(text[len(prev) :])
-            prev = text
-    if prev != c.text:
-        pieces.append(c.text[len(prev) :])
-    return [p for p in pieces if p]
 
 
 def completion_body(

@@ -12,7 +12,8 @@ request). The answer is a ``response`` object or its event stream
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -20,11 +21,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
 from ._core import Gateway
-from ._deltas import Done, TextDelta, ToolCallDelta
-from ._errors import ApiError
+from ._deltas import Done
+from ._errors import ApiError, http_error
 from ._http import STREAMED, body_schema, gateway, parse, rollout_attempt
-from ._openai_routes import chat_call, recording
-from ._render import Choice, _chat_logprobs, _pieces, _usage
+from ._openai_routes import chat_call, chat_stream, prepare_chat, recording
+from ._render import _chat_logprobs, _usage
 from ._responses_items import RESPONSES_PARAM, chat_fields
 from ._responses_render import (
     ResponseMeta,
@@ -38,6 +39,8 @@ from ._responses_schema import ResponsesRequest
 from ._schemas import ChatCompletionRequest
 
 __all__ = ["router"]
+
+log = logging.getLogger(__name__)
 
 router = APIRouter()
 
@@ -53,41 +56,65 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         raise ApiError(400, f"{param}: {err.get('msg')}", param=param) from None
 
 
-async def replayed(
-    tokenizer: Any, choices: list[Choice], prompt_tokens: int
-) -> AsyncIterator[TextDelta | ToolCallDelta | Done]:
-    """The deltas of a finished call: its text token by token, each tool call as its
-    name then its arguments, then :class:`Done`. (Until the engine streams tokens, a
-    streamed Responses call is generated first and replayed from here.)"""
-    for i, c in enumerate(choices):
-        texts = _pieces(tokenizer, c) if c.parsed is None else [c.message.get("content") or ""]
-        for text in texts:
-            if text:
-                yield TextDelta(i, text)
-        for k, call in enumerate(c.message.get("tool_calls") or []):
-            yield ToolCallDelta(i, k, call["id"], call["function"]["name"], "")
-            yield ToolCallDelta(i, k, None, None, call["function"]["arguments"])
-    yield Done(choices, prompt_tokens)
+async def _primed(deltas: AsyncIterator[Any], on_end: Callable[[], None] | None) -> Any:
+    """``deltas`` with its first piece already taken: a call refused or failed before its
+    first token gets an ordinary HTTP error, not a stream."""
+    try:
+        first = await anext(deltas)
+    except BaseException:
+        if on_end is not None:
+            on_end()
+        raise
+
+    async def chained() -> AsyncIterator[Any]:
+        yield first
+        async for d in deltas:
+            yield d
+
+    return chained()
 
 
-def _event_stream(stream: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
-    async def lines():
-        async for e in stream:
-            yield f"event: {e['type']}\ndata: {json.dumps(e)}\n\n"
+def _event_stream(
+    stream: AsyncIterator[dict[str, Any]],
+    deltas: AsyncIterator[Any],
+    on_end: Callable[[], None] | None,
+) -> StreamingResponse:
+    async def lines() -> AsyncIterator[str]:
+        seq = 0
+        try:
+            async for e in stream:
+                seq = e["sequence_number"] + 1
+                yield f"event: {e['type']}\ndata: {json.dumps(e)}\n\n"
+        except Exception as exc:  # after the 200: the error is the stream's last event
+            err = http_error(exc)
+            if err is None:
+                log.exception("streamed response failed")
+            message = "internal error while streaming" if err is None else err.message
+            e = {"type": "error", "code": None, "message": message, "param": None}
+            yield f"event: error\ndata: {json.dumps({**e, 'sequence_number': seq})}\n\n"
+        finally:
+            await deltas.aclose()
+            if on_end is not None:
+                on_end()
 
     return StreamingResponse(
         lines(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
     )
 
 
-async def _responses(gw: Gateway, rollout_id: str, attempt: int, request: Request) -> Any:
+async def _responses(
+    gw: Gateway,
+    rollout_id: str,
+    attempt: int,
+    request: Request,
+    on_end: Callable[[], None] | None = None,
+) -> Any:
+    """``on_end`` runs when the call is over (for a stream: when the stream ends)."""
     req: ResponsesRequest = await parse(request, ResponsesRequest)
     chat = chat_request(req)
     meta = ResponseMeta(echo=echo(req))
     kept = req.model_dump(exclude={"input", "instructions", "tools"}, exclude_none=True)
-    choices, prompt_ids = await chat_call(
-        gw, rollout_id, attempt, chat, {"api": "responses", "responses": {"id": meta.id, **kept}}
-    )
+    recorded = {"api": "responses", "responses": {"id": meta.id, **kept}}
 
     def final(done: Done) -> dict[str, Any]:
         choice = done.choices[0]
@@ -99,7 +126,20 @@ async def _responses(gw: Gateway, rollout_id: str, attempt: int, request: Reques
         return response_body(meta, output, status=final_status(choice), usage=usage)
 
     if req.stream:
-        return _event_stream(events(meta, replayed(gw.tokenizer, choices, len(prompt_ids)), final))
+        try:
+            call = prepare_chat(gw, rollout_id, attempt, chat, recorded)
+        except BaseException:
+            if on_end is not None:
+                on_end()
+            raise
+        source = chat_stream(gw, rollout_id, attempt, call, tokens=False)
+        deltas = await _primed(source, on_end)
+        return _event_stream(events(meta, deltas, final), source, on_end)
+    try:
+        choices, prompt_ids = await chat_call(gw, rollout_id, attempt, chat, recorded)
+    finally:
+        if on_end is not None:
+            on_end()
     return JSONResponse(final(Done(choices, len(prompt_ids))))
 
 

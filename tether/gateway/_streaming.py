@@ -1,0 +1,156 @@
+"""A model call streamed as the engine samples it: :func:`stream_call`
+(``Gateway.generate_stream``).
+
+It yields, in order:
+
+- :class:`TextDelta` pieces of a choice's content as soon as they are certain
+  to begin the final content (:class:`tether.chat.LiveText`: split characters,
+  possible stop strings and possible tool-call markup wait);
+- when the engine is done and the calls are **committed to the store**: the
+  rest of each choice's content and its tool calls (:class:`ToolCallDelta`:
+  first ``id`` and ``name`` with empty arguments, then the arguments), then
+  :class:`Done` with the same choices a non-streamed call returns.
+
+So an agent that saw the end of a stream (``finish_reason`` / ``[DONE]``) saw a
+recorded call, and the pieces it saw reassemble to the recorded message.
+With ``tokens=True`` the engine's :class:`~tether.engine.TokenDelta` of each
+sampled token comes too, before the text it completes (for per-token logprobs).
+
+How a stream that does not finish is recorded (never as a training sample):
+the engine failed or timed out → a ``failed`` call, and the error is raised;
+the consumer stopped (client disconnect: the task is cancelled, or the
+iterator closed) → a ``cancelled`` call per choice with the tokens sampled so
+far, and the engine request is cancelled (it stops generating).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from tether.chat import LiveText
+from tether.engine import (
+    EngineError,
+    EngineFailed,
+    EngineTimeout,
+    GenerateResult,
+    SamplingParams,
+    TokenDelta,
+    engine_stream,
+)
+from tether.records import CallStatus
+
+from ._deltas import Done, TextDelta, ToolCallDelta
+from ._render import choices_from
+
+if TYPE_CHECKING:
+    from ._core import Gateway
+
+__all__ = ["stream_call"]
+
+log = logging.getLogger(__name__)
+
+
+async def _next(stream: AsyncIterator[Any], deadline: float) -> Any:
+    """The stream's next item, or ``asyncio.TimeoutError`` past ``deadline`` (monotonic)."""
+    left = max(deadline - time.monotonic(), 0.0)
+    try:
+        if sys.version_info >= (3, 11):
+            async with asyncio.timeout(left):
+                return await anext(stream)
+        return await asyncio.wait_for(anext(stream), left)  # pragma: no cover - 3.10
+    except StopAsyncIteration:
+        raise EngineFailed("the engine's stream ended without a result") from None
+
+
+async def stream_call(
+    gw: Gateway,
+    rollout_id: str,
+    attempt: int,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    request: dict[str, Any],
+    *,
+    parse_tools: bool,
+    max_tool_calls: int | None = None,
+    tokens: bool = False,
+) -> AsyncIterator[Any]:
+    """See the module docstring. Raises what :meth:`Gateway.generate` raises."""
+    t0 = time.perf_counter()
+    if params.seed is None and params.temperature > 0:
+        params = replace(params, seed=gw.derived_seed(rollout_id, attempt))
+    parser = gw.parser if parse_tools else None
+    live = [
+        LiveText(
+            gw.tokenizer,
+            stop_token_ids=params.stop_token_ids,
+            stop=params.stop,
+            parser_name=parser.name if parser is not None else None,
+        )
+        for _ in range(params.n)
+    ]
+    sampled: list[tuple[list[int], list[float]]] = [([], []) for _ in range(params.n)]
+
+    def failed(error: str, status: CallStatus = CallStatus.FAILED) -> None:
+        if status is CallStatus.CANCELLED:
+            for ids, lps in sampled:
+                gw._record_failure(
+                    rollout_id, attempt, prompt_ids, params, request, t0, error,
+                    status=status, completion=(ids, lps),
+                )  # fmt: skip
+        else:
+            gw._record_failure(rollout_id, attempt, prompt_ids, params, request, t0, error)
+
+    async with gw.gate.admit(gw.config.admission_timeout_s):
+        gw.engine_calls += 1
+        deadline = time.monotonic() + gw.config.engine_timeout_s
+        stream = engine_stream(gw.engine, prompt_ids, params)
+        result: GenerateResult | None = None
+        try:
+            while result is None:
+                item = await _next(stream, deadline)
+                if isinstance(item, GenerateResult):
+                    result = item
+                    break
+                assert isinstance(item, TokenDelta)
+                sampled[item.index][0].append(item.token_id)
+                sampled[item.index][1].append(item.logprob)
+                if tokens:
+                    yield item
+                piece = live[item.index].feed(item.token_id)
+                if piece:
+                    yield TextDelta(item.index, piece)
+        except (asyncio.TimeoutError, EngineTimeout) as exc:
+            failed("timeout")
+            raise EngineTimeout(f"no answer within {gw.config.engine_timeout_s:g} s") from exc
+        except EngineError as exc:
+            failed(str(exc))
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            failed("the client left before the stream ended", CallStatus.CANCELLED)
+            raise
+        except Exception as exc:  # an engine bug must not become a hang or a 500 without a record
+            log.exception("engine raised")
+            failed(repr(exc))
+            raise EngineFailed(type(exc).__name__) from exc
+        finally:
+            await stream.aclose()  # cancels the engine request unless it finished
+    choices = choices_from(gw.tokenizer, result, params, parser, max_tool_calls=max_tool_calls)
+    gw.record_choices(
+        rollout_id, attempt, prompt_ids, params, request, result, choices, time.perf_counter() - t0
+    )
+    for i, choice in enumerate(choices):
+        rest = live[i].rest(choice.message.get("content"))
+        if rest is None:  # not for the known parsers; the Done choices are what was stored
+            log.warning("streamed text of rollout %s is not a prefix of its content", rollout_id)
+        elif rest:
+            yield TextDelta(i, rest)
+        for j, call in enumerate(choice.message.get("tool_calls") or []):
+            yield ToolCallDelta(i, j, call["id"], call["function"]["name"], "")
+            yield ToolCallDelta(i, j, None, None, call["function"]["arguments"])
+    yield Done(choices, len(prompt_ids))
