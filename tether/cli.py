@@ -81,6 +81,11 @@ def _setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         handlers=[_StderrHandler()],
     )
+    # transformers imports torchao (when installed) to load any model; on a CPU-only torch
+    # torchao logs that its CUDA fp8 kernels did not load, and torch logs pytree deprecation
+    # notices for its enums: noise that int8 rollouts (tether.engine._rollout_copy) never use
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 @app.command()
