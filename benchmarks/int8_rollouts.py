@@ -15,9 +15,10 @@ importance sampling (``trainer.tis_cap=--tis-cap``). Per variant: the mean
 self-check), the mean PPO clip fraction (clipping on the first optimizer step is
 numerical mismatch, not policy change), rollout tokens/s, peak RSS, and held-out
 success before and after. Evals run on the variant's engine (int8 evals with the
-int8 copy: what the served policy does).
+int8 copy: what the served policy does); the "before" eval runs once per seed, in
+the fp32 run (same start weights, same tasks), and every variant's gain is against it.
 
-    .venv/bin/python benchmarks/int8_rollouts.py [--seeds 0 1 2] [--steps 16] [--eval-tasks 50]
+    .venv/bin/python benchmarks/int8_rollouts.py [--seeds 0 1 2] [--steps 12] [--eval-tasks 40]
         [--eval-samples 2] [--tis-cap 2] [--concurrency 32] [--max-tokens 64]
 """
 
@@ -95,7 +96,8 @@ async def one_run(args: argparse.Namespace, variant: str, seed: int, out: Path) 
     )
     t0 = time.perf_counter()
     async with TrainingRun(cfg, model_path=args.model) as run:
-        before = await run.evaluate(0)
+        # one "before" eval per seed (the fp32 run's): the same start weights and val tasks
+        before = await run.evaluate(0) if variant == "fp32" else None
         for step in range(args.steps):
             await run.train_step(step)
         await run.stop_rollouts()
@@ -116,7 +118,7 @@ async def one_run(args: argparse.Namespace, variant: str, seed: int, out: Path) 
         "tok_s": mean("gen_tokens_per_s"),
         "rss_mb": max((m.get("rss_mb", 0.0) for m in hist), default=0.0),
         "served_mb": served / 2**20,
-        "before": [before.sampled, before.greedy],
+        "before": [before.sampled, before.greedy] if before else None,
         "after": [after.sampled, after.greedy],
     }
 
@@ -153,32 +155,42 @@ def report(args: argparse.Namespace, speed: dict, rows: list[tuple[str, int, dic
         f"int8+TIS: trainer.tis_cap={args.tis_cap:g}"
     )
     head = "variant   seed  gap mean  gap max  clip frac  tok/s  peak RSS MiB  wall s"
-    print(head + "  before T=1/greedy  after T=1/greedy")
+    print(head + "  after T=1 / greedy (gain vs the seed's fp32 before)")
+    before = {seed: r["before"] for v, seed, r in rows if v == "fp32"}
+    gains: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
     for variant, seed, r in rows:
-        b, a = r["before"], r["after"]
+        a, b = r["after"], before.get(seed)
+        gain = (a[0] - b[0], a[1] - b[1]) if b else (float("nan"),) * 2
+        gains[variant].append(gain)
         print(
             f"{variant:<9} {seed:>4}  {r['gap']:.2e}  {r['gap_max']:7.3f}  {r['clip']:9.4f}  "
             f"{r['tok_s']:5.0f}  {r['rss_mb']:12.0f}  {r['wall']:6.0f}  "
-            f"{b[0]:>8.0%} / {b[1]:<7.0%}  {a[0]:>7.0%} / {a[1]:.0%}"
+            f"{a[0]:>5.0%} ({gain[0] * 100:+.0f}) / {a[1]:.0%} ({gain[1] * 100:+.0f})"
         )
-    print("\nmean over seeds:")
+    befores = " ".join(f"seed {k}: {v[0]:.0%} / {v[1]:.0%}" for k, v in before.items())
+    print(f"before training (T=1 / greedy): {befores}")
+    print("mean over seeds:")
     for variant in VARIANTS:
         rs = [r for v, _, r in rows if v == variant]
-        gain = statistics.fmean(r["after"][0] - r["before"][0] for r in rs)
-        ggain = statistics.fmean(r["after"][1] - r["before"][1] for r in rs)
+        if not rs:
+            continue
+        g = gains[variant]
         print(
             f"  {variant:<9} gap {statistics.fmean(r['gap'] for r in rs):.2e}  "
+            f"clip {statistics.fmean(r['clip'] for r in rs):.4f}  "
             f"after {statistics.fmean(r['after'][0] for r in rs):.0%} T=1 "
-            f"({gain * 100:+.1f} points), {statistics.fmean(r['after'][1] for r in rs):.0%} "
-            f"greedy ({ggain * 100:+.1f})  tok/s {statistics.fmean(r['tok_s'] for r in rs):.0f}"
+            f"({statistics.fmean(x[0] for x in g) * 100:+.1f} points), "
+            f"{statistics.fmean(r['after'][1] for r in rs):.0%} greedy "
+            f"({statistics.fmean(x[1] for x in g) * 100:+.1f})  "
+            f"tok/s {statistics.fmean(r['tok_s'] for r in rs):.0f}"
         )
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--steps", type=int, default=16)
-    p.add_argument("--eval-tasks", type=int, default=50)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--eval-tasks", type=int, default=40)
     p.add_argument("--eval-samples", type=int, default=2)
     p.add_argument("--tis-cap", type=float, default=2.0)
     p.add_argument("--concurrency", type=int, default=32)
@@ -207,7 +219,7 @@ def main() -> int:
             for variant in args.variants:
                 r = child(args, variant, seed, tmp)
                 rows.append((variant, seed, r))
-                print(f"  {variant} seed {seed}: {r['wall']:.0f} s", file=sys.stderr, flush=True)
+                print(f"  {variant} seed {seed}: {json.dumps(r)}", file=sys.stderr, flush=True)
     report(args, speed, rows)
     return 0
 

@@ -156,6 +156,8 @@ def demo(
     ctx: typer.Context,
     seed: Annotated[int, typer.Option(help="Seed of the tasks, sampling and training.")] = 0,
     steps: Annotated[int, typer.Option(help="GRPO updates.")] = 80,
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")] = "cpu",
+    eval_tasks: Annotated[int, typer.Option(help="Held-out tasks per evaluation.")] = 100,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
 ) -> None:
     """The CPU demo: the starter model learns the calc task with GRPO.
@@ -165,7 +167,9 @@ def demo(
     _setup_logging(log_level)
     from ._cli_train import run_demo
 
-    run_demo(seed, steps, Console(soft_wrap=True), _interrupts(ctx))
+    run_demo(
+        seed, steps, Console(soft_wrap=True), _interrupts(ctx), device=device, eval_tasks=eval_tasks
+    )
 
 
 @app.command()
