@@ -149,3 +149,27 @@ def test_config_names_the_allowed_rollout_dtypes() -> None:
     assert ModelConfig(rollout_dtype="int8").rollout_dtype == "int8"
     with pytest.raises(UserError, match=r"rollout_dtype \('fp8'\) must be float32, bfloat16"):
         ModelConfig(rollout_dtype="fp8")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("rollout_dtype", ["int8", "bfloat16"])
+def test_cuda_rollout_copy_samples_close_to_the_fp32_trainer(
+    starter_dir: Path, rollout_dtype: str
+) -> None:
+    model = load_model(starter_dir).to("cuda")
+    engine = TransformersEngine(model, device="cuda", rollout_dtype=rollout_dtype)
+
+    async def go() -> Any:
+        try:
+            return await engine.generate(PROMPT, GREEDY)
+        finally:
+            await engine.close()
+
+    got = asyncio.run(go()).completions[0]
+    ids = PROMPT + got.token_ids
+    with torch.inference_mode():
+        logp = torch.log_softmax(model(torch.tensor([ids], device="cuda")).logits[0].float(), -1)
+    ref = [logp[len(PROMPT) - 1 + i, t].item() for i, t in enumerate(got.token_ids)]
+    gap = (torch.tensor(got.logprobs) - torch.tensor(ref)).abs().max().item()
+    assert 0 < gap < 0.5

@@ -202,6 +202,7 @@ def run_demo(
     interrupts: Interrupts | None = None,
     device: str = "cpu",
     eval_tasks: int = 100,
+    model: Path | None = None,
 ) -> str:
     from tether.starter import build_starter
 
@@ -213,7 +214,7 @@ def run_demo(
     console.print("1/3 starter model: build and supervised warm-up (cached after the first run)")
     quiet_loading()
     with _echo_logs("tether.starter", console):  # the warm-up's progress, every 50 steps
-        model_path = Path(build_starter(warm=True))
+        model_path = model or Path(build_starter(warm=True))
     console.print(f"  starter: {starter_line(model_path)}", highlight=False)
     cfg = demo_config(seed, steps, device, eval_tasks)
     replace_demo_run(Path(cfg.dir) / cfg.name, console)

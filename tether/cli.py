@@ -158,6 +158,9 @@ def demo(
     steps: Annotated[int, typer.Option(help="GRPO updates.")] = 80,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")] = "cpu",
     eval_tasks: Annotated[int, typer.Option(help="Held-out tasks per evaluation.")] = 100,
+    model: Annotated[
+        Path | None, typer.Option(help="A model folder instead of the warm starter (quick checks).")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
 ) -> None:
     """The CPU demo: the starter model learns the calc task with GRPO.
@@ -168,7 +171,13 @@ def demo(
     from ._cli_train import run_demo
 
     run_demo(
-        seed, steps, Console(soft_wrap=True), _interrupts(ctx), device=device, eval_tasks=eval_tasks
+        seed,
+        steps,
+        Console(soft_wrap=True),
+        _interrupts(ctx),
+        device=device,
+        eval_tasks=eval_tasks,
+        model=model,
     )
 
 
