@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from tether.engine import SamplingParams, TransformersEngine
-from tether.engine._rollout_copy import rollout_copy, weight_bytes
+from tether.engine import SamplingParams, TransformersEngine, rollout_copy, weight_bytes
 from tether.errors import UserError
 from tether.records import Call
 from tether.run.config import ModelConfig

@@ -5,6 +5,8 @@
 - :class:`TransformersEngine` — embedded, continuous batching, prefix
   caching, CPU or CUDA; :class:`EngineStats` its counters (both imported
   lazily, so importing :mod:`tether.engine` does not import torch)
+- :func:`rollout_copy` — the engine's own int8 (torchao weight-only) or bf16 copy
+  of a model (``rollout_dtype``), :func:`weight_bytes` its size (lazy: torch)
 - :class:`AdmissionGate` — pause, drain and resume generations (the engines'
   and the gateway's gate); :class:`AdmissionTimeout` when a held call waits too long
 - :func:`end_of_turn_ids` — the ids that end a generated turn (one rule for
@@ -30,6 +32,7 @@ from tether.engine._protocol import (
 from tether.engine._turns import end_of_turn_ids
 
 if TYPE_CHECKING:
+    from tether.engine._rollout_copy import rollout_copy, weight_bytes
     from tether.engine._transformers import TransformersEngine
     from tether.engine._worker import EngineStats
 
@@ -46,11 +49,15 @@ __all__ = [
     "SamplingParams",
     "TransformersEngine",
     "end_of_turn_ids",
+    "rollout_copy",
+    "weight_bytes",
 ]
 
 
 _LAZY = {
     "TransformersEngine": "tether.engine._transformers",
     "EngineStats": "tether.engine._worker",
+    "rollout_copy": "tether.engine._rollout_copy",
+    "weight_bytes": "tether.engine._rollout_copy",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
