@@ -150,6 +150,48 @@ def test_config_names_the_allowed_rollout_dtypes() -> None:
         ModelConfig(rollout_dtype="fp8")
 
 
+async def one_call_agent(task: dict[str, Any], client: Any) -> str:
+    """One call of 8 tokens (the untrained starter rambles; the grader decides anyway)."""
+    r = await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": task["question"]}], max_tokens=8
+    )
+    return r.choices[0].message.content or ""
+
+
+def test_a_run_samples_with_int8_trains_fp32_and_shows_the_gap(
+    starter_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tether.run import EvalConfig, RolloutConfig, TasksConfig, TrainConfig, TrainingRun
+    from tether.runner import RunnerConfig
+
+    cfg = TrainConfig(
+        name="int8",
+        dir=str(tmp_path),
+        model=ModelConfig(rollout_dtype="int8"),
+        tasks=TasksConfig(source="calc", train_size=8, val_size=1),
+        agent=RunnerConfig(
+            mode="inprocess", agent="tests.test_int8:one_call_agent", concurrency=8, timeout_s=60
+        ),
+        rollout=RolloutConfig(n=2, batch_groups=2, grader="tests.helpers:alternating_grader"),
+        trainer=TrainerConfig(steps=2, lr=1e-3),
+        eval=EvalConfig(enabled=False),
+    )
+
+    async def go() -> TrainingRun:
+        async with TrainingRun(cfg, model_path=starter_dir) as run:
+            await run.train()
+        return run
+
+    with caplog.at_level("WARNING", logger="tether.run"):
+        run = asyncio.run(go())
+    assert "rollout_dtype int8 without trainer.tis_cap" in caplog.text
+    assert run.engine.policy_version == 2
+    assert "Int8" in type(run.engine.model.lm_head.weight).__name__
+    assert run.trainer.model.lm_head.weight.dtype is torch.float32
+    for r in run.history:  # the self-check sees the rounding (fp32: ~5e-7, test_async)
+        assert r.metrics["logprob_gap"] > 1e-5
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("rollout_dtype", ["int8", "bfloat16"])
