@@ -1,13 +1,16 @@
 """Aggregate generation throughput of TransformersEngine vs one-by-one ``model.generate``.
 
 Both run the same ~2M-parameter Qwen2 (tether's starter model when it can be
-built, else a random model of the same shape) in the same process, sampling
+built, else a random model of the same shape; or with ``--model-shape`` a randomly
+initialised model of a named shape, e.g. Qwen2.5-0.5B's, SDPA attention, in
+``--dtype``) in the same process, sampling
 at T=1 with a fixed number of new tokens (EOS ignored). The baseline serves
 requests one at a time with plain ``model.generate``; the engine gets ``c``
 concurrent requests. Prints a table of generated tokens per second::
 
     .venv/bin/python benchmarks/engine_throughput.py [--concurrency 1 4 16 64]
         [--max-tokens 64] [--prompt-len 128] [--shared-prefix 0] [--no-prefix-cache]
+        [--device cuda] [--model-shape starter|tiny|qwen2.5-0.5b] [--dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import time
 from typing import Any
 
 import torch
+from _shapes import SHAPES, quiet_torchao, random_model  # the script's folder is on sys.path
 
 from tether.engine import SamplingParams, TransformersEngine
 
@@ -93,7 +97,13 @@ async def bench_engine(
 
 
 async def main(args: argparse.Namespace) -> None:
-    model, source = build_model(args.device)
+    quiet_torchao()
+    if args.model_shape == "starter":
+        model, source = build_model(args.device)
+        model = model.to(getattr(torch, args.dtype))
+    else:
+        model = random_model(args.model_shape, args.device, getattr(torch, args.dtype))
+        source = f"random {args.model_shape}-shaped Qwen2, {args.dtype}, SDPA"
     vocab = model.get_input_embeddings().num_embeddings
     params = sum(p.numel() for p in model.parameters())
     print(
@@ -149,6 +159,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--shared-prefix", type=int, default=0, help="tokens common to prompts")
     parser.add_argument("--no-prefix-cache", action="store_true")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--model-shape", default="starter", choices=["starter", *SHAPES])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     return parser.parse_args(argv)
 
 

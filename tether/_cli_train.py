@@ -17,6 +17,7 @@ from tether.run import (
     CheckpointConfig,
     EvalConfig,
     EvalResult,
+    ModelConfig,
     RolloutConfig,
     TasksConfig,
     TrainConfig,
@@ -42,7 +43,9 @@ __all__ = [
 DEMO_STEPS = 80
 
 
-def demo_config(seed: int = 0, steps: int = DEMO_STEPS) -> TrainConfig:
+def demo_config(
+    seed: int = 0, steps: int = DEMO_STEPS, device: str = "cpu", eval_tasks: int = 100
+) -> TrainConfig:
     """The embedded default: the warmed-up starter model learning the calc task on CPU.
 
     The warmed-up agent answers multiplication and division problems without its
@@ -50,9 +53,12 @@ def demo_config(seed: int = 0, steps: int = DEMO_STEPS) -> TrainConfig:
     RL teaches it to call the tool. No KL term: at lr 1e-4 it was not needed to
     keep greedy success, and it costs a reference forward (docs/demo.md).
     Held-out evals at the start, every quarter of the run and the end draw both curves.
+    ``device`` (cuda: the GPU check, dev/gpu_check.sh) holds the engine and the trainer;
+    ``eval_tasks`` fewer held-out tasks make a quick check's evals quick.
     """
     return TrainConfig(
         name=f"demo-seed{seed}",
+        model=ModelConfig(device=device),
         tasks=TasksConfig(source="calc", train_size=4000, val_size=100, seed=seed),
         agent=RunnerConfig(
             mode="inprocess", agent="tether.starter.calc:agent", concurrency=64, timeout_s=120
@@ -61,7 +67,7 @@ def demo_config(seed: int = 0, steps: int = DEMO_STEPS) -> TrainConfig:
         trainer=TrainerConfig(
             steps=steps, lr=1e-4, clip_low=0.2, clip_high=0.28, kl_coef=0.0, seed=seed
         ),
-        eval=EvalConfig(every=max(steps // 4, 1), tasks=100, samples=4, greedy=True),
+        eval=EvalConfig(every=max(steps // 4, 1), tasks=eval_tasks, samples=4, greedy=True),
         checkpoint=CheckpointConfig(every=0, keep=1),
     )
 
@@ -189,19 +195,28 @@ def run_eval(
     return interrupts.run(go())
 
 
-def run_demo(seed: int, steps: int, console: Console, interrupts: Interrupts | None = None) -> str:
+def run_demo(
+    seed: int,
+    steps: int,
+    console: Console,
+    interrupts: Interrupts | None = None,
+    device: str = "cpu",
+    eval_tasks: int = 100,
+    model: Path | None = None,
+) -> str:
     from tether.starter import build_starter
 
     t0 = time.monotonic()
+    where = "this CPU" if device == "cpu" else device
     console.print(
-        "[bold]tether demo[/]: the starter model learns the calc task with GRPO, on this CPU"
+        f"[bold]tether demo[/]: the starter model learns the calc task with GRPO, on {where}"
     )
     console.print("1/3 starter model: build and supervised warm-up (cached after the first run)")
     quiet_loading()
     with _echo_logs("tether.starter", console):  # the warm-up's progress, every 50 steps
-        model_path = Path(build_starter(warm=True))
+        model_path = model or Path(build_starter(warm=True))
     console.print(f"  starter: {starter_line(model_path)}", highlight=False)
-    cfg = demo_config(seed, steps)
+    cfg = demo_config(seed, steps, device, eval_tasks)
     replace_demo_run(Path(cfg.dir) / cfg.name, console)
     console.print(
         f"2/3 GRPO through the gateway: {cfg.rollout.batch_groups} tasks x {cfg.rollout.n} rollouts "

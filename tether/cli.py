@@ -81,6 +81,11 @@ def _setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         handlers=[_StderrHandler()],
     )
+    # transformers imports torchao (when installed) to load any model; on a CPU-only torch
+    # torchao logs that its CUDA fp8 kernels did not load, and torch logs pytree deprecation
+    # notices for its enums: noise that int8 rollouts (tether.engine._rollout_copy) never use
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 @app.command()
@@ -151,6 +156,11 @@ def demo(
     ctx: typer.Context,
     seed: Annotated[int, typer.Option(help="Seed of the tasks, sampling and training.")] = 0,
     steps: Annotated[int, typer.Option(help="GRPO updates.")] = 80,
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")] = "cpu",
+    eval_tasks: Annotated[int, typer.Option(help="Held-out tasks per evaluation.")] = 100,
+    model: Annotated[
+        Path | None, typer.Option(help="A model folder instead of the warm starter (quick checks).")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
 ) -> None:
     """The CPU demo: the starter model learns the calc task with GRPO.
@@ -160,7 +170,15 @@ def demo(
     _setup_logging(log_level)
     from ._cli_train import run_demo
 
-    run_demo(seed, steps, Console(soft_wrap=True), _interrupts(ctx))
+    run_demo(
+        seed,
+        steps,
+        Console(soft_wrap=True),
+        _interrupts(ctx),
+        device=device,
+        eval_tasks=eval_tasks,
+        model=model,
+    )
 
 
 @app.command()

@@ -8,6 +8,8 @@
 - :class:`TokenDelta` — what ``Engine.generate_stream`` yields per sampled token
   (then the :class:`GenerateResult`); :func:`engine_stream` streams any engine
   (one without ``generate_stream`` through ``generate``)
+- :func:`rollout_copy` — the engine's own int8 (torchao weight-only) or bf16 copy
+  of a model (``rollout_dtype``), :func:`weight_bytes` its size (lazy: torch)
 - :class:`AdmissionGate` — pause, drain and resume generations (the engines'
   and the gateway's gate); :class:`AdmissionTimeout` when a held call waits too long
 - :class:`Constraint` — a grammar on generation (structured outputs, forced tool
@@ -44,6 +46,7 @@ from tether.engine._stream import TokenDelta, engine_stream
 from tether.engine._turns import end_of_turn_ids
 
 if TYPE_CHECKING:
+    from tether.engine._rollout_copy import rollout_copy, weight_bytes
     from tether.engine._transformers import TransformersEngine
     from tether.engine._worker import EngineStats
 
@@ -67,11 +70,15 @@ __all__ = [
     "end_of_turn_ids",
     "engine_stream",
     "json_schema_format",
+    "rollout_copy",
+    "weight_bytes",
 ]
 
 
 _LAZY = {
     "TransformersEngine": "tether.engine._transformers",
     "EngineStats": "tether.engine._worker",
+    "rollout_copy": "tether.engine._rollout_copy",
+    "weight_bytes": "tether.engine._rollout_copy",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

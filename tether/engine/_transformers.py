@@ -24,6 +24,7 @@ import torch
 from tether.engine._constraint import GrammarBook
 from tether.engine._gate import AdmissionGate
 from tether.engine._protocol import EngineFailed, GenerateResult, SamplingParams
+from tether.engine._rollout_copy import rollout_copy
 from tether.engine._stream import TokenDelta
 from tether.engine._turns import end_of_turn_ids
 from tether.engine._worker import STOP, EngineStats, Request, Scheduler, TokenFeed
@@ -46,6 +47,10 @@ class TransformersEngine:
     once; see ``TokenFeed``). ``stats`` (:class:`EngineStats`)
     records batch sizes and prefix-cache hits, for tests and benchmarks.
     ``SamplingParams.constraint`` is honoured (grammar masks, needs xgrammar).
+
+    ``rollout_dtype`` ``"int8"`` or ``"bfloat16"`` serves a copy of ``model`` quantized
+    or cast (:mod:`tether.engine._rollout_copy`), rebuilt from ``model`` after each
+    :meth:`update_weights`; ``model`` stays in full precision. None serves ``model``.
     """
 
     supports_constraints = True
@@ -62,10 +67,15 @@ class TransformersEngine:
         prefix_cache_tokens: int = 32_768,
         max_prefill_tokens: int = 16_384,
         stream_interval_s: float = 0.05,
+        rollout_dtype: str | None = None,
     ):
         if max_batch_size < 1:
             raise UserError(f"max_batch_size ({max_batch_size}) must be >= 1")
-        self.model = model.to(device=device, dtype=dtype) if dtype else model.to(device)
+        model = model.to(device=device, dtype=dtype) if dtype else model.to(device)
+        self._rollout_dtype = rollout_dtype
+        # with a rollout dtype, the full-precision weights the copy is rebuilt from
+        self._source = model if rollout_dtype else None
+        self.model = rollout_copy(model, rollout_dtype) if rollout_dtype else model
         self.model.eval()
         self.tokenizer = tokenizer
         self.stream_interval_s = float(stream_interval_s)
@@ -124,7 +134,9 @@ class TransformersEngine:
 
         A trainer that shares :attr:`model` and updates it in place holds it for the
         optimizer step; :meth:`update_weights` with an empty dict then only bumps the
-        version (and drops the prefix cache's KV of the old weights).
+        version (and drops the prefix cache's KV of the old weights). With a
+        ``rollout_dtype`` the trainer shares the full-precision model given to the
+        constructor, and the update rebuilds the served copy from it under this lock.
         """
         return self._worker.weights_lock
 
@@ -223,11 +235,15 @@ class TransformersEngine:
             return await fut
 
     def _load(self, state_dict: dict[str, Any], version: int | None = None) -> int:
-        unexpected = sorted(set(state_dict) - set(self.model.state_dict()))
+        target = self.model if self._source is None else self._source
+        unexpected = sorted(set(state_dict) - set(target.state_dict()))
         if unexpected:
             raise UserError(f"state_dict has keys the model lacks: {unexpected[:5]}")
         with torch.no_grad():
-            self.model.load_state_dict(state_dict, strict=False)
+            target.load_state_dict(state_dict, strict=False)
+        if self._source is not None:  # re-quantize (or re-cast) the served copy
+            with self._worker.weights_lock:  # a trainer sharing the source writes under it
+                self._worker.model = self.model = rollout_copy(self._source, self._rollout_dtype)
         if self._worker.prefix is not None:
             self._worker.prefix.clear()  # cached KVs belong to the old weights
         self._worker.version = self._worker.version + 1 if version is None else int(version)

@@ -159,9 +159,16 @@ class TrainingRun:
             device=cfg.model.device,
             max_batch_size=cfg.model.max_batch_size,
             seed=cfg.trainer.seed,
+            rollout_dtype=None if cfg.model.rollout_dtype == "float32" else cfg.model.rollout_dtype,
         )
         if share:
             self.trainer.share_weights(self.engine.weights_lock)
+        if cfg.model.rollout_dtype != "float32" and not cfg.trainer.tis_cap:
+            log.warning(
+                "model.rollout_dtype %s without trainer.tis_cap: the PPO ratio is taken against "
+                "the rounded engine's logprobs; set trainer.tis_cap=2 to correct (docs/int8.md)",
+                cfg.model.rollout_dtype,
+            )
         self.store = Store(self.run_dir / "traces.sqlite")
         self.on_event(
             "status", f"run folder {self.run_dir}  traces {self.run_dir / 'traces.sqlite'}"

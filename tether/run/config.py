@@ -55,10 +55,18 @@ class ModelConfig:
     train_dtype: str = "float32"
     #: Most sequences the embedded engine decodes at once.
     max_batch_size: int = 64
+    #: Weights the embedded engine samples with: float32 (the trainer's own), bfloat16 or
+    #: int8 (its own cast / weight-only quantized copy, rebuilt after each update; int8
+    #: needs torchao). Pair int8 with trainer.tis_cap (docs/int8.md).
+    rollout_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.train_dtype not in ("float32", "bfloat16"):
             raise UserError(f"model.train_dtype ({self.train_dtype!r}) must be float32 or bfloat16")
+        if self.rollout_dtype not in ("float32", "bfloat16", "int8"):
+            raise UserError(
+                f"model.rollout_dtype ({self.rollout_dtype!r}) must be float32, bfloat16 or int8"
+            )
         _positive("model", max_batch_size=self.max_batch_size)
 
 

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The GPU check: what tether does on one CUDA device, in one run of under 8 minutes.
+#
+#   dev/gpu_check.sh OUTDIR [--device cuda|cpu] [--fast] [--demo-model DIR]
+#
+# Writes one text file per figure to OUTDIR (and summary.txt, timings.txt):
+#   pytest_gpu.txt       the CUDA-marked tests (pytest -m gpu)
+#   engine_throughput.txt engine tokens/s, Qwen2.5-0.5B-shaped random model (bf16, SDPA),
+#                        1/16/64 concurrent vs model.generate one at a time
+#   train_memory.txt     one GRPO update's time and peak memory, full and LoRA
+#                        (benchmarks/train_memory.py --quick, when this checkout has it)
+#   logprob_gap.txt      engine (fp32 / bf16 / int8 copies) vs trainer (fp32 / bf16) logprobs
+#   demo.txt             tether demo --device DEVICE: wall time and held-out gain
+# --fast: tiny sizes (a random 0.18M-parameter model, 1 demo update on 2 held-out tasks);
+# with --device cpu it is the default test suite's check that this script still runs
+# (tests/test_gpu_check.py). --demo-model runs the demo from that folder instead of the
+# warm starter (the tests use the untrained one: no warm-up build). DEMO_STEPS (default
+# 40 on a device, 1 with --fast) sets the demo's updates. Exit status: 0 when every step
+# ran; 1 when one failed (the others still run; see its file). See docs/gpu.md.
+set -uo pipefail
+
+usage() { echo "usage: dev/gpu_check.sh OUTDIR [--device cuda|cpu] [--fast] [--demo-model DIR]" >&2; exit 2; }
+[ $# -ge 1 ] || usage
+OUT=$1; shift
+DEVICE=cuda; FAST=0; DEMO_MODEL=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --device) DEVICE=${2:?--device needs cuda or cpu}; shift 2 ;;
+    --fast) FAST=1; shift ;;
+    --demo-model) DEMO_MODEL=${2:?--demo-model needs a folder}; shift 2 ;;
+    *) usage ;;
+  esac
+done
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-$( [ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/python" || command -v python3 )}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+cd "$ROOT"
+: > "$OUT/timings.txt"
+STATUS=0
+
+step() {  # step NAME COMMAND...: COMMAND's output to OUT/NAME.txt, its seconds to timings.txt
+  local name=$1; shift
+  local t0=$SECONDS
+  echo "== $name: $*" >&2
+  if "$@" > "$OUT/$name.txt" 2>&1; then
+    echo "$name ok $((SECONDS - t0)) s" >> "$OUT/timings.txt"
+  else
+    echo "$name FAILED (exit $?) $((SECONDS - t0)) s" >> "$OUT/timings.txt"
+    echo "   $name failed; see $OUT/$name.txt" >&2
+    STATUS=1
+  fi
+}
+
+gpu_tests() {  # only the files that hold CUDA-marked tests: collecting the suite is slow
+  local files
+  files=$(grep -l "mark.gpu" tests/test_*.py)
+  "$PY" -m pytest -q -m gpu -p no:cacheprovider $files
+  local rc=$?
+  [ $rc -eq 5 ] && return 0 || return $rc  # 5: none collected
+}
+
+train_memory() {
+  if [ -f benchmarks/train_memory.py ]; then
+    "$PY" benchmarks/train_memory.py --device "$DEVICE" --quick
+  else
+    echo "train_memory: not in this checkout"
+  fi
+}
+
+demo() {  # in OUT, so its runs/ folder lands there
+  local args=(--device "$DEVICE" --steps "${DEMO_STEPS:-$([ $FAST = 1 ] && echo 1 || echo 40)}")
+  [ $FAST = 1 ] && args+=(--eval-tasks 2)
+  [ -n "$DEMO_MODEL" ] && args+=(--model "$DEMO_MODEL")
+  (cd "$OUT" && "$PY" -m tether.cli demo "${args[@]}")
+}
+
+if [ $FAST = 1 ]; then
+  SHAPE=(--model-shape tiny)
+  ENGINE=(--concurrency 1 4 --max-tokens 8 --prompt-len 16 --baseline-requests 2 --rounds 1)
+  GAP=(--requests 2 --max-tokens 4 --prompt-len 8)
+  DTYPE=float32
+else
+  SHAPE=(--model-shape qwen2.5-0.5b)
+  ENGINE=(--concurrency 1 16 64 --max-tokens 64 --prompt-len 128 --baseline-requests 4)
+  GAP=(--requests 16 --max-tokens 32)
+  DTYPE=bfloat16
+fi
+
+{
+  echo "gpu_check $(date -u +%FT%TZ) device=$DEVICE fast=$FAST commit=$(git rev-parse --short HEAD 2>/dev/null || echo none)"
+  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name(0))"
+  command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+} > "$OUT/environment.txt" 2>&1
+
+step pytest_gpu gpu_tests
+step engine_throughput "$PY" benchmarks/engine_throughput.py --device "$DEVICE" "${SHAPE[@]}" --dtype "$DTYPE" "${ENGINE[@]}"
+step train_memory train_memory
+step logprob_gap "$PY" benchmarks/logprob_gap.py --device "$DEVICE" "${SHAPE[@]}" "${GAP[@]}"
+step demo demo
+
+{
+  cat "$OUT/environment.txt"
+  echo
+  cat "$OUT/timings.txt"
+  echo
+  grep -h "passed\|skipped\|failed" "$OUT/pytest_gpu.txt" | tail -1
+  grep -h "TransformersEngine\|model.generate" "$OUT/engine_throughput.txt"
+  head -20 "$OUT/train_memory.txt"
+  cat "$OUT/logprob_gap.txt" | grep -v "^Loading"
+  grep -h "held-out success:" "$OUT/demo.txt"
+} > "$OUT/summary.txt" 2>&1
+cat "$OUT/summary.txt"
+exit $STATUS
