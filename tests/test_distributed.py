@@ -129,7 +129,7 @@ def _trainer(model_dir: Path, fields: dict[str, Any], ranks: Any = None) -> Any:
 
 def _drive(out: Path, model_dir: Path) -> None:
     """Rank 0 of 2: start rank 1 as ``trainer.processes=2`` does, then each case's update."""
-    from tether.run._ranks import RankGroup
+    from tether.run import RankGroup
     from tether.trainer import TrainerConfig
 
     group = RankGroup.start(TrainerConfig(processes=2, collective_timeout_s=60), "cpu")

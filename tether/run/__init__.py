@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from tether.run._events import EvalStart
     from tether.run._failures import check_collection
     from tether.run._loop import TrainingRun
-    from tether.run._ranks import rank_from_env, serve_rank
+    from tether.run._ranks import RankGroup, rank_from_env, serve_rank
     from tether.run._rundir import (
         ResumePoint,
         check_new_run,
@@ -71,6 +71,7 @@ __all__ = [
     "Group",
     "LoraConfig",
     "ModelConfig",
+    "RankGroup",
     "ResumePoint",
     "RetryPolicy",
     "RolloutConfig",
@@ -119,7 +120,7 @@ _LAZY = {
     "check_collection": "tether.run._failures",
     **dict.fromkeys(["EvalResult", "StepReport"], "tether.run._evaluate"),
     "TrainingRun": "tether.run._loop",
-    **dict.fromkeys(["rank_from_env", "serve_rank"], "tether.run._ranks"),
+    **dict.fromkeys(["RankGroup", "rank_from_env", "serve_rank"], "tether.run._ranks"),
     "end_status": "tether.run._setup",
     **dict.fromkeys(
         ["ResumePoint", "check_new_run", "free_name", "holds_run", "past_metrics", "resume_point"],
