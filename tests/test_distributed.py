@@ -48,6 +48,8 @@ CASES: list[tuple[str, dict[str, Any], int]] = [
     ("rollout_mean", {"aggregation": "rollout_mean"}, 7),
     ("seq_mean_token_sum_norm", {"aggregation": "seq_mean_token_sum_norm"}, 7),
     ("tis_two_steps", {"tis_cap": 2.0, "updates_per_batch": 2}, 7),
+    ("kl_to_reference", {"kl_coef": 0.1}, 7),
+    ("lora", {"lora": "r4"}, 7),
     ("one_sample", {"aggregation": "token_mean"}, 1),  # rank 1 trains nothing, still steps
 ]
 _graded = itertools.count()
@@ -119,10 +121,12 @@ def _samples(n: int) -> list[Any]:
 
 def _trainer(model_dir: Path, fields: dict[str, Any], ranks: Any = None) -> Any:
     from tether.starter import load_model
-    from tether.trainer import PolicyTrainer, TrainerConfig
+    from tether.trainer import LoraConfig, PolicyTrainer, TrainerConfig
 
     torch.manual_seed(0)
     model = load_model(model_dir, dtype=torch.float32)
+    if fields.get("lora"):  # a name in CASES, a LoraConfig here
+        fields = {**fields, "lora": LoraConfig(r=4, alpha=8)}
     cfg = TrainerConfig(lr=1e-3, **fields)
     return PolicyTrainer(model, cfg, ranks=ranks)
 
@@ -147,6 +151,7 @@ def _drive(out: Path, model_dir: Path) -> None:
     torch.save(results, out)
 
 
+@pytest.mark.slow
 def test_two_process_update_equals_the_one_process_update(
     starter_dir: Path, tmp_path: Path
 ) -> None:
@@ -162,8 +167,8 @@ def test_two_process_update_equals_the_one_process_update(
     two = torch.load(out, weights_only=True)
     lengths = [len(s) for s in _samples(7)]
     assert all(shard_by_tokens(lengths, 2))  # both ranks train in the 7-sample cases
-    start = _trainer(starter_dir, {}).model.state_dict()
     for name, fields, n in CASES:
+        start = _trainer(starter_dir, fields).model.state_dict()
         trainer = _trainer(starter_dir, fields)
         metrics = trainer.update(_samples(n))
         one = trainer.model.state_dict()
@@ -214,6 +219,7 @@ def _versions(run_dir: Path) -> list[float]:
     return [m.value for m in sorted(rows, key=lambda m: m.step)]
 
 
+@pytest.mark.slow
 def test_a_two_process_run_through_the_gateway_raises_the_policy_version(
     starter_dir: Path, tmp_path: Path
 ) -> None:
@@ -239,6 +245,7 @@ def _rank_children(pid: int) -> list[psutil.Process]:
     return [p for p in kids if "tether.run._ranks" in " ".join(p.cmdline())]
 
 
+@pytest.mark.slow
 def test_killing_a_rank_ends_the_run_with_a_checkpoint_that_resume_continues(
     starter_dir: Path, tmp_path: Path
 ) -> None:

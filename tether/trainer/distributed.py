@@ -48,6 +48,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tether.errors import UserError
 from tether.trainer.errors import RankFailed
 
 __all__ = ["Ranks", "join_ranks", "shard_by_tokens", "world_from_env"]
@@ -209,7 +210,12 @@ def join_ranks(timeout_s: float, *, cpu: bool = True) -> Ranks:
     GPUs (``cpu`` False). Every collective of the training group times out after
     ``timeout_s``.
     """
-    from accelerate import PartialState
+    try:
+        from accelerate import PartialState
+    except ModuleNotFoundError as exc:
+        raise UserError(
+            "more than one training process needs accelerate: pip install 'tether[distributed]'"
+        ) from exc
 
     os.environ.setdefault("LOCAL_RANK", os.environ.get("RANK", "0"))
     try:
