@@ -143,7 +143,7 @@ class TrainingRun:
         torch.manual_seed(cfg.trainer.seed)
         random.seed(cfg.trainer.seed)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if cfg.trainer.processes > 1 or world_from_env() > 1:
+        if self.command == "train" and (cfg.trainer.processes > 1 or world_from_env() > 1):
             self.on_event("status", "starting the training processes")
             self.ranks = RankGroup.start(cfg.trainer, cfg.model.device)
         self.on_event("status", f"loading the model {self.model_path or cfg.model.path}")
