@@ -363,7 +363,10 @@ def _run_config(base_url: str, token: str) -> Any:
     from agents import RunConfig
     from agents.models.openai_provider import OpenAIProvider
 
-    provider = OpenAIProvider(api_key=token, base_url=base_url, use_responses=True)
+    # a client of its own: the SDK's default shares one HTTP client per process, bound to
+    # the first test's (closed) event loop
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=token, max_retries=0)
+    provider = OpenAIProvider(openai_client=client, use_responses=True)
     return RunConfig(model_provider=provider, tracing_disabled=True)
 
 

@@ -24,6 +24,8 @@ from tether.run import (
     TrainerConfig,
     TrainingRun,
     check_new_run,
+    rank_from_env,
+    serve_rank,
 )
 from tether.runner import RunnerConfig, kill_live_groups
 from tether.trainer.checkpoint import checkpoint_state
@@ -156,6 +158,8 @@ def run_train(
     """``tether train``: a new run (refused when its folder holds one) or, with
     ``resume``, the continuation of the run of that name."""
     t0 = time.monotonic()
+    if rank_from_env() > 0:  # under torchrun / accelerate launch: this rank only trains
+        raise SystemExit(serve_rank(cfg.trainer.collective_timeout_s, cfg.model.device))
     if not cfg.resume:
         check_new_run(Path(cfg.dir), cfg.name)
     evals, run = _train(cfg, console, interrupts or Interrupts(), resume_command)

@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from tether._interrupt import Interrupted, Interrupts
 from tether.errors import TetherError, UserError
@@ -309,7 +310,7 @@ def main() -> None:
         try:
             app(obj=interrupts)
         except TetherError as exc:
-            console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             sys.exit(2)
         except Interrupted as exc:  # the run has stopped its agents and closed its store
             interrupts.report()

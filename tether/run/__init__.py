@@ -6,6 +6,8 @@ the store and the trainer.
   (``_tasks.py``), held-out evals (``_evaluate.py``), failed-collection
   checks (``_failures.py``), run folders and ``--resume`` (``_rundir.py``),
   what a run derives from its config and its final status (``_setup.py``);
+- the other training processes of ``trainer.processes`` > 1 or a launcher
+  (``_ranks.py``; :func:`serve_rank` is what ranks 1.. run);
 - :mod:`tether.run.config`: the run's composite config, one YAML file.
 
 It is the only package that imports the gateway, the runner and the starter
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
     from tether.run._events import EvalStart
     from tether.run._failures import check_collection
     from tether.run._loop import TrainingRun
+    from tether.run._ranks import RankGroup, rank_from_env, serve_rank
     from tether.run._rundir import (
         ResumePoint,
         check_new_run,
@@ -68,6 +71,7 @@ __all__ = [
     "Group",
     "LoraConfig",
     "ModelConfig",
+    "RankGroup",
     "ResumePoint",
     "RetryPolicy",
     "RolloutConfig",
@@ -89,8 +93,10 @@ __all__ = [
     "load_grader",
     "load_tasks",
     "past_metrics",
+    "rank_from_env",
     "read_grade",
     "resume_point",
+    "serve_rank",
     "tasks_for_step",
 ]
 
@@ -114,6 +120,7 @@ _LAZY = {
     "check_collection": "tether.run._failures",
     **dict.fromkeys(["EvalResult", "StepReport"], "tether.run._evaluate"),
     "TrainingRun": "tether.run._loop",
+    **dict.fromkeys(["RankGroup", "rank_from_env", "serve_rank"], "tether.run._ranks"),
     "end_status": "tether.run._setup",
     **dict.fromkeys(
         ["ResumePoint", "check_new_run", "free_name", "holds_run", "past_metrics", "resume_point"],

@@ -55,6 +55,7 @@ from tether.run._diagnostics import batch_diagnostics
 from tether.run._evaluate import EvalResult, StepReport, collect_eval, success_rate
 from tether.run._events import Counted, EvalStart
 from tether.run._failures import check_collection
+from tether.run._ranks import RankGroup
 from tether.run._rundir import ResumePoint, past_metrics, resume_point
 from tether.run._setup import (
     async_rollouts,
@@ -70,8 +71,9 @@ from tether.runner import make_runner
 from tether.store import AlreadyExists, Store
 from tether.trainer import PolicyTrainer
 from tether.trainer import algorithms as A
-from tether.trainer.checkpoint import load_checkpoint, save_checkpoint
-from tether.trainer.errors import PolicyCollapsed, TrainerError
+from tether.trainer.checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
+from tether.trainer.distributed import world_from_env
+from tether.trainer.errors import PolicyCollapsed, RankFailed, TrainerError
 from tether.trainer.samples import build_samples
 
 __all__ = ["TrainingRun"]
@@ -112,6 +114,9 @@ class TrainingRun:
         self.step = 0  # updates done so far (what an interrupt reports)
         self.last_checkpoint: Path | None = None  # the newest checkpoint of this run
         self._async: AsyncRollouts | None = None
+        #: The other training processes (``trainer.processes`` > 1, or a launcher); None alone.
+        self.ranks: RankGroup | None = None
+        self._clean_steps = 0  # optimizer steps after the last finished update (see _rank_failed)
         self._collections = 0  # checked so far (the first one stops the run if all fail)
         #: The run's config as its store record and checkpoints hold it (``extra`` gains
         #: ``command``, ``resumed_from``, ``resumed_at``); ``cfg`` itself is never changed.
@@ -139,6 +144,9 @@ class TrainingRun:
         torch.manual_seed(cfg.trainer.seed)
         random.seed(cfg.trainer.seed)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.command == "train" and (cfg.trainer.processes > 1 or world_from_env() > 1):
+            self.on_event("status", "starting the training processes")
+            self.ranks = RankGroup.start(cfg.trainer, cfg.model.device)
         self.on_event("status", f"loading the model {self.model_path or cfg.model.path}")
         self.model_path = self.model_path or resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(self.model_path)
@@ -149,7 +157,10 @@ class TrainingRun:
             device=cfg.model.device,
             train_dtype=cfg.model.train_dtype,
             pad_id=self.tokenizer.pad_token_id or 0,
+            ranks=self.ranks.ranks if self.ranks else None,
         )
+        if self.ranks is not None:
+            self.ranks.hello(self.trainer, self.model_path, cfg.model.train_dtype)
         share = self._engine is None and self.trainer.can_share_weights()  # one copy, not two
         self.engine = self._engine or TransformersEngine(
             self.trainer.model
@@ -202,6 +213,8 @@ class TrainingRun:
         )
         if resume is not None:
             await self._resume(resume)
+        if self.ranks is not None:  # every rank starts from rank 0's weights and optimizer
+            self.ranks.sync(self.trainer)
         return self
 
     async def _resume(self, at: ResumePoint) -> None:
@@ -232,6 +245,9 @@ class TrainingRun:
             part = getattr(self, name, None)
             if part is not None:
                 closes.append(getattr(part, method))
+        if self.ranks is not None:
+            ranks, clean = self.ranks, not exc or exc[0] is None
+            closes.append(lambda: asyncio.to_thread(ranks.close, clean))
         for close in closes:
             try:
                 await close()
@@ -330,6 +346,7 @@ class TrainingRun:
             if adv.zero_variance_groups < len(kept) and samples:
                 t1 = time.perf_counter()
                 m.update(await asyncio.to_thread(self.trainer.update, samples))
+                self._clean_steps = self.trainer.optimizer_steps
                 m["update_s"] = time.perf_counter() - t1
                 version = await self.engine.update_weights(self.trainer.state_dict())
                 if version != version_before + 1:
@@ -383,7 +400,10 @@ class TrainingRun:
         if self.start_step == 0 and evals_on:
             await self.evaluate(0)
         for step in range(self.start_step, cfg.trainer.steps):
-            await self.train_step(step)
+            try:
+                await self.train_step(step)
+            except RankFailed as exc:
+                raise self._rank_failed(exc) from exc
             done = self.step = step + 1
             if self._collapsed():
                 raise PolicyCollapsed(
@@ -403,6 +423,23 @@ class TrainingRun:
         if evals_on:
             await self.evaluate(cfg.trainer.steps)
         return self.evals
+
+    def _rank_failed(self, exc: RankFailed) -> RankFailed:
+        """A training process died or hung during an update: keep a checkpoint of the last
+        finished step (rank 0's weights and optimizer are those of that step unless an
+        optimizer step of the failed update already ran) and say how to go on."""
+        exits = self.ranks.exits() if self.ranks else ""
+        where = f"{exc}; {exits}" if exits else str(exc)
+        ckpt = self.last_checkpoint
+        done = ckpt is not None and ckpt.name == f"step-{self.step:06d}"
+        if not done and self.trainer.optimizer_steps == self._clean_steps:
+            ckpt = self.save(self.step)
+        kept = (
+            f"checkpoint of step {checkpoint_state(ckpt).get('step')}: {ckpt}"
+            if ckpt
+            else "no checkpoint"
+        )
+        return RankFailed(f"{where}; {kept}; continue it with --resume")
 
     def save(self, step: int) -> Path:
         log.info("saving the checkpoint of step %d", step)

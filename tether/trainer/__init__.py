@@ -22,6 +22,7 @@ from tether.trainer.errors import (
     AgentsFailing,
     CheckpointConflict,
     PolicyCollapsed,
+    RankFailed,
     TrainerError,
 )
 
@@ -35,6 +36,7 @@ __all__ = [
     "LoraConfig",
     "PolicyCollapsed",
     "PolicyTrainer",
+    "RankFailed",
     "Sample",
     "SampleStats",
     "TrainerConfig",

@@ -30,6 +30,7 @@ import torch
 from tether._hf import merged_copy, shared_prefix_forward
 from tether.trainer import algorithms as A
 from tether.trainer.config import TrainerConfig
+from tether.trainer.distributed import Ranks, shard_by_tokens
 from tether.trainer.samples import (
     Sample,
     collate,
@@ -58,13 +59,18 @@ class PolicyTrainer:
         device: str = "cpu",
         train_dtype: str = "float32",
         pad_id: int = 0,
+        ranks: Ranks | None = None,
     ):
         self.cfg = cfg
+        #: Several training processes (trainer/distributed.py): the update's samples are
+        #: split across them and the gradients summed; None = this process alone.
+        self.ranks = ranks
         self.device = torch.device(device)
         self.pad_id = pad_id
         self.autocast = train_dtype == "bfloat16"
         self.share_prefix = True
         self._stop = threading.Event()
+        self.optimizer_steps = 0  # taken by this object (not restored from a checkpoint)
         self._shared_lock: Any = None  # the engine's weights lock once the weights are shared
         self.model = self._maybe_lora(model).to(self.device)
         self.model.train()
@@ -189,12 +195,22 @@ class PolicyTrainer:
         gets clipped: against the engine's logprobs, or with ``tis_cap`` > 0
         against the trainer's own pre-update logprobs (TIS).
         """
-        cfg = self.cfg
         # The loss is divided by counts over every sample, but a sample whose advantage
         # is 0 adds nothing to it or its gradient (no KL term: every policy loss is
         # advantage × something), so only the others need a forward and backward pass.
         stats = _aggregate_stats(samples)
         active = samples if self.ref_model is not None else [s for s in samples if s.advantage]
+        if self.ranks is not None:  # rank 0: every rank trains its share, normalised by `stats`
+            shards = shard_by_tokens([len(s) for s in active], self.ranks.world)
+            parts = [[active[i] for i in shard] for shard in shards]
+            self.ranks.send(("update", parts, stats))
+            active = parts[0]
+        return self.train_on(active, stats)
+
+    def train_on(self, active: list[Sample], stats: A.AggregateStats) -> dict[str, float]:
+        """:meth:`update` on this rank's ``active`` samples, the loss divided by the whole
+        batch's counts ``stats`` (with one process: all of them)."""
+        cfg = self.cfg
         batches = make_micro_batches(active, cfg.max_tokens_per_micro_batch)
         collated = [
             {k: v.to(self.device) for k, v in collate(b, pad_id=self.pad_id).items()}
@@ -228,7 +244,6 @@ class PolicyTrainer:
         loss_fn = A.POLICY_LOSSES[cfg.policy_loss]
         totals: dict[str, float] = {}
         gap_sum, gap_max, n_tokens, entropy_sum = 0.0, 0.0, 0, 0.0
-        active_tokens = sum(int(b["loss_mask"].sum().item()) for b in collated)
         self.optimizer.zero_grad(set_to_none=True)
         total_loss = 0.0
         for batch in collated:
@@ -267,11 +282,24 @@ class PolicyTrainer:
             )
             loss.backward()
             total_loss += loss.item()
-            share = mask.sum().item() / max(active_tokens, 1)
-            for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + float(v) * share
+            for k, v in metrics.items():  # token-weighted sums, divided by n_tokens below
+                totals[k] = totals.get(k, 0.0) + float(v) * mask.sum().item()
         grad_norm = 0.0
         params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.ranks is not None:  # one step over every rank: gradients and sums added up
+            names = metric_names(cfg, self.ref_model is not None)
+            sums = [
+                total_loss,
+                gap_sum,
+                n_tokens,
+                entropy_sum,
+                *(totals.get(k, 0.0) for k in names),
+            ]
+            sums, gap_max = self.ranks.reduce_step(params, sums, gap_max)
+            total_loss, gap_sum, entropy_sum = sums[0], sums[1], sums[3]
+            n_tokens = round(sums[2])
+            totals = dict(zip(names, sums[4:], strict=True))
+        totals = {k: v / max(n_tokens, 1) for k, v in totals.items()}
         if cfg.grad_clip > 0:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
         if not math.isfinite(total_loss) or not math.isfinite(grad_norm):
@@ -281,6 +309,7 @@ class PolicyTrainer:
             )
         with self._shared_lock or nullcontext():  # no decode step while the weights change
             self.optimizer.step()
+        self.optimizer_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
         return {
             "loss": total_loss,
@@ -315,3 +344,11 @@ def shared_prefix(ids: torch.Tensor, loss_mask: torch.Tensor) -> int:
     masked = loss_mask.bool().any(dim=0)
     first_loss = int(masked.float().argmax()) if bool(masked.any()) else ids.shape[1]
     return max(0, min(lcp, first_loss - 1))
+
+
+def metric_names(cfg: TrainerConfig, reference: bool) -> list[str]:
+    """The names of the policy loss's metrics (and ``kl_ref`` with a reference model), in a
+    fixed order: what every rank adds up, even one without a sample this step."""
+    z = torch.zeros(1, 1)
+    _, metrics = A.POLICY_LOSSES[cfg.policy_loss](z, z, z[0], torch.ones(1, 1))
+    return sorted([*metrics, *(["kl_ref"] if reference else [])])

@@ -58,6 +58,14 @@ class TrainerConfig:
     updates_per_batch: int = 1
     #: Token budget of one micro-batch (rows × longest row); gradients accumulate across them.
     max_tokens_per_micro_batch: int = 8192
+    #: Training processes (torch.distributed ranks): rank 0 runs the gateway, engine and
+    #: runners, the others only train; each update's samples are split across the ranks
+    #: by token count, one optimizer step over all (docs/distributed.md). Under torchrun
+    #: or ``accelerate launch`` their WORLD_SIZE is used instead.
+    processes: int = 1
+    #: Seconds any collective between the training processes may wait before the run
+    #: ends with an error (a rank died or hangs); a checkpoint of the last step is kept.
+    collective_timeout_s: float = 300.0
     #: Stop early when the batch reward has been 0 for this many updates in a row (collapse); 0 = never.
     collapse_patience: int = 8
     #: sync (collect a batch, update, repeat) or async (groups keep running; admission
@@ -92,6 +100,8 @@ class TrainerConfig:
             lr=self.lr,
             updates_per_batch=self.updates_per_batch,
             max_tokens_per_micro_batch=self.max_tokens_per_micro_batch,
+            processes=self.processes,
+            collective_timeout_s=self.collective_timeout_s,
         )
         for name, value, options in (
             ("advantage", self.advantage, ADVANTAGE_ESTIMATORS),
