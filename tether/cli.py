@@ -261,6 +261,51 @@ def rollouts_show(
     print_rollout(store_for_rollout(rollout_id, store, run), rollout_id, tokens=tokens)
 
 
+@app.command("export")
+def export(
+    run: Annotated[str, typer.Argument(help="A run name (runs/NAME) or run folder.")],
+    store: StoreOpt = None,
+    format: Annotated[str, typer.Option("--format", help="jsonl or parquet.")] = "jsonl",
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Output file (RUN_FOLDER/export/rollouts.FORMAT or samples-stepN.FORMAT)."
+        ),
+    ] = None,
+    samples: Annotated[
+        bool,
+        typer.Option(
+            "--samples", help="The training samples of one update instead of the rollouts."
+        ),
+    ] = False,
+    step: Annotated[
+        int | None, typer.Option(help="With --samples: the update (0-based; default the last).")
+    ] = None,
+    run_id: Annotated[str | None, typer.Option(help="Only this run record of the store.")] = None,
+) -> None:
+    """Export a run's rollouts (one row per attempt, with calls, token ids, logprobs,
+    rewards, advantages) or one update's training samples; schema in docs/export.md."""
+    from ._cli_track import run_export
+
+    run_export(
+        run, store, format, out, samples=samples, step=step, run_id=run_id, console=Console(soft_wrap=True)
+    )
+
+
+@app.command("report")
+def report(
+    run: Annotated[str, typer.Argument(help="A run name (runs/NAME) or run folder.")],
+    store: StoreOpt = None,
+    out: Annotated[
+        Path | None, typer.Option(help="The HTML file to write (RUN_FOLDER/report.html).")
+    ] = None,
+) -> None:
+    """Write a self-contained HTML report of a run: its curves and held-out table."""
+    from ._cli_track import run_report
+
+    run_report(run, store, out, Console(soft_wrap=True))
+
+
 def main() -> None:
     with Interrupts() as interrupts:
         try:

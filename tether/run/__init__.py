@@ -25,6 +25,7 @@ from tether.run.config import (
     ModelConfig,
     RolloutConfig,
     TasksConfig,
+    TrackingConfig,
     TrainConfig,
     TrainerConfig,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "RolloutOutcome",
     "StepReport",
     "TasksConfig",
+    "TrackingConfig",
     "TrainConfig",
     "TrainerConfig",
     "TrainingRun",

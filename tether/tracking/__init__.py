@@ -1,0 +1,50 @@
+"""Watching a run: its metrics to TensorBoard, W&B or MLflow; its store exported and reported.
+
+- :class:`TrackingConfig` (``config.py``): the run config's ``tracking`` section;
+- :func:`open_tracking` / :class:`Tracking` (``_hub.py``): the sinks of one run
+  (``_sinks.py``), each of which may fail without stopping the run;
+- :func:`export_attempts` / :func:`write_rows` (``_export.py``): one row per
+  rollout attempt, to JSONL or Parquet (docs/export.md);
+- :func:`step_samples` (``_steps.py``): the training samples of one update,
+  rebuilt from the stored calls with the trainer's own functions;
+- :func:`write_report` (``_report.py``): a self-contained HTML page of the curves
+  and the held-out table.
+
+It reads the store and never writes it. Importing the package loads neither
+torch nor any sink's package.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tether._lazy import lazy_exports
+from tether.tracking.config import SINKS, TrackingConfig, normalize_tracking
+
+if TYPE_CHECKING:
+    from tether.tracking._export import export_attempts, write_rows
+    from tether.tracking._hub import Tracking, open_tracking, sample_rows
+    from tether.tracking._report import write_report
+    from tether.tracking._steps import step_samples
+
+__all__ = [
+    "SINKS",
+    "Tracking",
+    "TrackingConfig",
+    "export_attempts",
+    "normalize_tracking",
+    "open_tracking",
+    "sample_rows",
+    "step_samples",
+    "write_report",
+    "write_rows",
+]
+
+_LAZY = {
+    **dict.fromkeys(["Tracking", "open_tracking", "sample_rows"], "tether.tracking._hub"),
+    **dict.fromkeys(["export_attempts", "write_rows"], "tether.tracking._export"),
+    "step_samples": "tether.tracking._steps",
+    "write_report": "tether.tracking._report",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
