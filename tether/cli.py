@@ -288,7 +288,14 @@ def export(
     from ._cli_track import run_export
 
     run_export(
-        run, store, format, out, samples=samples, step=step, run_id=run_id, console=Console(soft_wrap=True)
+        run,
+        store,
+        format,
+        out,
+        samples=samples,
+        step=step,
+        run_id=run_id,
+        console=Console(soft_wrap=True),
     )
 
 
