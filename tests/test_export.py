@@ -25,8 +25,7 @@ from tests.tracking_run import Tracked
 from tether._cli_track import run_export
 from tether.errors import UserError
 from tether.store import Store
-from tether.tracking import step_samples, write_report
-from tether.tracking._export import CALL_FIELDS, ROW_FIELDS
+from tether.tracking import CALL_FIELDS, ROW_FIELDS, step_samples, write_report
 
 
 def tether(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -23,8 +23,7 @@ from tests.tracking_run import Tracked, tiny_config, train_tiny
 from tether.configio import load_config
 from tether.errors import UserError
 from tether.run import TrackingConfig, TrainConfig
-from tether.tracking import Tracking, open_tracking
-from tether.tracking._sinks import flatten, tag
+from tether.tracking import MlflowSink, Tracking, flatten_config, metric_tag, open_tracking
 
 SINK_LOGGER = "tether.tracking._hub"
 
@@ -36,9 +35,9 @@ def test_tensorboard_event_files_hold_every_stored_metric(tracked: Tracked) -> N
     ea.Reload()
     names = {name for values in tracked.metrics.values() for name in values}
     assert {"reward_mean", "loss", "grad_norm", "eval/sampled_success"} <= names
-    assert set(ea.Tags()["scalars"]) == {tag(n) for n in names}
+    assert set(ea.Tags()["scalars"]) == {metric_tag(n) for n in names}
     for name in names:
-        got = {e.step: e.value for e in ea.Scalars(tag(name))}
+        got = {e.step: e.value for e in ea.Scalars(metric_tag(name))}
         want = {s: v[name] for s, v in tracked.metrics.items() if name in v}
         assert got.keys() == want.keys(), name
         for step, value in want.items():  # event files hold float32
@@ -97,7 +96,7 @@ def test_wandb_offline_run_holds_the_metrics_config_and_samples(tracked: Tracked
     assert config["extra"]["note"].startswith("<script>")
     for step, values in tracked.metrics.items():
         for name, value in values.items():
-            assert history[step][tag(name)] == pytest.approx(value, rel=1e-9), (name, step)
+            assert history[step][metric_tag(name)] == pytest.approx(value, rel=1e-9), (name, step)
     assert history[0]["samples/_type"] == "table-file"  # nested keys
     table = json.loads((run_file.parent / "files" / history[1]["samples/path"]).read_text())
     assert table["columns"][0] == "rollout"
@@ -116,7 +115,9 @@ def test_mlflow_file_store_holds_the_metrics_params_and_samples(tracked: Tracked
     assert run.data.params["rollout.n"] == "2"
     names = {name for values in tracked.metrics.values() for name in values}
     for name in names:
-        got = {m.step: m.value for m in client.get_metric_history(run.info.run_id, tag(name))}
+        got = {
+            m.step: m.value for m in client.get_metric_history(run.info.run_id, metric_tag(name))
+        }
         want = {s: v[name] for s, v in tracked.metrics.items() if name in v}
         assert got == pytest.approx(want, rel=1e-12), name
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id, "samples")]
@@ -135,15 +136,13 @@ def test_missing_and_failing_sinks_leave_the_run_going(
 ) -> None:
     """W&B not installed: one line at the start; MLflow raising at its first step: one line,
     then off; TensorBoard carries on; prompts and completions go nowhere (log_samples off)."""
-    from tether.tracking import _sinks
-
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
 
     def server_gone(self: Any, step: int, metrics: dict[str, float]) -> None:
         raise ConnectionError("MLflow server went away\nsecond line of detail")
 
-    monkeypatch.setattr(_sinks.MlflowSink, "log_metrics", server_gone)
+    monkeypatch.setattr(MlflowSink, "log_metrics", server_gone)
     tracking = TrackingConfig(
         sinks=["tensorboard", "wandb", "mlflow"], mlflow_uri=f"file:{tmp_path / 'mlruns'}"
     )
@@ -245,7 +244,9 @@ def test_tracking_config_spellings(tmp_path: Path) -> None:
 
 
 def test_flatten_and_tags() -> None:
-    flat = flatten({"trainer": {"lr": 1e-3, "lora": None}, "tags": ["a"], "name": "x", "e": {}})
+    flat = flatten_config(
+        {"trainer": {"lr": 1e-3, "lora": None}, "tags": ["a"], "name": "x", "e": {}}
+    )
     assert flat == {
         "trainer.lr": 1e-3,
         "trainer.lora": "null",
@@ -253,5 +254,8 @@ def test_flatten_and_tags() -> None:
         "name": "x",
         "e": "{}",
     }
-    assert tag("loss") == "train/loss" and tag("eval/greedy_success") == "eval/greedy_success"
-    assert tag("lag_hist/1") == "lag_hist/1"
+    assert (
+        metric_tag("loss") == "train/loss"
+        and metric_tag("eval/greedy_success") == "eval/greedy_success"
+    )
+    assert metric_tag("lag_hist/1") == "lag_hist/1"

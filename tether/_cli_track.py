@@ -36,11 +36,15 @@ def run_export(
     console: Console,
 ) -> Path:
     """Rollout attempts (or, with ``samples``, one update's training samples) to a file."""
-    from tether.tracking import export_attempts, step_samples, write_rows
-    from tether.tracking._export import FORMATS
-    from tether.tracking._steps import sample_rows_of
+    from tether.tracking import (
+        EXPORT_FORMATS,
+        export_attempts,
+        step_samples,
+        training_sample_rows,
+        write_rows,
+    )
 
-    if fmt not in FORMATS:
+    if fmt not in EXPORT_FORMATS:
         raise UserError(f"--format {fmt!r} is not known: use --format jsonl or --format parquet")
     if step is not None and not samples:
         raise UserError("--step picks the update of --samples: add --samples, or drop --step")
@@ -49,7 +53,7 @@ def run_export(
         if samples:
             found = step_samples(db, step, run_id)
             dest = out or path.parent / "export" / f"samples-step{found.step}.{fmt}"
-            n = write_rows(sample_rows_of(found), dest, fmt, samples=True)
+            n = write_rows(training_sample_rows(found), dest, fmt, samples=True)
             note = "" if found.updated else " (this step made no update: no group had variance)"
             console.print(
                 f"wrote {n} training samples of step {found.step} ({found.run_id}) to {dest}{note}",

@@ -22,28 +22,68 @@ from tether._lazy import lazy_exports
 from tether.tracking.config import SINKS, TrackingConfig, normalize_tracking
 
 if TYPE_CHECKING:
-    from tether.tracking._export import export_attempts, write_rows
+    from tether.tracking._export import (
+        CALL_FIELDS,
+        EXPORT_FORMATS,
+        ROW_FIELDS,
+        SAMPLE_FIELDS,
+        export_attempts,
+        write_rows,
+    )
     from tether.tracking._hub import Tracking, open_tracking, sample_rows
     from tether.tracking._report import write_report
-    from tether.tracking._steps import step_samples
+    from tether.tracking._sinks import (
+        MlflowSink,
+        Sink,
+        SinkSpec,
+        TensorBoardSink,
+        WandbSink,
+        flatten_config,
+        metric_tag,
+    )
+    from tether.tracking._steps import StepSamples, step_samples, training_sample_rows
 
 __all__ = [
+    "CALL_FIELDS",
+    "EXPORT_FORMATS",
+    "ROW_FIELDS",
+    "SAMPLE_FIELDS",
     "SINKS",
+    "MlflowSink",
+    "Sink",
+    "SinkSpec",
+    "StepSamples",
+    "TensorBoardSink",
     "Tracking",
     "TrackingConfig",
+    "WandbSink",
     "export_attempts",
+    "flatten_config",
+    "metric_tag",
     "normalize_tracking",
     "open_tracking",
     "sample_rows",
     "step_samples",
+    "training_sample_rows",
     "write_report",
     "write_rows",
 ]
 
 _LAZY = {
     **dict.fromkeys(["Tracking", "open_tracking", "sample_rows"], "tether.tracking._hub"),
-    **dict.fromkeys(["export_attempts", "write_rows"], "tether.tracking._export"),
-    "step_samples": "tether.tracking._steps",
+    **dict.fromkeys(
+        ("CALL_FIELDS", "EXPORT_FORMATS", "ROW_FIELDS", "SAMPLE_FIELDS")
+        + ("export_attempts", "write_rows"),
+        "tether.tracking._export",
+    ),
+    **dict.fromkeys(
+        ("MlflowSink", "Sink", "SinkSpec", "TensorBoardSink", "WandbSink")
+        + ("flatten_config", "metric_tag"),
+        "tether.tracking._sinks",
+    ),
+    **dict.fromkeys(
+        ["StepSamples", "step_samples", "training_sample_rows"], "tether.tracking._steps"
+    ),
     "write_report": "tether.tracking._report",
 }
 

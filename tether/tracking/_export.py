@@ -19,9 +19,16 @@ from tether.errors import UserError
 from tether.records import Call, Rollout
 from tether.tracking._groups import place, run_estimator, step_groups
 
-__all__ = ["CALL_FIELDS", "FORMATS", "ROW_FIELDS", "SAMPLE_FIELDS", "export_attempts", "write_rows"]
+__all__ = [
+    "CALL_FIELDS",
+    "EXPORT_FORMATS",
+    "ROW_FIELDS",
+    "SAMPLE_FIELDS",
+    "export_attempts",
+    "write_rows",
+]
 
-FORMATS = ("jsonl", "parquet")
+EXPORT_FORMATS = ("jsonl", "parquet")
 
 #: A row: one attempt of one rollout (name -> pyarrow type name, for the Parquet schema).
 ROW_FIELDS = {
@@ -193,7 +200,7 @@ def write_rows(
 ) -> int:
     """Write ``rows`` (attempts, or with ``samples`` training samples) to ``path`` as
     ``jsonl`` or ``parquet``; returns how many."""
-    if fmt not in FORMATS:
+    if fmt not in EXPORT_FORMATS:
         raise UserError(f"--format {fmt!r} is not known: use jsonl or parquet")
     path.parent.mkdir(parents=True, exist_ok=True)
     n = 0

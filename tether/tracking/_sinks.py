@@ -12,7 +12,7 @@ A sink imports its package when it opens, so a missing package is an
 :class:`ImportError` there (:mod:`._hub` turns it into one line). Metric names
 are the store's; a name without a ``/`` gets ``train/`` in front
 (``reward_mean`` -> ``train/reward_mean``; ``eval/sampled_success`` stays), so
-the dashboards group train and eval curves (:func:`tag`).
+the dashboards group train and eval curves (:func:`metric_tag`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,16 @@ from typing import Any, Protocol
 
 from tether.tracking.config import TrackingConfig
 
-__all__ = ["OPENERS", "Sink", "SinkSpec", "flatten", "tag"]
+__all__ = [
+    "OPENERS",
+    "MlflowSink",
+    "Sink",
+    "SinkSpec",
+    "TensorBoardSink",
+    "WandbSink",
+    "flatten_config",
+    "metric_tag",
+]
 
 #: The columns of a ``log_samples`` row (see :func:`tether.tracking._hub.sample_rows`).
 SAMPLE_COLUMNS = ("rollout", "reward", "success", "prompt", "completion", "answer")
@@ -50,19 +59,19 @@ class SinkSpec:
     config: dict[str, Any]  # the run config as the store holds it (secrets redacted)
 
 
-def tag(name: str) -> str:
+def metric_tag(name: str) -> str:
     """The sink's name of store metric ``name``: ``train/`` in front unless it has a ``/``."""
     return name if "/" in name else f"train/{name}"
 
 
-def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"trainer": {"lr": 1e-3}}`` -> ``{"trainer.lr": 1e-3}``; values other than
     bool/int/float/str become their JSON text (lists, None)."""
     flat: dict[str, Any] = {}
     for key, value in config.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict) and value:
-            flat.update(flatten(value, name + "."))
+            flat.update(flatten_config(value, name + "."))
         elif isinstance(value, bool | int | float | str):
             flat[name] = value
         else:
@@ -84,7 +93,7 @@ class TensorBoardSink:
 
         self.dir = spec.run_dir / "tensorboard"
         self.writer = SummaryWriter(log_dir=str(self.dir))
-        params = flatten(spec.config)
+        params = flatten_config(spec.config)
         # The config as hyperparameters (the HPARAMS tab) in this run's own event file,
         # not in a sub-run as SummaryWriter.add_hparams writes them.
         for summary in hparams(params, {"eval/sampled_success": 0.0}):
@@ -94,7 +103,7 @@ class TensorBoardSink:
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         for name, value in metrics.items():
-            self.writer.add_scalar(tag(name), value, step)
+            self.writer.add_scalar(metric_tag(name), value, step)
         self.writer.flush()  # a TensorBoard watching the folder sees each step at once
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
@@ -141,7 +150,7 @@ class WandbSink:
         )
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self.run.log({tag(k): v for k, v in metrics.items()}, step=step)
+        self.run.log({metric_tag(k): v for k, v in metrics.items()}, step=step)
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         data = [[r.get(c) for c in SAMPLE_COLUMNS] for r in rows]
@@ -172,7 +181,7 @@ class MlflowSink:
             found.experiment_id if found else self.client.create_experiment(spec.cfg.project)
         )
         self.run_id = self.client.create_run(experiment, run_name=spec.run_name).info.run_id
-        params = [Param(k, str(v)[:6000]) for k, v in flatten(spec.config).items()]
+        params = [Param(k, str(v)[:6000]) for k, v in flatten_config(spec.config).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=params[i : i + 100])
 
@@ -180,7 +189,7 @@ class MlflowSink:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [Metric(tag(k), float(v), now, step) for k, v in metrics.items()]
+        batch = [Metric(metric_tag(k), float(v), now, step) for k, v in metrics.items()]
         self.client.log_batch(self.run_id, metrics=batch)
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from tether.errors import UserError
 from tether.tracking._groups import StepGroups, place, run_estimator, step_groups
 
-__all__ = ["StepSamples", "sample_rows_of", "step_samples"]
+__all__ = ["StepSamples", "step_samples", "training_sample_rows"]
 
 
 @dataclass
@@ -92,7 +92,7 @@ def step_samples(store: Any, step: int | None = None, run_id: str | None = None)
     return StepSamples(chosen.id, step, groups, samples, [r.id for r in flat])
 
 
-def sample_rows_of(found: StepSamples) -> Iterator[dict[str, Any]]:
+def training_sample_rows(found: StepSamples) -> Iterator[dict[str, Any]]:
     """One row per sample: ``step``, ``rollout_id``, ``input_ids``, ``loss_mask``,
     ``old_logprobs``, ``advantage``, ``temperature``, ``num_calls``."""
     for s in found.samples:
