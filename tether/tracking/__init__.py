@@ -72,13 +72,26 @@ __all__ = [
 _LAZY = {
     **dict.fromkeys(["Tracking", "open_tracking", "sample_rows"], "tether.tracking._hub"),
     **dict.fromkeys(
-        ("CALL_FIELDS", "EXPORT_FORMATS", "ROW_FIELDS", "SAMPLE_FIELDS")
-        + ("export_attempts", "write_rows"),
+        [
+            "CALL_FIELDS",
+            "EXPORT_FORMATS",
+            "ROW_FIELDS",
+            "SAMPLE_FIELDS",
+            "export_attempts",
+            "write_rows",
+        ],
         "tether.tracking._export",
     ),
     **dict.fromkeys(
-        ("MlflowSink", "Sink", "SinkSpec", "TensorBoardSink", "WandbSink")
-        + ("flatten_config", "metric_tag"),
+        [
+            "MlflowSink",
+            "Sink",
+            "SinkSpec",
+            "TensorBoardSink",
+            "WandbSink",
+            "flatten_config",
+            "metric_tag",
+        ],
         "tether.tracking._sinks",
     ),
     **dict.fromkeys(
