@@ -12,13 +12,17 @@ from __future__ import annotations
 import json
 import logging
 import struct
+import subprocess
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from tests.helpers import TETHER, free_port
 from tests.tracking_run import Tracked, tiny_config, train_tiny
 from tether.configio import load_config
 from tether.errors import UserError
@@ -48,6 +52,36 @@ def test_tensorboard_event_files_hold_every_stored_metric(tracked: Tracked) -> N
     text = ea.Tensors("samples/text_summary")
     assert [t.step for t in text] == [0, 1]
     assert f"{tracked.run_id}-s0-g0-0".encode() in text[0].tensor_proto.string_val[0]
+
+
+@pytest.mark.slow
+def test_tether_tensorboard_serves_the_run(tracked: Tracked) -> None:
+    """``tether tensorboard`` (TensorBoard 2.20 on a setuptools without pkg_resources too)
+    lists the run's scalars over HTTP."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [*TETHER, "tensorboard", "--port", str(port), "--load_fast=false"],
+        cwd=tracked.run_dir.parent.parent,  # --logdir defaults to runs/
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        tags: dict[str, Any] = {}
+        for _ in range(240):
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            try:
+                got = httpx.get(f"http://127.0.0.1:{port}/data/plugin/scalars/tags", timeout=2)
+                tags = got.json() if got.status_code == 200 else {}
+            except httpx.HTTPError:
+                pass
+            if tags:
+                break
+            time.sleep(0.5)
+        assert {"train/reward_mean", "eval/sampled_success"} <= set(tags["tracked/tensorboard"])
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
 
 
 def wandb_records(path: Path) -> list[Any]:
@@ -108,7 +142,7 @@ def test_wandb_offline_run_holds_the_metrics_config_and_samples(tracked: Tracked
 def test_mlflow_file_store_holds_the_metrics_params_and_samples(tracked: Tracked) -> None:
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"file:{tracked.run_dir.parent / 'mlruns'}")
+    client = MlflowClient(tracking_uri=f"file:{tracked.run_dir.parent.parent / 'mlruns'}")
     (run,) = client.search_runs([client.get_experiment_by_name("tether").experiment_id])
     assert run.info.run_name == tracked.run_id and run.info.status == "FINISHED"
     assert run.data.params["trainer.lr"] == "0.001"

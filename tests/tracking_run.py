@@ -107,10 +107,11 @@ def tracked(starter_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Trac
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)
-        _, output = train_tiny(starter_dir, tiny_config(root, "tracked", tracking), samples)
+        cfg = tiny_config(root / "runs", "tracked", tracking)  # root/runs/tracked
+        _, output = train_tiny(starter_dir, cfg, samples)
         import wandb
 
         wandb.teardown()  # stop the W&B service process this run started
-    run_dir = root / "tracked"
+    run_dir = root / "runs" / "tracked"
     run_id, metrics = stored_metrics(run_dir / "traces.sqlite")
     return Tracked(run_dir, run_id, metrics, samples, output)

@@ -313,6 +313,19 @@ def report(
     run_report(run, store, out, Console(soft_wrap=True))
 
 
+@app.command(
+    "tensorboard",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def tensorboard(ctx: typer.Context) -> None:
+    """TensorBoard on the runs' event files (--logdir runs by default; any tensorboard
+    option passes through, e.g. --port 6007). Works where setuptools has no pkg_resources."""
+    from tether.tracking import run_tensorboard
+
+    raise typer.Exit(run_tensorboard(ctx.args))
+
+
 def main() -> None:
     with Interrupts() as interrupts:
         try:

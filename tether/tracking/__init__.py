@@ -8,7 +8,8 @@
 - :func:`step_samples` (``_steps.py``): the training samples of one update,
   rebuilt from the stored calls with the trainer's own functions;
 - :func:`write_report` (``_report.py``): a self-contained HTML page of the curves
-  and the held-out table.
+  and the held-out table;
+- :func:`run_tensorboard` (``_tensorboard.py``): ``tether tensorboard``.
 
 It reads the store and never writes it. Importing the package loads neither
 torch nor any sink's package.
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
         metric_tag,
     )
     from tether.tracking._steps import StepSamples, step_samples, training_sample_rows
+    from tether.tracking._tensorboard import run_tensorboard
 
 __all__ = [
     "CALL_FIELDS",
@@ -62,6 +64,7 @@ __all__ = [
     "metric_tag",
     "normalize_tracking",
     "open_tracking",
+    "run_tensorboard",
     "sample_rows",
     "step_samples",
     "training_sample_rows",
@@ -98,6 +101,7 @@ _LAZY = {
         ["StepSamples", "step_samples", "training_sample_rows"], "tether.tracking._steps"
     ),
     "write_report": "tether.tracking._report",
+    "run_tensorboard": "tether.tracking._tensorboard",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
