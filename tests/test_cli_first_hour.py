@@ -41,6 +41,8 @@ def test_version() -> None:
         ["rollouts"],
         ["rollouts", "list"],
         ["rollouts", "show"],
+        ["export"],
+        ["report"],
     ],
 )
 def test_help_is_not_cut_at_80_columns(command: list[str]) -> None:

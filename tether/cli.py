@@ -283,8 +283,12 @@ def export(
     ] = None,
     run_id: Annotated[str | None, typer.Option(help="Only this run record of the store.")] = None,
 ) -> None:
-    """Export a run's rollouts (one row per attempt, with calls, token ids, logprobs,
-    rewards, advantages) or one update's training samples; schema in docs/export.md."""
+    """Export a run's rollouts, or one update's training samples.
+
+    Rollouts: one row per attempt, with its calls (messages, token ids, logprobs,
+    policy version), reward, success, advantage, task, group and step. Samples:
+    input ids, loss mask, old logprobs and advantage. Schema: docs/export.md.
+    """
     from ._cli_track import run_export
 
     run_export(
@@ -307,7 +311,10 @@ def report(
         Path | None, typer.Option(help="The HTML file to write (RUN_FOLDER/report.html).")
     ] = None,
 ) -> None:
-    """Write a self-contained HTML report of a run: its curves and held-out table."""
+    """Write a run's HTML report: curves and held-out table.
+
+    One self-contained file (PNGs inside), RUN_FOLDER/report.html by default.
+    """
     from ._cli_track import run_report
 
     run_report(run, store, out, Console(soft_wrap=True))
@@ -317,6 +324,7 @@ def report(
     "tensorboard",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     add_help_option=False,
+    hidden=True,  # a stand-in for `tensorboard` where it cannot start (docs/tracking.md)
 )
 def tensorboard(ctx: typer.Context) -> None:
     """TensorBoard on the runs' event files (--logdir runs by default; any tensorboard
