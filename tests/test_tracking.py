@@ -214,8 +214,8 @@ class RecordingSink:
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         self.samples.append((step, rows))
 
-    def close(self) -> None:
-        self.closed = True
+    def close(self, failed: bool = False) -> None:
+        self.closed, self.failed = True, failed
 
 
 def test_a_sink_that_raises_is_switched_off_with_one_line(caplog: Any) -> None:
@@ -230,8 +230,8 @@ def test_a_sink_that_raises_is_switched_off_with_one_line(caplog: Any) -> None:
         "tracking: bad failed at step 1 while logging metrics (RuntimeError: bad broke); "
         "it is off for the rest of the run"
     ]
-    hub.close()
-    assert good.closed and not bad.closed
+    hub.close(failed=True)
+    assert good.closed and good.failed and not bad.closed
 
 
 def test_samples_go_out_only_with_log_samples() -> None:

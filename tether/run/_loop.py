@@ -234,7 +234,7 @@ class TrainingRun:
             except Exception:  # teardown must reach every part
                 log.exception("error while shutting down")
         if getattr(self, "store", None) is not None:
-            self.tracking.close()
+            self.tracking.close(failed=bool(exc and exc[0] is not None))
             if getattr(self, "run_record", None) is not None:
                 self.store.set_run_status(self.run_record.id, end_status(exc[0] if exc else None))
             self.store.close()

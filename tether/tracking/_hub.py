@@ -73,8 +73,9 @@ class Tracking:
         if self.samples_on and rows:
             self._each("logging samples", step, lambda s: s.log_samples(step, rows))
 
-    def close(self) -> None:
-        self._each("closing", None, lambda s: s.close())
+    def close(self, failed: bool = False) -> None:
+        """Close every sink; ``failed``: the run ended with an error (W&B and MLflow mark it)."""
+        self._each("closing", None, lambda s: s.close(failed))
         self.sinks = []
 
 

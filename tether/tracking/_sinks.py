@@ -6,7 +6,7 @@ numbers::
 
     log_metrics(step, {name: value})   # a train step's metrics, or an eval's eval/*
     log_samples(step, rows)             # only with tracking.log_samples
-    close()
+    close(failed)                       # failed: the run ended with an error
 
 A sink imports its package when it opens, so a missing package is an
 :class:`ImportError` there (:mod:`._hub` turns it into one line). Metric names
@@ -48,7 +48,7 @@ class Sink(Protocol):
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, failed: bool = False) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class TensorBoardSink:
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         self.writer.add_text("samples", _markdown_table(rows), step)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         self.writer.close()
 
 
@@ -158,8 +158,8 @@ class WandbSink:
             {"samples": self._wandb.Table(columns=list(SAMPLE_COLUMNS), data=data)}, step=step
         )
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, failed: bool = False) -> None:
+        self.run.finish(exit_code=1 if failed else 0)
 
 
 # -- MLflow ------------------------------------------------------------------------------
@@ -196,8 +196,8 @@ class MlflowSink:
         text = "".join(json.dumps(r, default=str) + "\n" for r in rows)
         self.client.log_text(self.run_id, text, f"samples/step-{step:06d}.jsonl")
 
-    def close(self) -> None:
-        self.client.set_terminated(self.run_id)
+    def close(self, failed: bool = False) -> None:
+        self.client.set_terminated(self.run_id, "FAILED" if failed else "FINISHED")
 
 
 #: Sink name -> its constructor.
