@@ -131,6 +131,13 @@ def export_attempts(store: Any, run_id: str | None = None) -> Iterator[dict[str,
                 yield from _rollout_rows(store, r, None)
 
 
+def _source(r: Rollout, stored: Any, final: bool) -> str | None:
+    """The reward's source: the rollout's for its final attempt, else the attempt's own."""
+    if final:
+        return r.reward_source.value if r.reward_source else None
+    return stored.source.value if stored is not None else None
+
+
 def _rollout_rows(store: Any, r: Rollout, advantage: float | None) -> Iterator[dict[str, Any]]:
     p = place(r)
     ends = {a.attempt: a for a in store.attempts(r.id)}
@@ -162,13 +169,7 @@ def _rollout_rows(store: Any, r: Rollout, advantage: float | None) -> Iterator[d
             "task": json.dumps(task) if task is not None else None,
             "status": (r.status if final else end.status if end else r.status).value,
             "reward": _finite(r.reward) if final else _finite(stored.value if stored else None),
-            "reward_source": (
-                r.reward_source.value
-                if final and r.reward_source
-                else stored.source.value
-                if stored and not final
-                else None
-            ),
+            "reward_source": _source(r, stored, final),
             "success": end.success if end else None,
             "advantage": advantage if final else None,
             "final_answer": r.final_answer if final else None,
