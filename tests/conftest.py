@@ -61,3 +61,6 @@ def make_gateway(store: Any, tokenizer: Any):
         return Gateway(engine, overrides.pop("tokenizer", tokenizer), store, cfg)
 
     return make
+
+
+from tests.tracking_run import tracked  # noqa: E402, F401  the tracked run (tests/tracking_run.py)

@@ -42,6 +42,8 @@ def test_version() -> None:
         ["rollouts", "list"],
         ["rollouts", "show"],
         ["dashboard"],
+        ["export"],
+        ["report"],
     ],
 )
 def test_help_is_not_cut_at_80_columns(command: list[str]) -> None:

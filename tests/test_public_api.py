@@ -29,6 +29,7 @@ PACKAGES = [
     "tether.trainer",
     "tether.store",
     "tether.starter",
+    "tether.tracking",
 ]
 # Public top-level modules that name their exports too.
 MODULES = ["tether.records", "tether.errors", "tether.configio"]

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from tether._interrupt import Interrupts
 from tether._progress import Progress, plot_curve, quiet_loading
+from tether.errors import UserError
 from tether.run import (
     CheckpointConfig,
     EvalConfig,
@@ -39,6 +40,7 @@ __all__ = [
     "run_eval",
     "run_train",
     "summary_line",
+    "write_run_report",
 ]
 
 
@@ -166,6 +168,9 @@ def run_train(
     png = plot_curve(run.history, evals, run.run_dir / "reward_curve.png")
     if png:
         console.print(f"reward curve: {png}")
+    report = write_run_report(run)
+    if report:
+        console.print(f"report: {report}", highlight=False)
     memory = memory_line(run)
     if memory:
         console.print(memory, highlight=False)
@@ -228,9 +233,11 @@ def run_demo(
     )
     evals, run = _train(cfg, console, interrupts or Interrupts(), None, model_path)
     png = plot_curve(run.history, evals, run.run_dir / "reward_curve.png")
+    report = write_run_report(run)
     console.print(
         f"3/3 done. traces: {run.run_dir / 'traces.sqlite'}"
         + (f"  reward curve: {png}" if png else "")
+        + (f"  report: {report}" if report else "")
     )
     memory = memory_line(run)
     if memory:
@@ -238,6 +245,20 @@ def run_demo(
     line = summary_line(evals, steps, (time.monotonic() - t0) / 60, _updates(run))
     console.print(line, highlight=False, markup=False)
     return line
+
+
+def write_run_report(run: TrainingRun) -> Path | None:
+    """The run's HTML report (``tether report``) next to its reward curve; None without
+    matplotlib (the ``plot`` extra), as for the reward curve."""
+    from tether.store import Store
+    from tether.tracking import write_report
+
+    try:
+        with Store(run.run_dir / "traces.sqlite") as store:
+            return write_report(store, run.run_dir / "report.html", run.cfg.name)
+    except UserError as exc:
+        logging.getLogger(__name__).info("no report: %s", exc)
+        return None
 
 
 def starter_line(path: Path) -> str:

@@ -27,6 +27,7 @@ from tether.run.config import (
     ModelConfig,
     RolloutConfig,
     TasksConfig,
+    TrackingConfig,
     TrainConfig,
     TrainerConfig,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "RolloutOutcome",
     "StepReport",
     "TasksConfig",
+    "TrackingConfig",
     "TrainConfig",
     "TrainerConfig",
     "TrainingRun",

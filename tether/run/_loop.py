@@ -69,6 +69,7 @@ from tether.run._ui import mount_ui, ui_line
 from tether.run.config import TrainConfig
 from tether.runner import make_runner
 from tether.store import AlreadyExists, Store
+from tether.tracking import Tracking, open_tracking, sample_rows
 from tether.trainer import PolicyTrainer
 from tether.trainer import algorithms as A
 from tether.trainer.checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
@@ -124,6 +125,8 @@ class TrainingRun:
         #: The gateway's effective config: the admin key made when none was given, the
         #: server's URL, async mode's hold timeout (``cfg.gateway`` is left as given).
         self.gateway_config: GatewayConfig | None = None
+        #: The run's tracking sinks (``tracking``; training runs only, see tether/tracking).
+        self.tracking = Tracking([])
 
     # -- set-up and teardown ---------------------------------------------------
 
@@ -189,6 +192,10 @@ class TrainingRun:
             self.record_config, run_id=f"{cfg.name}-{secrets.token_hex(4)}"
         )
         self.lineage = (resume.run if resume else None) or self.run_record.id
+        if self.command == "train":
+            self.tracking = open_tracking(
+                cfg.tracking, self.run_dir, self.run_record.id, self.run_record.config
+            )
         self.train_tasks, self.val_tasks = load_tasks(cfg.tasks)
         try:  # the run's task set, so its rollouts' task_ids resolve to their task
             self.store.add_tasks(self.train_tasks + self.val_tasks, run_id=self.run_record.id)
@@ -256,6 +263,7 @@ class TrainingRun:
         if getattr(self, "_ui", None) is not None:
             self._ui.close()
         if getattr(self, "store", None) is not None:
+            self.tracking.close(failed=bool(exc and exc[0] is not None))
             if getattr(self, "run_record", None) is not None:
                 self.store.set_run_status(self.run_record.id, end_status(exc[0] if exc else None))
             self.store.close()
@@ -285,6 +293,7 @@ class TrainingRun:
         wall_s = time.perf_counter() - t0
         result = EvalResult(step, sampled, greedy, len(tasks), len(outcomes), wall_s)
         self.store.log_metrics(self.run_record.id, step, result.metrics())
+        self.tracking.log_metrics(step, result.metrics())
         self.evals.append(result)
         trim_heap()
         self.on_event("eval", result)
@@ -324,6 +333,8 @@ class TrainingRun:
         kept = [g for g in groups if all(o.usable for o in g)]
         outcomes = [o for g in groups for o in g]
         self._check(outcomes, f"step {self.start_step + len(self.history) + 1}")
+        if self.tracking.samples_on:  # tracking.log_samples: prompts and completions
+            self.tracking.log_samples(self.start_step + len(self.history), sample_rows(outcomes))
         rewards_all = [o.reward for o in outcomes if o.reward is not None]
         m: dict[str, float] = {
             "reward_mean": sum(rewards_all) / max(len(rewards_all), 1),
@@ -369,6 +380,7 @@ class TrainingRun:
         if rss is not None:  # self-check: memory that grows step after step is a leak
             m["rss_mb"] = rss
         self.store.log_metrics(self.run_record.id, step, m)
+        self.tracking.log_metrics(step, m)
         report = StepReport(step, m)
         self.history.append(report)
         self.on_event("step", report)

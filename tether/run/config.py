@@ -23,6 +23,7 @@ from tether.errors import UserError
 from tether.gateway import GatewayConfig
 from tether.run._paths import resolve_file_paths
 from tether.runner import RunnerConfig
+from tether.tracking import TrackingConfig, normalize_tracking
 from tether.trainer.config import LoraConfig, TrainerConfig
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "ModelConfig",
     "RolloutConfig",
     "TasksConfig",
+    "TrackingConfig",
     "TrainConfig",
     "TrainerConfig",
 ]
@@ -161,12 +163,17 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    #: Metrics to TensorBoard (default), W&B, MLflow: a list of sinks, or a mapping
+    #: (sinks, log_samples, ...); see tether/tracking/config.py and docs/tracking.md.
+    tracking: TrackingConfig | list[str] = field(default_factory=TrackingConfig)
     #: Continue the run of this name from its newest checkpoint (``tether train --resume``).
     resume: bool = False
     #: Free-form notes kept with the run's store record; tether reads none of them.
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.tracking, TrackingConfig):  # the list form: the sinks
+            self.tracking = TrackingConfig(sinks=list(self.tracking))
         t, b = self.trainer, self.rollout.batch_groups
         if t.mode != "async":
             return
@@ -192,7 +199,11 @@ class TrainConfig:
                 (t.max_policy_lag + 1) * b,
             )
 
-    resolve_file_paths = staticmethod(resolve_file_paths)  # the load_config hook (configio)
+    @staticmethod
+    def resolve_file_paths(data: dict[str, Any], folder: Any) -> dict[str, Any]:
+        """The load_config hook (configio): file-relative paths, and ``tracking: [...]`` as
+        ``{sinks: [...]}`` so that ``tracking.log_samples=true`` overrides it."""
+        return normalize_tracking(resolve_file_paths(data, folder))
 
     @property
     def groups_in_flight(self) -> int:
