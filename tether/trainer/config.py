@@ -60,8 +60,10 @@ class TrainerConfig:
     max_tokens_per_micro_batch: int = 8192
     #: The LM head runs on this many positions at a time in the update (each chunk
     #: checkpointed), so the full [batch, length, vocabulary] logits never exist; 0 = all
-    #: positions at once. Same logprobs and gradients up to float rounding (tested).
-    logprob_chunk_tokens: int = 512
+    #: positions at once. Same logprobs and gradients up to float rounding (tested); costs
+    #: one more LM-head matmul. Off by default (the starter's vocabulary is 1.7k tokens);
+    #: 128 for a real model's 150k-token vocabulary (docs/memory.md).
+    logprob_chunk_tokens: int = 0
     #: Recompute each decoder layer's activations in the backward instead of keeping them
     #: (transformers' activation checkpointing, non-reentrant): less memory, ~1 more forward.
     gradient_checkpointing: bool = False

@@ -293,7 +293,7 @@ def token_logprobs_from_hidden(
     head: Callable[[Tensor], Tensor],
     input_ids: Tensor,
     temperature: Tensor | float = 1.0,
-    chunk_tokens: int = 512,
+    chunk_tokens: int = 128,
     *,
     entropy: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
@@ -322,13 +322,16 @@ def token_logprobs_from_hidden(
     temps = temps[:, None].expand(b, length - 1).reshape(-1, 1)
 
     def chunk(h: Tensor, targets: Tensor, temps: Tensor) -> tuple[Tensor, Tensor]:
-        z = head(h).to(dtype) / temps
+        logits = head(h)
+        # in place where the head's output is ours alone: one [chunk, V] tensor, not two
+        z = logits.div_(temps) if logits.dtype == dtype else logits.to(dtype) / temps
         lse = torch.logsumexp(z, dim=-1, keepdim=True)
         logp = z.gather(-1, targets)[:, 0] - lse[:, 0]
         if not entropy:
             return logp, logp.new_zeros(())
-        with torch.no_grad():
-            return logp, _entropy(z.detach(), lse.detach())
+        with torch.no_grad():  # lse − Σ p·z with one [chunk, V] temporary
+            p = (z.detach() - lse.detach()).exp_()
+            return logp, lse.detach()[:, 0] - p.mul_(z.detach()).sum(-1)
 
     grad = torch.is_grad_enabled() and (
         hidden.requires_grad or any(p.requires_grad for p in getattr(head, "parameters", list)())
