@@ -317,7 +317,7 @@ def main() -> None:
             continue
         print(
             f"{name:26} {seqs:>4}×{n:<7} {est:8.1f} {r['peak_mib'] / 1024:9.2f} "
-            f"{r['seconds']:9.1f}  {note}",
+            f"{r['seconds']:9.1f}  {note or 'before the update: %.2f GiB' % (r['before_update_mib'] / 1024)}",
             flush=True,
         )
     print(f"load {os.getloadavg()[0]:.1f} at the end")

@@ -87,7 +87,7 @@ def test_a_model_smaller_than_its_tokenizer_is_one_line(tmp_path: Path, tokenize
         [*TETHER, "serve", "--model", str(small), "--store", str(tmp_path / "t.sqlite")],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     # (torchao, when installed, logs import warnings of its own on this machine)

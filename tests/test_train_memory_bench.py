@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_quick_run_prints_a_row_per_configuration() -> None:
-    rows = ["lora/plain", "full/chunked+ckpt"]
+    rows = ["lora/plain", "lora/chunked+ckpt"]  # full fine-tune rows peak at ~9 GiB (docs)
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks/train_memory.py"), "--quick", "--rows", *rows],
         capture_output=True,
