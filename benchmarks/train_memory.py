@@ -199,7 +199,7 @@ def run_row(row: Row, seqs: int, tokens: int, device: str, train_dtype: str) -> 
 
 
 def _child_main(args: argparse.Namespace) -> None:
-    row = ROWS[args.child] if args.child in ROWS else _quick_rows()[args.child]
+    row = (_quick_rows() if args.quick else ROWS)[args.child]
     result = run_row(row, args.seqs, args.tokens, args.device, args.train_dtype)
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -238,6 +238,7 @@ def spawn(name: str, seqs: int, tokens: int, args: argparse.Namespace, limit_gib
         "--tokens", str(tokens),
         "--device", args.device,
         "--train-dtype", args.train_dtype,
+        *(["--quick"] if args.quick else []),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.monotonic()

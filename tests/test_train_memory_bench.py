@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_quick_run_prints_a_row_per_configuration() -> None:
-    rows = ["lora/plain", "lora/chunked+ckpt"]  # full fine-tune rows peak at ~9 GiB (docs)
+    rows = ["lora/plain", "full/chunked+ckpt"]
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks/train_memory.py"), "--quick", "--rows", *rows],
         capture_output=True,
@@ -28,7 +28,7 @@ def test_quick_run_prints_a_row_per_configuration() -> None:
         (line,) = [ln for ln in lines if ln.startswith(name + " ")]
         cells = line.split()
         assert cells[1] == "4×64", line  # the quick size, run in full
-        assert float(cells[3]) > 0.1 and float(cells[4]) > 0, line  # peak GiB, seconds
+        assert 0.1 < float(cells[3]) < 2.5 and float(cells[4]) > 0, line  # peak GiB (tiny), s
 
 
 def test_unknown_row_is_one_line() -> None:
