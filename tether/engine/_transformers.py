@@ -80,6 +80,12 @@ class TransformersEngine:
         self.tokenizer = tokenizer
         self.stream_interval_s = float(stream_interval_s)
         self._vocab = self.model.get_input_embeddings().num_embeddings
+        if tokenizer is not None and len(tokenizer) > self._vocab:
+            raise UserError(
+                f"the tokenizer has {len(tokenizer)} tokens but the model's embedding only "
+                f"{self._vocab} rows (vocab_size): use the model's own tokenizer, or a model "
+                f"with vocab_size >= {len(tokenizer)}"
+            )
         self._max_len = getattr(self.model.config, "max_position_embeddings", None) or 1 << 30
         self._eos = frozenset(end_of_turn_ids(tokenizer, self.model))
         rng = torch.Generator()

@@ -235,7 +235,23 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Any:
         if tokenizer.chat_template is None:
             raise StarterError(f"starter tokenizer at {path} has no chat template; rebuild it")
         return tokenizer
-    return AutoTokenizer.from_pretrained(model_source(str(path), "tokenizer"))
+    source = model_source(str(path), "tokenizer")
+    if _generic_tokenizer(source):  # e.g. the starter tokenizer saved beside another model
+        return PreTrainedTokenizerFast.from_pretrained(source)
+    return AutoTokenizer.from_pretrained(source)
+
+
+def _generic_tokenizer(folder: str) -> bool:
+    """Whether a local folder's tokenizer is a plain ``tokenizer.json`` (its config names
+    the generic class): ``AutoTokenizer`` would then build the class of the model's
+    ``model_type`` instead (``Qwen2Tokenizer`` for a qwen2 config), with another
+    pre-tokenizer, and tokenize differently."""
+    try:
+        config = json.loads((Path(folder) / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    generic = config.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast")
+    return generic and (Path(folder) / "tokenizer.json").is_file()
 
 
 def load_model(

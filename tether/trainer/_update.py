@@ -27,16 +27,12 @@ from typing import Any
 
 import torch
 
-from tether._hf import merged_copy, shared_prefix_forward
+from tether._hf import merged_copy
 from tether.trainer import algorithms as A
+from tether.trainer._forward import enable_gradient_checkpointing, forward_logprobs
 from tether.trainer.config import TrainerConfig
 from tether.trainer.distributed import Ranks, shard_by_tokens
-from tether.trainer.samples import (
-    Sample,
-    collate,
-    make_micro_batches,
-    token_logprobs_and_entropy,
-)
+from tether.trainer.samples import Sample, collate, make_micro_batches
 
 __all__ = ["PolicyTrainer", "UpdateStopped", "shared_prefix"]
 
@@ -79,6 +75,8 @@ class PolicyTrainer:
             self.ref_model = copy.deepcopy(model).to(self.device).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
+        if cfg.gradient_checkpointing:
+            enable_gradient_checkpointing(self.model)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
@@ -146,24 +144,28 @@ class PolicyTrainer:
         Rows of an agent's batch share a long prompt (system prompt + tools).
         That shared prefix is computed once and its KV cache broadcast to every
         row; gradients flow through it as in the plain forward, and the
-        result is the same up to float rounding (tested).
+        result is the same up to float rounding (tested). With
+        ``logprob_chunk_tokens`` the LM head runs that many positions at a time
+        and the ``[B, L, V]`` logits never exist (see ``_forward.py``).
         """
         ctx = (
             torch.autocast(self.device.type, dtype=torch.bfloat16)
             if self.autocast
             else nullcontext()
         )
-        ids, attn, temps = batch["input_ids"], batch["attention_mask"], batch["temperature"]
+        ids = batch["input_ids"]
         cut = shared_prefix(ids, batch["loss_mask"]) if self.share_prefix else 0
+        cut = 0 if cut < MIN_SHARED_PREFIX or ids.shape[0] < 2 else cut
         with ctx:
-            if cut < MIN_SHARED_PREFIX or ids.shape[0] < 2:
-                logits = model(input_ids=ids, attention_mask=attn).logits
-                return token_logprobs_and_entropy(logits, ids, temps, entropy=entropy)
-            logits = shared_prefix_forward(model, ids[0, :cut], ids[:, cut:], attn).logits
-        suffix, ent = token_logprobs_and_entropy(logits, ids[:, cut:], temps, entropy=entropy)
-        pad = suffix.new_zeros(ids.shape[0], cut)
-        ent = torch.cat([pad, ent], 1) if ent is not None else None
-        return torch.cat([pad, suffix], dim=1), ent
+            return forward_logprobs(
+                model,
+                ids,
+                batch["attention_mask"],
+                batch["temperature"],
+                cut=cut,
+                chunk_tokens=self.cfg.logprob_chunk_tokens,
+                entropy=entropy,
+            )
 
     def update(self, samples: list[Sample]) -> dict[str, float]:
         """``updates_per_batch`` optimizer steps over all ``samples`` (gradients accumulated

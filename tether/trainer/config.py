@@ -66,6 +66,15 @@ class TrainerConfig:
     #: Seconds any collective between the training processes may wait before the run
     #: ends with an error (a rank died or hangs); a checkpoint of the last step is kept.
     collective_timeout_s: float = 300.0
+    #: The LM head runs on this many positions at a time in the update (each chunk
+    #: checkpointed), so the full [batch, length, vocabulary] logits never exist; 0 = all
+    #: positions at once. Same logprobs and gradients up to float rounding (tested); costs
+    #: one more LM-head matmul. Off by default (the starter's vocabulary is 1.7k tokens);
+    #: 128 for a real model's 150k-token vocabulary (docs/memory.md).
+    logprob_chunk_tokens: int = 0
+    #: Recompute each decoder layer's activations in the backward instead of keeping them
+    #: (transformers' activation checkpointing, non-reentrant): less memory, ~1 more forward.
+    gradient_checkpointing: bool = False
     #: Stop early when the batch reward has been 0 for this many updates in a row (collapse); 0 = never.
     collapse_patience: int = 8
     #: sync (collect a batch, update, repeat) or async (groups keep running; admission
@@ -120,6 +129,11 @@ class TrainerConfig:
         self._check_async()
         if self.kl_coef < 0 or self.tis_cap < 0 or self.grad_clip < 0:
             raise UserError("trainer.kl_coef, tis_cap and grad_clip must be >= 0")
+        if self.logprob_chunk_tokens < 0:
+            raise UserError(
+                f"trainer.logprob_chunk_tokens ({self.logprob_chunk_tokens}) must be >= 0 "
+                "(0 computes the logits of all positions at once)"
+            )
 
     def _check_async(self) -> None:
         if self.mode not in ("sync", "async"):

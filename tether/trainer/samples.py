@@ -28,11 +28,12 @@ and 0 in column 0 (never a completion token: a prompt is never empty).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from tether.records import Call, CallStatus
 
@@ -45,6 +46,7 @@ __all__ = [
     "token_entropy",
     "token_logprobs",
     "token_logprobs_and_entropy",
+    "token_logprobs_from_hidden",
 ]
 
 
@@ -284,3 +286,66 @@ def token_logprobs_and_entropy(
 def _entropy(z: Tensor, lse: Tensor) -> Tensor:
     """``logsumexp(z) − Σ softmax(z)·z`` over the last axis (``lse`` keeps its last dim)."""
     return lse[..., 0] - ((z - lse).exp() * z).sum(-1)
+
+
+def token_logprobs_from_hidden(
+    hidden: Tensor,
+    head: Callable[[Tensor], Tensor],
+    input_ids: Tensor,
+    temperature: Tensor | float = 1.0,
+    chunk_tokens: int = 128,
+    *,
+    entropy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`token_logprobs_and_entropy` of ``head(hidden)``, without the full logits.
+
+    ``hidden`` ``[B, L, H]`` are the decoder's last hidden states, ``head`` the LM
+    head (``[N, H] → [N, V]``, e.g. ``model.get_output_embeddings()``, LoRA-wrapped
+    or not), ``input_ids`` ``[B, L]``, ``temperature`` a float or ``[B]``. Returns
+    the same ``[B, L]`` logprobs (and entropies) as
+    ``token_logprobs_and_entropy(head(hidden), ...)``, aligned the same way.
+
+    The head runs on ``chunk_tokens`` positions at a time. With gradients, each
+    chunk is checkpointed (``torch.utils.checkpoint``, non-reentrant): the
+    forward keeps only the chunk's hidden states, and the backward recomputes
+    that chunk's logits, so at most one chunk's ``[chunk_tokens, V]`` logits
+    and their gradient exist at once, never ``[B, L, V]``. The price is one more
+    head matmul per chunk in the backward. The entropy has no gradient.
+    """
+    if chunk_tokens <= 0:
+        raise ValueError(f"chunk_tokens ({chunk_tokens}) must be positive")
+    b, length, width = hidden.shape
+    dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    h = hidden[:, :-1].reshape(-1, width)
+    targets = input_ids[:, 1:].reshape(-1, 1)
+    temps = torch.as_tensor(temperature, dtype=dtype, device=hidden.device).expand(b)
+    temps = temps[:, None].expand(b, length - 1).reshape(-1, 1)
+
+    def chunk(h: Tensor, targets: Tensor, temps: Tensor) -> tuple[Tensor, Tensor]:
+        logits = head(h)
+        # in place where the head's output is ours alone: one [chunk, V] tensor, not two
+        z = logits.div_(temps) if logits.dtype == dtype else logits.to(dtype) / temps
+        lse = torch.logsumexp(z, dim=-1, keepdim=True)
+        logp = z.gather(-1, targets)[:, 0] - lse[:, 0]
+        if not entropy:
+            return logp, logp.new_zeros(())
+        with torch.no_grad():  # lse − Σ p·z with one [chunk, V] temporary
+            p = (z.detach() - lse.detach()).exp_()
+            return logp, lse.detach()[:, 0] - p.mul_(z.detach()).sum(-1)
+
+    grad = torch.is_grad_enabled() and (
+        hidden.requires_grad or any(p.requires_grad for p in getattr(head, "parameters", list)())
+    )
+    logps, ents = [], []
+    for start in range(0, h.shape[0], chunk_tokens):
+        part = slice(start, start + chunk_tokens)
+        args = (h[part], targets[part], temps[part])
+        lp, ent = checkpoint(chunk, *args, use_reentrant=False) if grad else chunk(*args)
+        logps.append(lp)
+        ents.append(ent)
+
+    def aligned(parts: list[Tensor]) -> Tensor:
+        flat = torch.cat(parts) if parts else h.new_zeros((0,), dtype=dtype)
+        return torch.cat([flat.new_zeros((b, 1)), flat.reshape(b, length - 1)], dim=1)
+
+    return aligned(logps), aligned(ents) if entropy else None
