@@ -317,7 +317,7 @@ def test_parallel_tool_calls_false_returns_the_first_call(live: Live, stream: bo
 
 def test_fields_without_effect_are_accepted_and_recorded(live: Live) -> None:
     client = live.client("r-a")
-    client.chat.completions.create(
+    stream = client.chat.completions.create(
         model="policy",
         messages=MESSAGES,
         user="u-1",
@@ -329,7 +329,9 @@ def test_fields_without_effect_are_accepted_and_recorded(live: Live) -> None:
         stream=True,
         stream_options={"include_usage": True, "include_obfuscation": False},
         extra_headers={"OpenAI-Organization": "org-x", "X-Trace": "1"},
-    ).close()
+    )
+    chunks = list(stream)  # read to the end: a stream closed early is a cancelled call
+    assert chunks[-1].usage is not None
     (call,) = live.store.calls("r-a")
     assert (
         call.request["params"].items()
