@@ -8,7 +8,7 @@
 #   engine_throughput.txt engine tokens/s, Qwen2.5-0.5B-shaped random model (bf16, SDPA),
 #                        1/16/64 concurrent vs model.generate one at a time
 #   train_memory.txt     one GRPO update's time and peak memory, full and LoRA
-#                        (benchmarks/train_memory.py --quick, when this checkout has it)
+#                        (benchmarks/train_memory.py --quick; one LoRA row with --fast)
 #   logprob_gap.txt      engine (fp32 / bf16 / int8 copies) vs trainer (fp32 / bf16) logprobs
 #   demo.txt             tether demo --device DEVICE: wall time and held-out gain
 # --fast: tiny sizes (a random 0.18M-parameter model, 1 demo update on 2 held-out tasks);
@@ -61,11 +61,9 @@ gpu_tests() {  # only the files that hold CUDA-marked tests: collecting the suit
 }
 
 train_memory() {
-  if [ -f benchmarks/train_memory.py ]; then
-    "$PY" benchmarks/train_memory.py --device "$DEVICE" --quick
-  else
-    echo "train_memory: not in this checkout"
-  fi
+  # --fast: one row (tests/test_train_memory_bench.py covers the script itself)
+  "$PY" benchmarks/train_memory.py --device "$DEVICE" --quick \
+    $([ $FAST = 1 ] && echo "--rows lora/chunked+ckpt")
 }
 
 demo() {  # in OUT, so its runs/ folder lands there

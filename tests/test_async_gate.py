@@ -19,11 +19,12 @@ from .test_async import RUN, Live
 
 
 def test_pause_holds_new_calls_and_lets_in_flight_ones_finish(tokenizer: Any, store: Store) -> None:
-    """Through the admin routes: pause returns after the in-flight call, the new call waits."""
+    """Through the admin routes: pause returns after the in-flight call, the new call waits.
+    (A 1.5 s engine call: under load the test must see the hold before the first call ends.)"""
     ok = [*tokenizer.encode("ok"), tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
     async def go() -> None:
-        async with Live(NullEngine(ok, delay_s=0.4), tokenizer, store, port=0) as live:
+        async with Live(NullEngine(ok, delay_s=1.5), tokenizer, store, port=0) as live:
             gw = live.gw
             a, b = (gw.open_rollout({}, rollout_id=f"r{i}", run_id=RUN) for i in range(2))
             clients = [
