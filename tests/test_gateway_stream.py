@@ -301,8 +301,15 @@ def test_text_before_a_tool_call_streams_before_the_call_ends(
 
 
 def test_record_mode_streams_and_records(tokenizer: Any, tmp_path: Path) -> None:
-    engine = ScriptedEngine(["Forty-two."], tokenizer=tokenizer)
+    engine = ScriptedEngine(["Forty-two.", "Forty-two."], tokenizer=tokenizer)
     lv = Live(engine, tokenizer, tmp_path / "rec.db", record_keys=("rec-key",))
+    finish = lv.gw.finish_rollout
+
+    def slow_finish(*args: Any, **kwargs: Any) -> Any:  # widens any race with the client
+        time.sleep(0.5)
+        return finish(*args, **kwargs)
+
+    lv.gw.finish_rollout = slow_finish  # type: ignore[method-assign]
     try:
         client = openai.OpenAI(base_url=f"{lv.server.url}/v1", api_key="rec-key", max_retries=0)
         chunks = list(
@@ -315,5 +322,16 @@ def test_record_mode_streams_and_records(tokenizer: Any, tmp_path: Path) -> None
         assert rollout.status is RolloutStatus.SUCCEEDED
         (call,) = lv.store.calls(rollout.id)
         assert call.status is CallStatus.OK and call.response["content"] == "Forty-two."
+        # a client that stops reading at [DONE] finds its rollout already finished
+        body = {"model": "policy", "messages": MESSAGES, "stream": True}
+        headers = {"Authorization": "Bearer rec-key"}
+        url = f"{lv.server.url}/v1/chat/completions"
+        with httpx.stream("POST", url, json=body, headers=headers) as r:
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    break
+            statuses = {x.id: x.status for x in lv.store.list_rollouts()}
+        del statuses[rollout.id]
+        assert list(statuses.values()) == [RolloutStatus.SUCCEEDED]
     finally:
         lv.stop()

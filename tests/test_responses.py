@@ -16,6 +16,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, get_args
 
@@ -40,6 +41,7 @@ from tether.gateway._responses_render import (
     response_body,
 )
 from tether.gateway._responses_schema import ResponsesRequest
+from tether.records import RolloutStatus
 from tether.starter import load_model, load_tokenizer
 from tether.store import Store
 
@@ -346,6 +348,24 @@ def test_record_mode_and_auth(scripted) -> None:
     assert resp.output_text == ANSWER
     (rollout,) = live.store.list_rollouts()
     assert [c.request["api"] for c in live.store.calls(rollout.id)] == ["responses"]
+    assert rollout.status is RolloutStatus.SUCCEEDED
+    # streamed: the rollout is finished before the agent sees response.completed, even
+    # when finishing is slow and the client stops reading there
+    finish = live.gw.finish_rollout
+
+    def slow_finish(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.5)
+        return finish(*args, **kwargs)
+
+    live.gw.finish_rollout = slow_finish
+    body = {"model": "policy", "input": QUESTION, "stream": True}
+    headers = {"Authorization": f"Bearer {RECORD_KEY}"}
+    with httpx.stream("POST", f"{base}/responses", json=body, headers=headers) as r:
+        for line in r.iter_lines():
+            if line == "event: response.completed":
+                break
+        ended = [x.status for x in live.store.list_rollouts() if x.id != rollout.id]
+    assert ended == [RolloutStatus.SUCCEEDED]
     for key in ("wrong-key", ADMIN_KEY):
         r = httpx.post(
             f"{base}/responses", json={"input": "x"}, headers={"Authorization": f"Bearer {key}"}

@@ -74,6 +74,9 @@ async def _primed(deltas: AsyncIterator[Any], on_end: Callable[[], None] | None)
     return chained()
 
 
+_LAST = ("response.completed", "response.incomplete")
+
+
 def _event_stream(
     stream: AsyncIterator[dict[str, Any]],
     deltas: AsyncIterator[Any],
@@ -84,6 +87,8 @@ def _event_stream(
         try:
             async for e in stream:
                 seq = e["sequence_number"] + 1
+                if e["type"] in _LAST and on_end is not None:
+                    on_end()  # before the last event: what the agent saw end is committed
                 yield f"event: {e['type']}\ndata: {json.dumps(e)}\n\n"
         except Exception as exc:  # after the 200: the error is the stream's last event
             err = http_error(exc)

@@ -197,6 +197,8 @@ async def _events(
                 for line in form.tool(item):
                     yield line
             elif isinstance(item, Done):
+                if on_end is not None:  # before [DONE]: what the agent saw end is committed
+                    on_end()
                 for line in form.done(item, include_usage):
                     yield line
                 yield "data: [DONE]\n\n"
@@ -233,7 +235,9 @@ async def stream_response(
     """Prime ``events`` (``Gateway.generate_stream(..., tokens=True)``) and stream it as SSE.
 
     ``logprobs``: chat: a bool (``top_logprobs`` per token); completions: the int or None.
-    ``on_end`` runs once the stream is over, whichever way it ended.
+    ``on_end`` runs once the stream is over, whichever way it ended: for a complete
+    stream before its last event, so an agent that saw ``[DONE]`` finds its rollout
+    finished. It must be safe to call twice.
     """
     form: _Chat | _Completion
     if chat:
