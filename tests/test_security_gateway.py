@@ -342,3 +342,36 @@ async def test_body_cap_with_and_without_content_length(make_gateway: Any) -> No
             assert "65536" in r.json()["error"]["message"]
         ok = await c.post("/rollouts/r-body/v1/chat/completions", json=CHAT, headers=_h(a.token))
     assert ok.status_code == 200 and engine.num_calls == 1
+
+
+def test_an_agent_killed_mid_request_leaves_no_traceback(make_gateway: Any) -> None:
+    """A client gone before its body arrived (an agent killed by Ctrl-C) is not a server error."""
+    from tether.gateway import BackgroundServer
+
+    engine = NullEngine(token_ids=[40])
+    gw = make_gateway(engine)
+    a = gw.open_rollout({}, rollout_id="r-gone")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    server = BackgroundServer(create_app(gw)).start()
+    logger = logging.getLogger("uvicorn.error")  # after the start: uvicorn configures it there
+    logger.addHandler(handler)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port)) as s:
+            head = (
+                "POST /rollouts/r-gone/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                f"Authorization: Bearer {a.token}\r\nContent-Type: application/json\r\n"
+                "Content-Length: 1000\r\n\r\n"
+            )
+            s.sendall(head.encode() + b'{"messages": [')
+        ok = httpx.post(
+            f"{server.url}/rollouts/r-gone/v1/chat/completions", json=CHAT, headers=_h(a.token)
+        )
+        assert ok.status_code == 200, ok.text
+    finally:
+        server.stop()
+        logger.removeHandler(handler)
+    errors = [r.getMessage() for r in records if r.levelno >= logging.ERROR]
+    assert errors == [], errors
+    assert engine.num_calls == 1

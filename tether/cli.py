@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from tether import _exit
 from tether._interrupt import Interrupted, Interrupts
 from tether.errors import TetherError, UserError
 
@@ -379,6 +380,16 @@ def tensorboard(ctx: typer.Context) -> None:
 
 
 def main() -> None:
+    _exit.install()  # leave without the interpreter's slow teardown (tether/_exit.py)
+    try:
+        _main()
+    except BaseException as exc:
+        _exit.record(exc)
+        raise
+    _exit.record(None)
+
+
+def _main() -> None:
     with Interrupts() as interrupts:
         try:
             app(obj=interrupts)

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ._auth import bearer
 from ._core import Gateway
@@ -97,11 +98,14 @@ async def _read_body(request: Request, limit: int) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body of {declared} bytes is above the cap of {limit} bytes")
     parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise ApiError(413, f"request body is above the cap of {limit} bytes")
-        parts.append(part)
+    try:
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                raise ApiError(413, f"request body is above the cap of {limit} bytes")
+            parts.append(part)
+    except ClientDisconnect:  # an agent killed mid-request (Ctrl-C, a timeout): nothing to answer
+        raise ApiError(499, "the client closed the connection before sending its body") from None
     return b"".join(parts)
 
 
