@@ -242,7 +242,7 @@ def _rank_children(pid: int) -> list[psutil.Process]:
         kids = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
-    return [p for p in kids if "tether.run._ranks" in " ".join(p.cmdline())]
+    return [p for p in kids if "tether.run._rank_main" in " ".join(p.cmdline())]
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ machine (measured after Ctrl-C in a train run: the one-line message at
 all of it in ``gc_collect_main`` during finalization), and Ctrl-C must end a
 run within seconds.
 
-So :func:`install` registers :func:`_leave` as an exit handler before the
+So :func:`run` registers :func:`_leave` as an exit handler before the
 command imports anything heavy, which makes it run after every handler
 registered later (they run last-in, first-out): by then Python has joined
 the non-daemon threads and run the handlers of everything the command
@@ -27,32 +27,33 @@ import contextlib
 import logging
 import os
 import sys
+from collections.abc import Callable
 
-__all__ = ["install", "record"]
+__all__ = ["run"]
 
 _status: list[int] = []  # the command's exit status, once known
 
 
-def install() -> None:
-    """Call first thing in the command's ``main``, before the command imports torch."""
+def run(main: Callable[[], object]) -> None:
+    """Run a command's ``main`` (before it imports torch), then leave without the teardown
+    with the status the interpreter would have given."""
     atexit.register(_leave)
+    try:
+        main()
+    except BaseException as exc:
+        _status[:] = [_status_of(exc)]
+        raise
+    _status[:] = [0]
 
 
-def record(exc: BaseException | None) -> None:
-    """Remember the exit status the interpreter would give for ``exc`` (None: a normal end)."""
-    if exc is None:
-        code = 0
-    elif isinstance(exc, SystemExit):
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    elif isinstance(exc, KeyboardInterrupt):
-        code = 130
-    else:
-        code = 1
-    _status[:] = [code]
+def _status_of(exc: BaseException) -> int:
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
 
 def _leave() -> None:
-    if not _status:  # not through main (an embedding program): a normal exit
+    if not _status:  # main never ended (a fork that exits on its own): a normal exit
         return
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):

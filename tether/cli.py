@@ -380,13 +380,7 @@ def tensorboard(ctx: typer.Context) -> None:
 
 
 def main() -> None:
-    _exit.install()  # leave without the interpreter's slow teardown (tether/_exit.py)
-    try:
-        _main()
-    except BaseException as exc:
-        _exit.record(exc)
-        raise
-    _exit.record(None)
+    _exit.run(_main)  # leaves without the interpreter's slow teardown (tether/_exit.py)
 
 
 def _main() -> None:

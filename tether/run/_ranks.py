@@ -40,7 +40,7 @@ import torch
 from tether.trainer import PolicyTrainer, RankFailed, TrainerConfig
 from tether.trainer.distributed import Ranks, join_ranks, world_from_env
 
-__all__ = ["RankGroup", "rank_from_env", "serve_rank"]
+__all__ = ["RankGroup", "rank_from_env", "rank_main", "serve_rank"]
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class RankGroup:
         for rank in range(1, n):
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "tether.run._ranks"],
+                    [sys.executable, "-m", "tether.run._rank_main"],
                     env={**os.environ, **env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                     preexec_fn=_die_with_parent if sys.platform == "linux" else None,
                     start_new_session=True,
@@ -234,12 +234,9 @@ def _build(ranks: Ranks, info: dict[str, Any], load_model: Any) -> PolicyTrainer
     )
 
 
-def _main() -> None:
+def rank_main() -> None:
+    """A started rank's process (``python -m tether.run._rank_main``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 decides when the run stops
     logging.basicConfig(level=logging.WARNING, format=f"rank {os.environ.get('RANK')}: %(message)s")
     timeout = float(os.environ.get(TIMEOUT_ENV, "300"))
     sys.exit(serve_rank(timeout, os.environ.get(DEVICE_ENV, "cpu")))
-
-
-if __name__ == "__main__":
-    _main()
