@@ -40,7 +40,6 @@ from tether.store import (
     StaleAttempt,
     Store,
     StoreError,
-    _migrations,
 )
 
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
@@ -77,7 +76,7 @@ def call(attempt: int = 1, rid: str = "r1", n: int = 3, **kw) -> Call:
     return Call(**{**fields, **kw})
 
 
-# -- the package face and the schema ------------------------------------------------
+# -- the package face (the schema and migrations: test_store_migrations.py) ----------
 
 
 def test_exports_and_error_tree():
@@ -90,135 +89,6 @@ def test_exports_and_error_tree():
     assert issubclass(StoreError, TetherError)
     assert issubclass(DuplicateReward, AlreadyExists)
     assert issubclass(IllegalRolloutTransition, IllegalTransition)
-
-
-SCHEMA = {
-    "runs": ["id", "config", "status", "created_at"],
-    "tasks": ["id", "run_id", "split", "data"],
-    "rollouts": ["id", "run_id", "task_id", "group_id", "task", "status", "attempt",
-                 "token_hash", "reward", "reward_source", "final_answer", "error",
-                 "created_at", "finished_at"],
-    "calls": ["rollout_id", "attempt", "seq", "prompt_ids", "completion_ids", "logprobs",
-              "n_prompt", "n_completion", "policy_version", "request", "response",
-              "finish_reason", "temperature", "status", "error", "latency_s", "created_at",
-              "constraint_label"],
-    "rewards": ["id", "rollout_id", "attempt", "call_seq", "value", "given", "source",
-                "created_at"],
-    "metrics": ["id", "run_id", "step", "name", "value", "created_at"],
-    "checkpoints": ["id", "run_id", "step", "path", "created_at"],
-    "attempts": ["rollout_id", "attempt", "status", "error", "exit_code", "output_tail",
-                 "success", "finished_at"],
-}  # fmt: skip
-INDEXES = {
-    "tasks": {"tasks_run_split": 0, "tasks_run_id": 1},
-    "runs": {"sqlite_autoindex_runs_1": 1},
-    "rollouts": {"rollouts_run_status": 0, "rollouts_group": 0, "rollouts_status": 0,
-                 "sqlite_autoindex_rollouts_1": 1},
-    "calls": {"sqlite_autoindex_calls_1": 1},
-    "rewards": {"rewards_rollout": 0, "rewards_final": 1},
-    "metrics": {"metrics_run_name_step": 0},
-    "checkpoints": {"checkpoints_run_step": 0},
-    "attempts": {"sqlite_autoindex_attempts_1": 1},
-}  # fmt: skip
-
-
-def test_schema_after_migrating(tmp_path):
-    path = tmp_path / "s.db"
-    Store(path).close()
-    conn = sqlite3.connect(path)
-    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert tables == set(SCHEMA)
-    for table, columns in SCHEMA.items():
-        assert [r[1] for r in conn.execute(f"PRAGMA table_info({table})")] == columns
-        indexes = {r[1]: r[2] for r in conn.execute(f"PRAGMA index_list({table})")}
-        assert indexes == INDEXES[table], table
-    assert [r[2] for r in conn.execute("PRAGMA index_info(sqlite_autoindex_calls_1)")] == [
-        "rollout_id", "attempt", "seq",
-    ]  # fmt: skip
-    assert [r[2] for r in conn.execute("PRAGMA index_info(sqlite_autoindex_attempts_1)")] == [
-        "rollout_id", "attempt",
-    ]  # fmt: skip
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == len(_migrations.MIGRATIONS)
-    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    conn.close()
-
-
-def test_reopen_does_not_rerun_migrations(tmp_path, monkeypatch):
-    path = tmp_path / "m.db"
-    with Store(path) as store:
-        assert store._db.migrations_run == len(_migrations.MIGRATIONS)
-        store.create_run({"a": 1}, run_id="kept")
-
-    def boom(conn):
-        raise AssertionError("migration re-run")
-
-    monkeypatch.setattr(_migrations, "MIGRATIONS", [boom] * len(_migrations.MIGRATIONS))
-    with Store(path) as store:
-        assert store._db.migrations_run == 0
-        assert store.schema_version() == len(_migrations.MIGRATIONS)
-        assert store.get_run("kept").config == {"a": 1}
-    monkeypatch.setattr(_migrations, "MIGRATIONS", [])  # a file newer than this tether
-    with pytest.raises(StoreError, match="newer"):
-        Store(path)
-
-
-def test_migration_2_adds_attempts_to_an_existing_file(tmp_path, monkeypatch):
-    """A file made before migration 2 keeps its rollouts and gains the attempts table."""
-    path = tmp_path / "v1.db"
-    with monkeypatch.context() as m:
-        m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:1])
-        with Store(path) as old:
-            old.create_rollout(Rollout(id="r-old"))
-            assert old.schema_version() == 1
-    with Store(path) as store:
-        assert store._db.migrations_run == len(_migrations.MIGRATIONS) - 1
-        assert store.schema_version() == len(_migrations.MIGRATIONS)
-        assert store.get_rollout("r-old") is not None and store.attempts("r-old") == []
-        attempt = store.start_attempt("r-old")
-        store.finish_rollout("r-old", "failed", attempt=attempt, output_tail="boom\n")
-        assert [a.output_tail for a in store.attempts("r-old")] == ["boom\n"]
-
-
-def test_migration_3_keys_tasks_by_run_and_keeps_them(tmp_path, monkeypatch):
-    """A file made before migration 3 keeps its tasks, in order; then two runs may
-    each store a task of the same id (a resumed run records its task set again)."""
-    path = tmp_path / "v2.db"
-    with monkeypatch.context() as m:
-        m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:2])
-        with Store(path) as old:
-            old.create_run({}, run_id="a")
-            old.add_tasks([Task("t1", {"q": 1}, run_id="a"), Task("t0", {"q": 0})])
-    with Store(path) as store:
-        assert store._db.migrations_run == len(_migrations.MIGRATIONS) - 2
-        assert [(t.id, t.run_id) for t in store.list_tasks()] == [("t1", "a"), ("t0", None)]
-        store.create_run({}, run_id="b")
-        store.add_tasks([Task("t1", {"q": "other"}, run_id="b")])
-        assert store.get_task("t1", run_id="b").data == {"q": "other"}
-        assert store.get_task("t1").run_id == "a"  # without a run: the first stored
-        with pytest.raises(AlreadyExists, match="run 'a'"):
-            store.add_tasks([Task("t1", {"q": 2}, run_id="a")])
-
-
-def test_migration_4_marks_constrained_calls_and_keeps_old_ones(tmp_path, monkeypatch):
-    """A file made before migration 4 keeps its calls (unconstrained: NULL); new calls
-    carry the grammar they were drawn under."""
-    path = tmp_path / "v3.db"
-    with monkeypatch.context() as m:
-        m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:3])
-        with Store(path) as old:
-            old.create_rollout(Rollout(id="r1"))
-            old.start_attempt("r1")
-    with closing(sqlite3.connect(path)) as conn, conn:  # a call as tether before 4 wrote it
-        conn.execute(
-            "INSERT INTO calls (rollout_id, attempt, seq, prompt_ids, completion_ids, logprobs, "
-            "n_prompt, n_completion, policy_version, request, response, finish_reason, "
-            "temperature, status, error, latency_s, created_at) "
-            "VALUES ('r1', 1, 0, x'', x'', x'', 0, 0, 0, '{}', '{}', 'stop', 1.0, 'ok', NULL, 0, 0)"
-        )
-    with Store(path) as store:
-        assert store._db.migrations_run == 1
-        store.record_call(call(constraint="json_schema:Answer"))
-        assert [c.constraint for c in store.calls("r1")] == [None, "json_schema:Answer"]
 
 
 def test_add_tasks_stores_a_runs_4000_tasks_and_re_adding_them_is_a_no_op(db):
