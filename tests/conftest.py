@@ -42,6 +42,15 @@ def tokenizer(starter_dir: Path) -> Any:
     return load_tokenizer(starter_dir)
 
 
+@pytest.fixture(scope="module")
+def model(starter_dir: Path) -> Any:
+    """The starter model, loaded once per test module (a module may define its own
+    ``model``); tests that train must load their own copy."""
+    from tether.starter import load_model
+
+    return load_model(starter_dir)
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Any]:
     from tether.store import Store

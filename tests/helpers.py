@@ -6,6 +6,7 @@ Agent and grader specs in test configs may point here too, e.g.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import socket
 import subprocess
@@ -16,15 +17,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+import openai
 import psutil
 
+from tether.gateway import BackgroundServer, Gateway, GatewayConfig, create_app
 from tether.runner import Launch
+from tether.store import Store
 
 __all__ = [
     "ADMIN_KEY",
     "TETHER",
+    "LiveGateway",
     "Served",
     "alive",
     "alternating_grader",
@@ -36,6 +42,49 @@ __all__ = [
 
 ADMIN_KEY = "test-admin-key-0123456789"  # the admin key of the test gateways (conftest)
 TETHER = [sys.executable, "-m", "tether.cli"]  # the command as a user runs it
+
+
+class LiveGateway:
+    """A gateway over ``engine`` on a loopback port, with its own SQLite store at ``path``,
+    for tests that drive it with the official ``openai`` client.
+
+    ``task``: what each rollout opened by :meth:`open` holds; ``config``: more
+    :class:`GatewayConfig` fields (e.g. ``record_keys``).
+    """
+
+    def __init__(
+        self, engine: Any, tokenizer: Any, path: Path, task: dict | None = None, **config: Any
+    ) -> None:
+        self.store = Store(path)
+        self.tokenizer = tokenizer
+        self.task = {"question": "17 + 25"} if task is None else task
+        cfg = GatewayConfig(admin_key=ADMIN_KEY, **config)
+        self.gw = Gateway(engine, tokenizer, self.store, cfg)
+        self.server = BackgroundServer(create_app(self.gw)).start()
+        self.gw.config.public_url = self.server.url
+
+    def open(self, rid: str) -> tuple[str, str]:
+        """Open rollout ``rid``; its base URL and token (also kept as :attr:`token`)."""
+        opened = self.gw.open_rollout(self.task, rollout_id=rid)
+        self.token = opened.token
+        return opened.base_url, opened.token
+
+    def client(self, rid: str) -> openai.OpenAI:
+        base, token = self.open(rid)
+        return openai.OpenAI(base_url=base, api_key=token, max_retries=0)
+
+    def clients(self, rid: str) -> tuple[openai.OpenAI, openai.AsyncOpenAI]:
+        """A sync and an async client of the same rollout."""
+        base, token = self.open(rid)
+        return (
+            openai.OpenAI(base_url=base, api_key=token, max_retries=0),
+            openai.AsyncOpenAI(base_url=base, api_key=token, max_retries=0),
+        )
+
+    def stop(self) -> None:
+        self.server.stop()
+        asyncio.run(self.gw.engine.close())
+        self.store.close()
 
 
 def free_port() -> int:

@@ -28,14 +28,12 @@ import pytest
 from tether.chat import render_prompt
 from tether.engine import TransformersEngine
 from tether.engine.testing import ScriptedEngine
-from tether.gateway import BackgroundServer, Gateway, GatewayConfig, create_app
 from tether.records import Call, RewardSource, Rollout, RolloutStatus
 from tether.runner import AttemptResult, Launch, ProcessRunner, RunnerConfig
 from tether.starter import load_model
 from tether.starter.calc import CALCULATOR_TOOL, grade
-from tether.store import Store
 
-from .conftest import ADMIN_KEY
+from .helpers import LiveGateway
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "frameworks"
@@ -134,25 +132,6 @@ def node_setup() -> str | None:
     return None if done.returncode == 0 else f"npm ci failed: {done.stderr.strip()[-300:]}"
 
 
-class Live:
-    """A gateway over ``engine`` on a loopback port, with its own SQLite store."""
-
-    def __init__(self, engine: Any, tokenizer: Any, path: Path):
-        self.store = Store(path)
-        self.gw = Gateway(engine, tokenizer, self.store, GatewayConfig(admin_key=ADMIN_KEY))
-        self.server = BackgroundServer(create_app(self.gw)).start()
-        self.gw.config.public_url = self.server.url
-
-    def client(self, rid: str) -> openai.OpenAI:
-        opened = self.gw.open_rollout(TASK, rollout_id=rid)
-        return openai.OpenAI(base_url=opened.base_url, api_key=opened.token, max_retries=0)
-
-    def stop(self) -> None:
-        self.server.stop()
-        asyncio.run(self.gw.engine.close())
-        self.store.close()
-
-
 @dataclass
 class Outcome:
     result: AttemptResult
@@ -160,7 +139,7 @@ class Outcome:
     calls: list[Call] = field(default_factory=list)
 
 
-async def run_agent(live: Live, command: list[str], rid: str) -> Outcome:
+async def run_agent(live: LiveGateway, command: list[str], rid: str) -> Outcome:
     """One rollout as the trainer runs it: open, run the process, grade, finish."""
     opened = live.gw.open_rollout(TASK, rollout_id=rid, task_id=TASK["id"])
     runner = ProcessRunner(RunnerConfig(command=command, cwd=str(ROOT), timeout_s=120))
@@ -187,7 +166,9 @@ def outcomes(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     tmp = tmp_path_factory.mktemp("frameworks")
     reasons = {name: missing(name) for name in FRAMEWORKS}
     lives = {
-        name: Live(ScriptedEngine(fw.script, tokenizer=tokenizer), tokenizer, tmp / f"{name}.db")
+        name: LiveGateway(
+            ScriptedEngine(fw.script, tokenizer=tokenizer), tokenizer, tmp / f"{name}.db", TASK
+        )
         for name, fw in FRAMEWORKS.items()
         if reasons[name] is None
     }
@@ -253,7 +234,7 @@ def test_openai_streaming_agent_with_the_starter_model(
     stored with its ids and logprobs, what was streamed is what was stored, and the
     grader's reward is attached (the untrained model's answer is almost surely wrong)."""
     engine = TransformersEngine(load_model(starter_dir), tokenizer, max_batch_size=4)
-    live = Live(engine, tokenizer, tmp_path / "traces.db")
+    live = LiveGateway(engine, tokenizer, tmp_path / "traces.db", TASK)
     try:
         out = asyncio.run(run_agent(live, FRAMEWORKS["openai_stream"].command, "r-starter"))
     finally:
@@ -287,15 +268,18 @@ MESSAGES = [{"role": "user", "content": TASK["question"]}]
 
 @pytest.fixture
 def live(tokenizer: Any, tmp_path: Path):
-    lv = Live(
-        ScriptedEngine([TWO_CALLS], tokenizer=tokenizer, cycle=True), tokenizer, tmp_path / "f.db"
+    lv = LiveGateway(
+        ScriptedEngine([TWO_CALLS], tokenizer=tokenizer, cycle=True),
+        tokenizer,
+        tmp_path / "f.db",
+        TASK,
     )
     yield lv
     lv.stop()
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_parallel_tool_calls_false_returns_the_first_call(live: Live, stream: bool) -> None:
+def test_parallel_tool_calls_false_returns_the_first_call(live: LiveGateway, stream: bool) -> None:
     """LangChain's ``bind_tools(parallel_tool_calls=False)``: one tool call comes back
     (and is recorded as the response); the completion ids keep what the model wrote."""
     client = live.client("r-p")
@@ -315,7 +299,7 @@ def test_parallel_tool_calls_false_returns_the_first_call(live: Live, stream: bo
     assert len(both.choices[0].message.tool_calls) == 2
 
 
-def test_fields_without_effect_are_accepted_and_recorded(live: Live) -> None:
+def test_fields_without_effect_are_accepted_and_recorded(live: LiveGateway) -> None:
     client = live.client("r-a")
     stream = client.chat.completions.create(
         model="policy",
@@ -367,7 +351,7 @@ def test_fields_without_effect_are_accepted_and_recorded(live: Live) -> None:
     ],
 )
 def test_unsupported_fields_are_refused_by_name(
-    live: Live, fields: dict, param: str, words: str
+    live: LiveGateway, fields: dict, param: str, words: str
 ) -> None:
     client = live.client("r-x")
     with pytest.raises(openai.BadRequestError) as err:

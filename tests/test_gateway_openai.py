@@ -6,7 +6,6 @@ engine, and a scripted engine where the output must be a tool call.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,8 @@ import torch
 from tether.chat import render_prompt
 from tether.engine import TransformersEngine
 from tether.engine.testing import ScriptedEngine
-from tether.gateway import BackgroundServer, Gateway, GatewayConfig, create_app
-from tether.starter import load_model
-from tether.store import Store
 
-from .conftest import ADMIN_KEY
+from .helpers import LiveGateway
 
 TOOLS = [
     {
@@ -44,35 +40,10 @@ MESSAGES = [
 ]
 
 
-class Live:
-    def __init__(self, engine: Any, tokenizer: Any, path: Path):
-        self.store = Store(path)
-        self.gw = Gateway(engine, tokenizer, self.store, GatewayConfig(admin_key=ADMIN_KEY))
-        self.server = BackgroundServer(create_app(self.gw)).start()
-        self.gw.config.public_url = self.server.url
-
-    def rollout(self, rid: str) -> tuple[openai.OpenAI, openai.AsyncOpenAI]:
-        opened = self.gw.open_rollout({"question": "17 + 25"}, rollout_id=rid)
-        return (
-            openai.OpenAI(base_url=opened.base_url, api_key=opened.token, max_retries=0),
-            openai.AsyncOpenAI(base_url=opened.base_url, api_key=opened.token, max_retries=0),
-        )
-
-    def stop(self) -> None:
-        self.server.stop()
-        asyncio.run(self.gw.engine.close())
-        self.store.close()
-
-
-@pytest.fixture(scope="module")
-def model(starter_dir: Path) -> Any:
-    return load_model(starter_dir)
-
-
 @pytest.fixture
 def live(model: Any, tokenizer: Any, tmp_path: Path):
     engine = TransformersEngine(model, tokenizer, max_batch_size=16)
-    lv = Live(engine, tokenizer, tmp_path / "traces.sqlite")
+    lv = LiveGateway(engine, tokenizer, tmp_path / "traces.sqlite")
     yield lv
     lv.stop()
 
@@ -88,8 +59,8 @@ def _forward_logprobs(
     return [logp[n - 1 + i, t].item() for i, t in enumerate(completion)]
 
 
-def test_sync_call_is_recorded_token_exactly(live: Live, tokenizer: Any, model: Any) -> None:
-    client, _ = live.rollout("r-1")
+def test_sync_call_is_recorded_token_exactly(live: LiveGateway, tokenizer: Any, model: Any) -> None:
+    client = live.client("r-1")
     resp = client.chat.completions.create(
         model="policy", messages=MESSAGES, max_tokens=24, temperature=1.0, seed=7, logprobs=True
     )
@@ -111,8 +82,8 @@ def test_sync_call_is_recorded_token_exactly(live: Live, tokenizer: Any, model: 
     assert max(abs(a - b) for a, b in zip(ref, call.logprobs, strict=True)) <= 1e-4
 
 
-def test_temperature_logprobs_match_forward_pass(live: Live, model: Any) -> None:
-    client, _ = live.rollout("r-t")
+def test_temperature_logprobs_match_forward_pass(live: LiveGateway, model: Any) -> None:
+    client = live.client("r-t")
     client.chat.completions.create(
         model="policy", messages=MESSAGES, max_tokens=16, temperature=0.7, seed=1
     )
@@ -122,8 +93,8 @@ def test_temperature_logprobs_match_forward_pass(live: Live, model: Any) -> None
     assert max(abs(a - b) for a, b in zip(ref, call.logprobs, strict=True)) <= 1e-4
 
 
-async def test_async_and_streaming_clients(live: Live, tokenizer: Any) -> None:
-    client, aclient = live.rollout("r-s")
+async def test_async_and_streaming_clients(live: LiveGateway, tokenizer: Any) -> None:
+    client, aclient = live.clients("r-s")
     stream = client.chat.completions.create(
         model="policy",
         messages=MESSAGES,
@@ -152,8 +123,8 @@ async def test_async_and_streaming_clients(live: Live, tokenizer: Any) -> None:
     await aclient.close()
 
 
-def test_n_samples_are_separate_calls(live: Live) -> None:
-    client, _ = live.rollout("r-n")
+def test_n_samples_are_separate_calls(live: LiveGateway) -> None:
+    client = live.client("r-n")
     resp = client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=8, n=3)
     assert len(resp.choices) == 3
     calls = live.store.calls("r-n")
@@ -161,8 +132,8 @@ def test_n_samples_are_separate_calls(live: Live) -> None:
     assert all(c.prompt_ids == calls[0].prompt_ids for c in calls)
 
 
-def test_completions_route(live: Live, tokenizer: Any) -> None:
-    client, _ = live.rollout("r-c")
+def test_completions_route(live: LiveGateway, tokenizer: Any) -> None:
+    client = live.client("r-c")
     resp = client.completions.create(model="policy", prompt="12 + 30 =", max_tokens=6, logprobs=1)
     (call,) = live.store.calls("r-c")
     assert call.prompt_ids == tokenizer.encode("12 + 30 =", add_special_tokens=False)
@@ -177,9 +148,9 @@ TOOL_TEXT = (
 @pytest.mark.parametrize("stream", [False, True])
 def test_tool_call_comes_back_in_openai_form(stream: bool, tokenizer: Any, tmp_path: Path) -> None:
     engine = ScriptedEngine([TOOL_TEXT], tokenizer=tokenizer)
-    lv = Live(engine, tokenizer, tmp_path / "t.sqlite")
+    lv = LiveGateway(engine, tokenizer, tmp_path / "t.sqlite")
     try:
-        client, _ = lv.rollout("r-tool")
+        client = lv.client("r-tool")
         if stream:
             chunks = list(
                 client.chat.completions.create(
@@ -219,9 +190,9 @@ def test_tool_call_comes_back_in_openai_form(stream: bool, tokenizer: Any, tmp_p
 
 def test_malformed_tool_call_comes_back_as_content(tokenizer: Any, tmp_path: Path) -> None:
     bad = '<tool_call>\n{"name": "calculator", "arguments": {"expression": \n</tool_call>'
-    lv = Live(ScriptedEngine([bad], tokenizer=tokenizer), tokenizer, tmp_path / "m.sqlite")
+    lv = LiveGateway(ScriptedEngine([bad], tokenizer=tokenizer), tokenizer, tmp_path / "m.sqlite")
     try:
-        client, _ = lv.rollout("r-bad")
+        client = lv.client("r-bad")
         resp = client.chat.completions.create(model="policy", messages=MESSAGES, tools=TOOLS)
         assert resp.choices[0].message.tool_calls is None
         assert resp.choices[0].message.content == bad
@@ -232,15 +203,15 @@ def test_malformed_tool_call_comes_back_as_content(tokenizer: Any, tmp_path: Pat
 
 def test_restart_keeps_every_acknowledged_call(model: Any, tokenizer: Any, tmp_path: Path) -> None:
     path = tmp_path / "restart.sqlite"
-    lv = Live(TransformersEngine(model, tokenizer), tokenizer, path)
-    client, _ = lv.rollout("r-keep")
+    lv = LiveGateway(TransformersEngine(model, tokenizer), tokenizer, path)
+    client = lv.client("r-keep")
     acked = [
         client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=6)
         for _ in range(3)
     ]
     before = [(c.seq, c.completion_ids, c.logprobs) for c in lv.store.calls("r-keep")]
     lv.stop()
-    lv2 = Live(TransformersEngine(model, tokenizer), tokenizer, path)
+    lv2 = LiveGateway(TransformersEngine(model, tokenizer), tokenizer, path)
     try:
         after = [(c.seq, c.completion_ids, c.logprobs) for c in lv2.store.calls("r-keep")]
         assert after == before and len(after) == len(acked)
@@ -254,8 +225,8 @@ def test_restart_keeps_every_acknowledged_call(model: Any, tokenizer: Any, tmp_p
         lv2.stop()
 
 
-def test_openai_errors_map_to_client_exceptions(live: Live) -> None:
-    client, _ = live.rollout("r-e")
+def test_openai_errors_map_to_client_exceptions(live: LiveGateway) -> None:
+    client = live.client("r-e")
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=10**7)
     bad = openai.OpenAI(

@@ -6,7 +6,6 @@ engine, or a scripted engine where the output must be tool calls.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -18,12 +17,9 @@ import pytest
 
 from tether.engine import TransformersEngine
 from tether.engine.testing import FaultyEngine, NullEngine, ScriptedEngine
-from tether.gateway import BackgroundServer, Gateway, GatewayConfig, create_app
 from tether.records import CallStatus, RolloutStatus
-from tether.starter import load_model
-from tether.store import Store
 
-from .conftest import ADMIN_KEY
+from .helpers import LiveGateway
 
 TOOLS = [
     {
@@ -45,33 +41,11 @@ MESSAGES = [
 ]
 
 
-class Live:
-    def __init__(self, engine: Any, tokenizer: Any, path: Path, **config: Any):
-        self.store = Store(path)
-        cfg = GatewayConfig(admin_key=ADMIN_KEY, **config)
-        self.gw = Gateway(engine, tokenizer, self.store, cfg)
-        self.server = BackgroundServer(create_app(self.gw)).start()
-        self.gw.config.public_url = self.server.url
-
-    def rollout(self, rid: str) -> openai.OpenAI:
-        opened = self.gw.open_rollout({"question": "17 + 25"}, rollout_id=rid)
-        self.token = opened.token
-        return openai.OpenAI(base_url=opened.base_url, api_key=opened.token, max_retries=0)
-
-    def stop(self) -> None:
-        self.server.stop()
-        asyncio.run(self.gw.engine.close())
-        self.store.close()
-
-
-@pytest.fixture(scope="module")
-def model(starter_dir: Path) -> Any:
-    return load_model(starter_dir)
-
-
 @pytest.fixture
 def live(model: Any, tokenizer: Any, tmp_path: Path):
-    lv = Live(TransformersEngine(model, tokenizer, max_batch_size=16), tokenizer, tmp_path / "t.db")
+    lv = LiveGateway(
+        TransformersEngine(model, tokenizer, max_batch_size=16), tokenizer, tmp_path / "t.db"
+    )
     yield lv
     lv.stop()
 
@@ -81,10 +55,10 @@ def visible_text(tokenizer: Any, call: Any) -> str:
     return tokenizer.decode(ids, skip_special_tokens=False)
 
 
-def test_first_chunk_arrives_long_before_the_last(live: Live, tokenizer: Any) -> None:
+def test_first_chunk_arrives_long_before_the_last(live: LiveGateway, tokenizer: Any) -> None:
     """300 tokens: the first content chunk comes before half the total time (it came at
     ~99% of it when the gateway streamed a finished completion)."""
-    client = live.rollout("r-ttft")
+    client = live.client("r-ttft")
     t0 = time.perf_counter()
     first = None
     text = []
@@ -103,8 +77,8 @@ def test_first_chunk_arrives_long_before_the_last(live: Live, tokenizer: Any) ->
     assert "".join(text) == visible_text(tokenizer, call) == call.response["content"]
 
 
-def test_streamed_text_and_logprobs_are_what_was_stored(live: Live, tokenizer: Any) -> None:
-    client = live.rollout("r-lp")
+def test_streamed_text_and_logprobs_are_what_was_stored(live: LiveGateway, tokenizer: Any) -> None:
+    client = live.client("r-lp")
     chunks = list(
         client.chat.completions.create(
             model="policy",
@@ -133,18 +107,18 @@ def test_streamed_text_and_logprobs_are_what_was_stored(live: Live, tokenizer: A
     assert chunks[-1].usage.prompt_tokens == len(call.prompt_ids)
 
 
-def test_a_seeded_stream_samples_what_the_plain_call_samples(live: Live) -> None:
+def test_a_seeded_stream_samples_what_the_plain_call_samples(live: LiveGateway) -> None:
     kw = dict(model="policy", messages=MESSAGES, max_tokens=30, temperature=1.0, seed=1234)
-    live.rollout("r-plain").chat.completions.create(**kw)
-    list(live.rollout("r-stream").chat.completions.create(**kw, stream=True))
+    live.client("r-plain").chat.completions.create(**kw)
+    list(live.client("r-stream").chat.completions.create(**kw, stream=True))
     (plain,) = live.store.calls("r-plain")
     (streamed,) = live.store.calls("r-stream")
     assert streamed.completion_ids == plain.completion_ids
     assert streamed.logprobs == pytest.approx(plain.logprobs, abs=1e-6)
 
 
-def test_n_choices_stream_interleaved(live: Live, tokenizer: Any) -> None:
-    client = live.rollout("r-n")
+def test_n_choices_stream_interleaved(live: LiveGateway, tokenizer: Any) -> None:
+    client = live.client("r-n")
     chunks = list(
         client.chat.completions.create(
             model="policy", messages=MESSAGES, max_tokens=20, n=3, seed=5, stream=True
@@ -160,8 +134,8 @@ def test_n_choices_stream_interleaved(live: Live, tokenizer: Any) -> None:
         assert text == visible_text(tokenizer, call)
 
 
-def test_completions_stream(live: Live, tokenizer: Any) -> None:
-    client = live.rollout("r-c")
+def test_completions_stream(live: LiveGateway, tokenizer: Any) -> None:
+    client = live.client("r-c")
     chunks = list(
         client.completions.create(
             model="policy", prompt="12 + 30 =", max_tokens=25, logprobs=1, stream=True, seed=9
@@ -175,9 +149,9 @@ def test_completions_stream(live: Live, tokenizer: Any) -> None:
 
 
 def test_client_disconnect_stops_generation_and_records_a_cancelled_call(
-    live: Live, tokenizer: Any
+    live: LiveGateway, tokenizer: Any
 ) -> None:
-    live.rollout("r-gone")
+    live.client("r-gone")
     url = f"{live.server.url}/rollouts/r-gone/v1/chat/completions"
     body = {"messages": MESSAGES, "max_tokens": 1500, "temperature": 0, "stream": True}
     engine = live.gw.engine
@@ -200,7 +174,7 @@ def test_client_disconnect_stops_generation_and_records_a_cancelled_call(
     assert produced < 1500
     assert live.gw.gate.in_flight == 0
     # The rollout goes on: the next call is served and recorded after the cancelled one.
-    live.rollout("r-next").chat.completions.create(model="policy", messages=MESSAGES, max_tokens=2)
+    live.client("r-next").chat.completions.create(model="policy", messages=MESSAGES, max_tokens=2)
     assert engine.stats.tokens == produced + 2
 
 
@@ -209,9 +183,9 @@ def test_a_stream_broken_by_an_engine_fault_is_no_recorded_call(
 ) -> None:
     ids = tokenizer.encode("The answer is forty two, I think.", add_special_tokens=False)
     engine = FaultyEngine(NullEngine(ids), fault="break")
-    lv = Live(engine, tokenizer, tmp_path / "b.db")
+    lv = LiveGateway(engine, tokenizer, tmp_path / "b.db")
     try:
-        client = lv.rollout("r-broken")
+        client = lv.client("r-broken")
         with pytest.raises(openai.APIError, match="injected fault"):
             list(client.chat.completions.create(model="policy", messages=MESSAGES, stream=True))
         (call,) = lv.store.calls("r-broken")
@@ -242,9 +216,9 @@ def test_tool_call_deltas_reassemble_to_the_plain_answer(
     text: str, parallel: bool, tokenizer: Any, tmp_path: Path
 ) -> None:
     engine = ScriptedEngine([text, text], tokenizer=tokenizer)
-    lv = Live(engine, tokenizer, tmp_path / "tc.db")
+    lv = LiveGateway(engine, tokenizer, tmp_path / "tc.db")
     try:
-        client = lv.rollout("r-tc")
+        client = lv.client("r-tc")
         kw = dict(model="policy", messages=MESSAGES, tools=TOOLS, parallel_tool_calls=parallel)
         plain = client.chat.completions.create(**kw).choices[0]
         chunks = list(client.chat.completions.create(**kw, stream=True))
@@ -279,9 +253,11 @@ def test_text_before_a_tool_call_streams_before_the_call_ends(
     tokenizer: Any, tmp_path: Path
 ) -> None:
     """Text before the markup is released token by token; only the call waits for the end."""
-    lv = Live(ScriptedEngine([CONTENT_THEN_CALLS], tokenizer=tokenizer), tokenizer, tmp_path / "x")
+    lv = LiveGateway(
+        ScriptedEngine([CONTENT_THEN_CALLS], tokenizer=tokenizer), tokenizer, tmp_path / "x"
+    )
     try:
-        client = lv.rollout("r-live")
+        client = lv.client("r-live")
         chunks = list(
             client.chat.completions.create(
                 model="policy", messages=MESSAGES, tools=TOOLS, stream=True
@@ -302,7 +278,7 @@ def test_text_before_a_tool_call_streams_before_the_call_ends(
 
 def test_record_mode_streams_and_records(tokenizer: Any, tmp_path: Path) -> None:
     engine = ScriptedEngine(["Forty-two.", "Forty-two."], tokenizer=tokenizer)
-    lv = Live(engine, tokenizer, tmp_path / "rec.db", record_keys=("rec-key",))
+    lv = LiveGateway(engine, tokenizer, tmp_path / "rec.db", record_keys=("rec-key",))
     finish = lv.gw.finish_rollout
 
     def slow_finish(*args: Any, **kwargs: Any) -> Any:  # widens any race with the client

@@ -29,7 +29,6 @@ from openai.types.responses import Response, ResponseStreamEvent
 from tether.chat import render_prompt
 from tether.engine import TransformersEngine
 from tether.engine.testing import ScriptedEngine
-from tether.gateway import BackgroundServer, Gateway, GatewayConfig, create_app
 from tether.gateway._deltas import Done, TextDelta, ToolCallDelta
 from tether.gateway._render import Choice
 from tether.gateway._responses_render import (
@@ -42,10 +41,11 @@ from tether.gateway._responses_render import (
 )
 from tether.gateway._responses_schema import ResponsesRequest
 from tether.records import RolloutStatus
-from tether.starter import load_model, load_tokenizer
+from tether.starter import load_tokenizer
 from tether.store import Store
 
 from .conftest import ADMIN_KEY
+from .helpers import LiveGateway
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD_KEY = "test-record-key-0123456789"
@@ -75,40 +75,14 @@ ONE_CALL = tool_call("12 + 30")
 TEXT_AND_CALL = "Let me use the calculator.\n" + ONE_CALL
 TWO_CALLS = ONE_CALL + "\n" + tool_call("30 + 12")
 ANSWER = "The answer is 42."
-
-
-class Live:
-    """A gateway over ``engine`` on a loopback port, with its own SQLite store."""
-
-    def __init__(self, engine: Any, tokenizer: Any, path: Path):
-        self.store = Store(path)
-        cfg = GatewayConfig(admin_key=ADMIN_KEY, record_keys=(RECORD_KEY,))
-        self.gw = Gateway(engine, tokenizer, self.store, cfg)
-        self.server = BackgroundServer(create_app(self.gw)).start()
-        self.gw.config.public_url = self.server.url
-
-    def open(self, rid: str) -> tuple[str, str]:
-        opened = self.gw.open_rollout({"question": QUESTION}, rollout_id=rid)
-        return opened.base_url, opened.token
-
-    def client(self, rid: str) -> openai.OpenAI:
-        base, token = self.open(rid)
-        return openai.OpenAI(base_url=base, api_key=token, max_retries=0)
-
-    def stop(self) -> None:
-        self.server.stop()
-        asyncio.run(self.gw.engine.close())
-        self.store.close()
-
-
-@pytest.fixture(scope="module")
-def model(starter_dir: Path) -> Any:
-    return load_model(starter_dir)
+GW = {"task": {"question": QUESTION}, "record_keys": (RECORD_KEY,)}  # every LiveGateway here
 
 
 @pytest.fixture
 def starter(model: Any, tokenizer: Any, tmp_path: Path):
-    lv = Live(TransformersEngine(model, tokenizer, max_batch_size=4), tokenizer, tmp_path / "s.db")
+    lv = LiveGateway(
+        TransformersEngine(model, tokenizer, max_batch_size=4), tokenizer, tmp_path / "s.db", **GW
+    )
     yield lv
     lv.stop()
 
@@ -117,9 +91,9 @@ def starter(model: Any, tokenizer: Any, tmp_path: Path):
 def scripted(tokenizer: Any, tmp_path: Path):
     lives = []
 
-    def make(*script: str) -> Live:
+    def make(*script: str) -> LiveGateway:
         engine = ScriptedEngine(list(script), tokenizer=tokenizer, cycle=True)
-        lives.append(Live(engine, tokenizer, tmp_path / f"r{len(lives)}.db"))
+        lives.append(LiveGateway(engine, tokenizer, tmp_path / f"r{len(lives)}.db", **GW))
         return lives[-1]
 
     yield make
@@ -134,7 +108,7 @@ def visible(call: Any) -> list[int]:
 # --- the openai client ----------------------------------------------------------------------
 
 
-def test_text_response_is_recorded_token_exactly(starter: Live, tokenizer: Any) -> None:
+def test_text_response_is_recorded_token_exactly(starter: LiveGateway, tokenizer: Any) -> None:
     client = starter.client("r-text")
     raw = client.responses.with_raw_response.create(
         model="policy",
@@ -248,7 +222,9 @@ def test_streamed_tool_calls_follow_the_event_sequence(scripted) -> None:
     assert done == [i.arguments for i in final.output[1:]]
 
 
-def test_stream_helper_and_the_starter_model(scripted, starter: Live, tokenizer: Any) -> None:
+def test_stream_helper_and_the_starter_model(
+    scripted, starter: LiveGateway, tokenizer: Any
+) -> None:
     """``client.responses.stream`` accumulates the answer; an answer cut by
     max_output_tokens ends with ``response.incomplete``, as OpenAI's does."""
     client = scripted(ANSWER).client("r-helper")
@@ -423,7 +399,7 @@ def test_agents_sdk_streaming_runner(scripted, tokenizer: Any) -> None:
     assert "<tool_response>\n42\n</tool_response>" in tokenizer.decode(second.prompt_ids)
 
 
-def test_agents_sdk_output_type_with_the_starter_model(starter: Live) -> None:
+def test_agents_sdk_output_type_with_the_starter_model(starter: LiveGateway) -> None:
     """``Agent(output_type=...)`` sends ``text.format`` json_schema; even the untrained
     starter model must produce JSON the Pydantic model parses. The integer is bounded:
     an unbounded one lets an untrained model write digits until ``max_tokens``."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import openai
@@ -22,12 +21,10 @@ from pydantic import BaseModel, Field
 
 from tether.chat import render_prompt
 from tether.engine import TransformersEngine
-from tether.gateway import BackgroundServer, Gateway, GatewayConfig, constraint_for, create_app
-from tether.starter import load_model
+from tether.gateway import constraint_for
 from tether.starter.calc import CALCULATOR_TOOL
-from tether.store import Store
 
-from .conftest import ADMIN_KEY
+from .helpers import LiveGateway
 
 MESSAGES = [
     {"role": "system", "content": "Reply in JSON."},
@@ -72,37 +69,10 @@ class Answer(BaseModel):
     sure: bool
 
 
-class Live:
-    def __init__(self, engine: Any, tokenizer: Any, path: Path):
-        self.store = Store(path)
-        self.gw = Gateway(engine, tokenizer, self.store, GatewayConfig(admin_key=ADMIN_KEY))
-        self.server = BackgroundServer(create_app(self.gw)).start()
-        self.gw.config.public_url = self.server.url
-        self.tokenizer = tokenizer
-
-    def open(self, rid: str) -> tuple[str, str]:
-        opened = self.gw.open_rollout({"q": rid}, rollout_id=rid)
-        return opened.base_url, opened.token
-
-    def client(self, rid: str) -> openai.OpenAI:
-        base, token = self.open(rid)
-        return openai.OpenAI(base_url=base, api_key=token, max_retries=0)
-
-    def stop(self) -> None:
-        self.server.stop()
-        asyncio.run(self.gw.engine.close())
-        self.store.close()
-
-
-@pytest.fixture(scope="module")
-def model(starter_dir: Path) -> Any:
-    return load_model(starter_dir)
-
-
 @pytest.fixture(scope="module")
 def live(model: Any, tokenizer: Any, tmp_path_factory: pytest.TempPathFactory):
     engine = TransformersEngine(model, tokenizer, max_batch_size=16)
-    lv = Live(engine, tokenizer, tmp_path_factory.mktemp("structured") / "traces.sqlite")
+    lv = LiveGateway(engine, tokenizer, tmp_path_factory.mktemp("structured") / "traces.sqlite")
     yield lv
     lv.stop()
 
@@ -116,7 +86,7 @@ def unconstrained_logprobs(model: Any, prompt: list[int], completion: list[int],
     return logp.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
 
 
-def check_recorded(live: Live, model: Any, rid: str, sent: dict, text: str) -> Any:
+def check_recorded(live: LiveGateway, model: Any, rid: str, sent: dict, text: str) -> Any:
     """The call's prompt is the template of what was sent; its completion decodes to
     ``text`` + end of turn; its logprobs are the unconstrained model's."""
     tok = live.tokenizer
@@ -130,7 +100,7 @@ def check_recorded(live: Live, model: Any, rid: str, sent: dict, text: str) -> A
 
 
 @pytest.mark.parametrize(("temperature", "seed"), SETTINGS)
-def test_parse_pydantic_model_every_time(live: Live, model: Any, temperature, seed) -> None:
+def test_parse_pydantic_model_every_time(live: LiveGateway, model: Any, temperature, seed) -> None:
     rid = f"r-parse-{seed}"
     client = live.client(rid)
     reply = client.chat.completions.parse(
@@ -151,7 +121,7 @@ def test_parse_pydantic_model_every_time(live: Live, model: Any, temperature, se
 
 @pytest.mark.parametrize(("temperature", "seed"), SETTINGS[:3])
 def test_json_object_is_json_unless_cut_by_max_tokens(
-    live: Live, model: Any, temperature: float, seed: int
+    live: LiveGateway, model: Any, temperature: float, seed: int
 ) -> None:
     """Any JSON object: its keys and strings are unbounded, so an untrained model may
     not close one before max_tokens (finish_reason "length", as with OpenAI); what it
@@ -183,7 +153,7 @@ def test_json_object_is_json_unless_cut_by_max_tokens(
 @pytest.mark.parametrize(("temperature", "seed"), SETTINGS)
 @pytest.mark.parametrize("choice", ["required", "lookup", "calculator"])
 def test_forced_tool_call_is_a_parseable_call(
-    live: Live, model: Any, choice: str, temperature: float, seed: int
+    live: LiveGateway, model: Any, choice: str, temperature: float, seed: int
 ) -> None:
     rid = f"r-force-{choice}-{seed}"
     tools = [CALC_TOOL, LOOKUP_TOOL]
@@ -216,7 +186,7 @@ def test_forced_tool_call_is_a_parseable_call(
     assert stored.constraint == f"tool_choice:{choice}"
 
 
-def test_langchain_with_structured_output(live: Live) -> None:
+def test_langchain_with_structured_output(live: LiveGateway) -> None:
     from langchain_openai import ChatOpenAI
 
     base, token = live.open("r-langchain")
@@ -231,7 +201,7 @@ def test_langchain_with_structured_output(live: Live) -> None:
     assert calls[0].request["params"]["response_format"]["type"] == "json_schema"
 
 
-def test_langgraph_agent_with_a_forced_tool(live: Live) -> None:
+def test_langgraph_agent_with_a_forced_tool(live: LiveGateway) -> None:
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
@@ -301,7 +271,7 @@ BAD = [
 
 @pytest.mark.parametrize(("schema", "words"), BAD)
 def test_bad_schema_is_refused_by_name_and_nothing_is_stored(
-    live: Live, schema: dict, words: str
+    live: LiveGateway, schema: dict, words: str
 ) -> None:
     rid = f"r-bad-{abs(hash(words))}"
     with pytest.raises(openai.BadRequestError) as err:
@@ -347,7 +317,9 @@ def test_bad_schema_is_refused_by_name_and_nothing_is_stored(
         ),
     ],
 )
-def test_bad_tool_constraints_are_refused(live: Live, fields: dict, param: str, words: str) -> None:
+def test_bad_tool_constraints_are_refused(
+    live: LiveGateway, fields: dict, param: str, words: str
+) -> None:
     rid = f"r-badtool-{abs(hash(words))}"
     kw = {"tools": [CALC_TOOL, LOOKUP_TOOL], **fields}
     kw = {k: v for k, v in kw.items() if v is not None}
@@ -357,7 +329,7 @@ def test_bad_tool_constraints_are_refused(live: Live, fields: dict, param: str, 
     assert live.store.calls(rid) == []
 
 
-def test_openai_agents_sdk_output_type(live: Live) -> None:
+def test_openai_agents_sdk_output_type(live: LiveGateway) -> None:
     """``Agent(output_type=Answer)`` over ``OpenAIChatCompletionsModel``: a json_schema
     response format; the SDK validates the final output into the model."""
     agents = pytest.importorskip("agents")
@@ -376,7 +348,7 @@ def test_openai_agents_sdk_output_type(live: Live) -> None:
     assert call.constraint.startswith("json_schema:")
 
 
-def test_streamed_structured_output_parses(live: Live, model: Any) -> None:
+def test_streamed_structured_output_parses(live: LiveGateway, model: Any) -> None:
     """``client.chat.completions.stream(response_format=Model)``: the SDK assembles the
     streamed deltas and parses them; the stored completion is what was streamed."""
     client = live.client("r-stream")
