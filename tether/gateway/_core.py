@@ -8,12 +8,13 @@ access and every admission change goes through it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import secrets
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -163,6 +164,37 @@ class Gateway(Rollouts):
         digest = hashlib.blake2b(base + b"\0%d" % index, digest_size=8).digest()
         return int.from_bytes(digest, "big") >> 2
 
+    def seeded(self, params: SamplingParams, rollout_id: str, attempt: int) -> SamplingParams:
+        """``params`` with the derived seed of the attempt's next call, if it samples unseeded."""
+        if params.seed is None and params.temperature > 0:
+            return replace(params, seed=self.derived_seed(rollout_id, attempt))
+        return params
+
+    @contextlib.asynccontextmanager
+    async def engine_call(self, failed: Callable[[str], None]) -> AsyncIterator[None]:
+        """One engine call (plain or streamed): admitted through the gate and counted.
+
+        An engine failure inside is recorded with ``failed(error)`` (a failed call,
+        never a training sample) and raised as an :class:`EngineError`: a timeout as
+        :class:`EngineTimeout`, an unexpected exception (an engine bug) as
+        :class:`EngineFailed`, so that it becomes neither a hang nor a bare 500.
+        """
+        async with self.gate.admit(self.config.admission_timeout_s):
+            self.engine_calls += 1
+            try:
+                yield
+            # asyncio.TimeoutError: what wait_for raises on Python 3.10 (not the builtin there)
+            except (asyncio.TimeoutError, EngineTimeout) as exc:
+                failed("timeout")
+                raise EngineTimeout(f"no answer within {self.config.engine_timeout_s:g} s") from exc
+            except EngineError as exc:
+                failed(str(exc))
+                raise
+            except Exception as exc:
+                log.exception("engine raised")
+                failed(repr(exc))
+                raise EngineFailed(type(exc).__name__) from exc
+
     def check_prompt(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if not prompt_ids:
             raise ApiError(400, "the prompt is empty", param="messages")
@@ -226,31 +258,15 @@ class Gateway(Rollouts):
         call (never as a training sample) and raised.
         """
         t0 = time.perf_counter()
-        if params.seed is None and params.temperature > 0:
-            params = replace(params, seed=self.derived_seed(rollout_id, attempt))
-        async with self.gate.admit(self.config.admission_timeout_s):
-            self.engine_calls += 1
-            try:
-                result = await _within(
-                    self.engine.generate(prompt_ids, params), self.config.engine_timeout_s
-                )
-            # asyncio.TimeoutError: what wait_for raises on Python 3.10 (not the builtin there)
-            except (asyncio.TimeoutError, EngineTimeout) as exc:
-                self._record_failure(
-                    rollout_id, attempt, prompt_ids, params, request, t0, "timeout"
-                )
-                raise EngineTimeout(f"no answer within {self.config.engine_timeout_s:g} s") from exc
-            except EngineError as exc:
-                self._record_failure(rollout_id, attempt, prompt_ids, params, request, t0, str(exc))
-                raise
-            except (
-                Exception
-            ) as exc:  # an engine bug must not become a hang or a 500 without a record
-                log.exception("engine raised")
-                self._record_failure(
-                    rollout_id, attempt, prompt_ids, params, request, t0, repr(exc)
-                )
-                raise EngineFailed(type(exc).__name__) from exc
+        params = self.seeded(params, rollout_id, attempt)
+
+        def failed(error: str) -> None:
+            self._record_failure(rollout_id, attempt, prompt_ids, params, request, t0, error)
+
+        async with self.engine_call(failed):
+            result = await _within(
+                self.engine.generate(prompt_ids, params), self.config.engine_timeout_s
+            )
         latency = time.perf_counter() - t0
         choices = choices_from(
             self.tokenizer,

@@ -30,14 +30,11 @@ import logging
 import sys
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from tether.chat import LiveText
 from tether.engine import (
-    EngineError,
     EngineFailed,
-    EngineTimeout,
     GenerateResult,
     SamplingParams,
     TokenDelta,
@@ -82,8 +79,7 @@ async def stream_call(
 ) -> AsyncIterator[Any]:
     """See the module docstring. Raises what :meth:`Gateway.generate` raises."""
     t0 = time.perf_counter()
-    if params.seed is None and params.temperature > 0:
-        params = replace(params, seed=gw.derived_seed(rollout_id, attempt))
+    params = gw.seeded(params, rollout_id, attempt)
     parser = gw.parser if parse_tools else None
     live = [
         LiveText(
@@ -106,8 +102,7 @@ async def stream_call(
         else:
             gw._record_failure(rollout_id, attempt, prompt_ids, params, request, t0, error)
 
-    async with gw.gate.admit(gw.config.admission_timeout_s):
-        gw.engine_calls += 1
+    async with gw.engine_call(failed):
         deadline = time.monotonic() + gw.config.engine_timeout_s
         stream = engine_stream(gw.engine, prompt_ids, params)
         result: GenerateResult | None = None
@@ -125,19 +120,9 @@ async def stream_call(
                 piece = live[item.index].feed(item.token_id)
                 if piece:
                     yield TextDelta(item.index, piece)
-        except (asyncio.TimeoutError, EngineTimeout) as exc:
-            failed("timeout")
-            raise EngineTimeout(f"no answer within {gw.config.engine_timeout_s:g} s") from exc
-        except EngineError as exc:
-            failed(str(exc))
-            raise
         except (asyncio.CancelledError, GeneratorExit):
             failed("the client left before the stream ended", CallStatus.CANCELLED)
             raise
-        except Exception as exc:  # an engine bug must not become a hang or a 500 without a record
-            log.exception("engine raised")
-            failed(repr(exc))
-            raise EngineFailed(type(exc).__name__) from exc
         finally:
             await stream.aclose()  # cancels the engine request unless it finished
     choices = choices_from(gw.tokenizer, result, params, parser, max_tool_calls=max_tool_calls)
