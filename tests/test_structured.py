@@ -365,3 +365,61 @@ def test_streamed_structured_output_parses(live: LiveGateway, model: Any) -> Non
     assert isinstance(message.parsed, Answer), message.content
     call = check_recorded(live, model, "r-stream", {"messages": MESSAGES}, message.content)
     assert call.constraint == "json_schema:Answer" and call.request["params"]["stream"] is True
+
+
+@pytest.fixture(scope="module")
+def eager_caller(starter_dir: Any, tokenizer: Any, tmp_path_factory: pytest.TempPathFactory):
+    """A gateway over the starter with its LM head biased towards ``<tool_call>``: the
+    model opens a tool call at once, then writes whatever its random weights say."""
+    from tether.starter import load_model
+
+    model = load_model(starter_dir)
+    head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(model.lm_head.weight)
+        head.bias.zero_()
+        head.bias[tokenizer.convert_tokens_to_ids("<tool_call>")] = 40.0
+    model.lm_head = head
+    engine = TransformersEngine(model, tokenizer, max_batch_size=4)
+    lv = LiveGateway(engine, tokenizer, tmp_path_factory.mktemp("eager") / "traces.sqlite")
+    yield lv, model
+    lv.stop()
+
+
+@pytest.mark.parametrize(("temperature", "seed"), SETTINGS[1:4])
+def test_strict_tool_under_auto_is_enforced_once_a_call_opens(
+    eager_caller: Any, temperature: float, seed: int
+) -> None:
+    """``tool_choice: "auto"`` leaves the model free to answer in text or to call; a
+    ``strict: true`` tool's call, once opened, follows the tool's schema. The same model
+    without ``strict`` writes no parseable call."""
+    live, model = eager_caller
+    loose_tool = {"type": "function", "function": {**LOOKUP_TOOL["function"], "strict": False}}
+    got = {}
+    for name, tool in (("strict", LOOKUP_TOOL), ("loose", loose_tool)):
+        rid = f"r-auto-{name}-{seed}"
+        reply = live.client(rid).chat.completions.create(
+            model="policy",
+            messages=MESSAGES,
+            tools=[tool],
+            tool_choice="auto",
+            parallel_tool_calls=False,
+            temperature=temperature,
+            seed=seed,
+            max_completion_tokens=96,
+        )
+        got[name] = (rid, reply.choices[0])
+    rid, strict = got["strict"]
+    assert strict.finish_reason == "tool_calls", strict.message.content
+    (call,) = strict.message.tool_calls
+    args = json.loads(call.function.arguments)
+    assert call.function.name == "lookup" and set(args) == {"fruit", "count"}
+    assert args["fruit"] in ("apple", "pear") and 0 <= args["count"] <= 99
+    text = (
+        f'<tool_call>\n{{"name": "lookup", "arguments": {call.function.arguments}}}\n</tool_call>'
+    )
+    sent = {"messages": MESSAGES, "tools": [LOOKUP_TOOL]}
+    assert check_recorded(live, model, rid, sent, text).constraint == "strict_tools"
+    rid, loose = got["loose"]
+    assert not loose.message.tool_calls and loose.finish_reason == "length"
+    assert live.store.calls(rid)[0].constraint is None
