@@ -20,8 +20,8 @@ SOURCES = sorted((ROOT / "tether").rglob("*.py"))
 # The components table (README "Layout"), as data: component -> the components it may import.
 # Shared leaves: ``errors`` (the exception root), ``configio`` (config files), ``_hf`` (the one
 # transformers/peft compatibility module: torch/transformers/peft only), ``_memory``, ``_lazy``
-# (lazy package exports).
-LEAVES = {"errors", "configio", "_hf", "_memory", "_lazy"}
+# (lazy package exports), ``_exit`` (leaving a process without the interpreter's teardown).
+LEAVES = {"errors", "configio", "_hf", "_memory", "_lazy", "_exit"}
 KNOWS: dict[str, set[str]] = {
     "records": set(),
     "errors": set(),
@@ -29,6 +29,7 @@ KNOWS: dict[str, set[str]] = {
     "_hf": set(),
     "_memory": set(),
     "_lazy": set(),
+    "_exit": set(),
     "store": {"records", "errors"},
     "engine": {"records", "errors", "_hf", "_lazy"},
     "chat": {"errors"},
