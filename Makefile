@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo lint fmt bench clean
+.PHONY: setup test test-slow test-all demo lint fmt bench clean
 
 # The CPU build of torch: on Linux, PyPI's torch wheel is the CUDA build, so pass
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu there (or have pip configured
@@ -27,10 +27,20 @@ $(STAMP): pyproject.toml dev/constraints.txt
 
 setup: $(STAMP)
 
+# The default suite (pyproject: -m 'not slow'), about 8 minutes on 2 cores; test-slow: the
+# end-to-end runs of ~10 s or more each (about 10 minutes); CI runs both.
 test: $(STAMP)
 	$(BIN)/ruff check tether tests benchmarks examples
 	$(BIN)/ruff format --check tether tests benchmarks examples
 	$(BIN)/python -m pytest -q
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+test-all: $(STAMP)
+	$(BIN)/ruff check tether tests benchmarks examples
+	$(BIN)/ruff format --check tether tests benchmarks examples
+	$(BIN)/python -m pytest -q -m 'slow or not slow'
 
 demo: $(STAMP)
 	$(BIN)/tether demo

@@ -101,6 +101,7 @@ def test_cli_errors_are_one_line_with_the_fix(args: list[str], needle: str) -> N
     assert needle in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_train_from_the_example_config_with_overrides(starter_dir: Path, tmp_path: Path) -> None:
     """``tether train CONFIG key=value ...``: evaluates, trains, evaluates, and ends with the
     summary line, the memory self-check and a checkpoint ``tether eval`` can load."""

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tether.run import holds_run
 from tether.store import Store
 from tether.trainer.checkpoint import checkpoint_state
@@ -57,6 +59,7 @@ def _tiny(out: Path, model: Path, *more: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_a_name_is_one_run_and_resume_continues_it(starter_dir: Path, tmp_path: Path) -> None:
     """Two steps, a second run of the name refused, the run resumed to three steps (step,
     policy version, history and evals carry on), then a run under a new name: nothing lost."""
@@ -123,6 +126,7 @@ def test_a_name_is_one_run_and_resume_continues_it(starter_dir: Path, tmp_path: 
     assert not holds_run(tmp_path / "evalonly")  # an eval's record does not take the name
 
 
+@pytest.mark.slow
 def test_a_config_elsewhere_with_relative_paths_and_no_evals(
     starter_dir: Path, tmp_path: Path
 ) -> None:

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.helpers import TETHER, serving
 
@@ -31,6 +32,7 @@ def _record_call(base: str, key: str | None) -> int:
     ).status_code
 
 
+@pytest.mark.slow
 def test_admin_key_file_is_kept_across_restarts_and_record_keys_enable_record_mode(
     starter_dir: Path, tmp_path: Path
 ) -> None:

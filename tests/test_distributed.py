@@ -151,7 +151,6 @@ def _drive(out: Path, model_dir: Path) -> None:
     torch.save(results, out)
 
 
-@pytest.mark.slow
 def test_two_process_update_equals_the_one_process_update(
     starter_dir: Path, tmp_path: Path
 ) -> None:

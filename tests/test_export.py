@@ -47,7 +47,6 @@ def trained_rollout(tracked: Tracked, step: int, index: int) -> str:
     return f"{tracked.run_id}-s{step}-g{index // 2}-{index % 2}"
 
 
-@pytest.mark.slow
 def test_parquet_and_jsonl_exports_load_with_datasets(tracked: Tracked, tmp_path: Path) -> None:
     out = tmp_path / "rollouts.parquet"
     done = tether("export", str(tracked.run_dir), "--format", "parquet", "--out", str(out))
@@ -97,7 +96,6 @@ def test_parquet_and_jsonl_exports_load_with_datasets(tracked: Tracked, tmp_path
     ]
 
 
-@pytest.mark.slow
 def test_samples_export_equals_what_the_trainer_was_given(tracked: Tracked, tmp_path: Path) -> None:
     assert len(tracked.samples) == 2  # two updates
     out = tmp_path / "step0.jsonl"
@@ -157,7 +155,6 @@ def test_bad_run_step_and_format_are_one_line_naming_the_fix(
     ]
 
 
-@pytest.mark.slow
 def test_report_embeds_the_curves_and_the_held_out_table(tracked: Tracked, tmp_path: Path) -> None:
     out = tmp_path / "report.html"
     done = tether("report", str(tracked.run_dir), "--out", str(out))

@@ -129,6 +129,7 @@ def scored(task, answer):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "settings",
     [

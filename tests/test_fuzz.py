@@ -89,6 +89,7 @@ class Target:
         return {"Authorization": f"Bearer {key}"}
 
 
+@pytest.mark.slow
 def test_schemathesis_against_the_gateway_schema(tokenizer: Any, tmp_path: Path) -> None:
     target = Target(tokenizer, tmp_path / "fuzz.sqlite")
     schema = schemathesis.openapi.from_asgi(

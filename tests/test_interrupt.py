@@ -190,7 +190,6 @@ def _report(phase: str, elapsed: float) -> None:
     print(f"{phase}: exited {elapsed:.2f} s after the signal")
 
 
-@pytest.mark.slow
 def test_ctrl_c_during_eval_in_pool_mode(train) -> None:
     run = train()
     run.wait_for("eval @ step 0")

@@ -97,6 +97,7 @@ def test_a_model_smaller_than_its_tokenizer_is_one_line(tmp_path: Path, tokenize
     assert f"{len(tokenizer) - 100} rows" in lines[0]
 
 
+@pytest.mark.slow
 def test_train_from_a_model_folder_with_gradient_checkpointing(
     model_folder: Path, tmp_path: Path
 ) -> None:

@@ -426,6 +426,7 @@ def test_agents_sdk_output_type_with_the_starter_model(starter: LiveGateway) -> 
 # --- the example: one training step ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_responses_example_trains_one_step(starter_dir: Path, tmp_path: Path) -> None:
     """``tether train examples/frameworks/responses/config.yaml``: the Agents-SDK agent on
     its default Responses provider, in warm worker processes; one GRPO update."""

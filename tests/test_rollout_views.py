@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tether.records import Call, Rollout, Split
 from tether.run import TasksConfig, TrainConfig, TrainingRun
 from tether.store import Store
@@ -80,6 +82,7 @@ def test_a_run_records_its_tasks_and_show_prints_a_rollouts_task_and_tokens(
         assert tokens[tid] == repr(tokenizer.decode([tid], skip_special_tokens=False))
 
 
+@pytest.mark.slow
 def test_show_without_the_runs_tokenizer_keeps_a_dash_and_says_why(tmp_path: Path) -> None:
     path = tmp_path / "traces.sqlite"
     with Store(path) as db:

@@ -54,7 +54,6 @@ def test_tensorboard_event_files_hold_every_stored_metric(tracked: Tracked) -> N
     assert f"{tracked.run_id}-s0-g0-0".encode() in text[0].tensor_proto.string_val[0]
 
 
-@pytest.mark.slow
 def test_tether_tensorboard_serves_the_run(tracked: Tracked) -> None:
     """``tether tensorboard`` (TensorBoard 2.20 on a setuptools without pkg_resources too)
     lists the run's scalars over HTTP."""

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_quick_run_prints_a_row_per_configuration() -> None:
     rows = ["lora/plain", "full/chunked+ckpt"]
     out = subprocess.run(

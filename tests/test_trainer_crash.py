@@ -188,6 +188,7 @@ def _trained(out: Path) -> dict[int, list[tuple]]:
     return steps
 
 
+@pytest.mark.slow
 def test_sigkill_mid_step_and_mid_checkpoint_resume_bit_identical(
     starter_dir: Path, tmp_path: Path
 ) -> None:
