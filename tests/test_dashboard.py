@@ -282,7 +282,7 @@ def test_an_empty_folder_and_an_empty_store_render(tmp_path: Path) -> None:
 
 def test_runs_and_run_pages_show_status_steps_best_eval_events_and_config(runs_dir: Path) -> None:
     app = create_server_app(Catalog(runs_dir=runs_dir), KEY)
-    runs, good, crashed, feed, later = _get_all(
+    runs, good, crashed, feed, later, idle, ended = _get_all(
         app,
         [
             "/ui/",
@@ -290,6 +290,8 @@ def test_runs_and_run_pages_show_status_steps_best_eval_events_and_config(runs_d
             "/ui/s/crashed/run/crashed-1",
             "/ui/s/good/run/good-1/metrics.json",
             "/ui/s/good/run/good-1/metrics.json?after=11",
+            "/ui/s/good/run/good-1/metrics.json?after=13",
+            "/ui/s/crashed/run/crashed-1/metrics.json",
         ],
     )
     text = _visible(runs.text)
@@ -308,6 +310,12 @@ def test_runs_and_run_pages_show_status_steps_best_eval_events_and_config(runs_d
     assert [0, "reward_mean", 0.0] in data["points"]
     assert [1, "loss", None] in data["points"]  # NaN travels as null (valid JSON)
     assert later.json()["points"] == [[1, "groups_dropped", 1.0], [1, "loss", None]]
+    # the events come with new points (all of them, as the page lists them) or the run's end
+    kinds = [(e["step"], e["kind"]) for e in data["events"]]
+    assert (1, "dropped") in kinds and (2, "checkpoint") in kinds
+    assert later.json()["events"] == data["events"]
+    assert idle.json()["points"] == [] and idle.json()["events"] is None
+    assert ended.json()["events"] == [{"step": None, "kind": "end", "text": "run failed"}]
 
 
 def test_hostile_text_is_escaped_everywhere_and_long_lines_are_cut(runs_dir: Path) -> None:

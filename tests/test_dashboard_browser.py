@@ -157,6 +157,7 @@ def _add_hostile_rollout(path: Path, run_id: str, tokenizer: Any) -> str:
     return rid
 
 
+@pytest.mark.slow
 def test_watch_a_real_run_in_a_browser(starter_dir: Path, tmp_path: Path) -> None:
     from playwright.sync_api import expect, sync_playwright
 
@@ -224,6 +225,9 @@ def test_watch_a_real_run_in_a_browser(starter_dir: Path, tmp_path: Path) -> Non
         held_out = page.locator('.chart[data-title="held-out success"]')
         expect(held_out).to_have_attribute("data-points", "4", timeout=120_000)  # 0 4 8 12
         expect(page.locator('[data-field="steps"]')).to_have_text(f"{STEPS} / {STEPS}")
+        # the events table grew with the run, still without a reload
+        expect(page.locator("#events tr.ev.eval")).to_have_count(4)
+        assert page.evaluate("window.__still_here") == 1
         shots["run"] = run_dir / "dashboard-run.png"
         page.screenshot(path=shots["run"])  # the window: the header and the first curves
 

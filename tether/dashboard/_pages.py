@@ -20,7 +20,7 @@ from tether.dashboard._views import (
     sparkline,
     usable,
 )
-from tether.records import Call, RolloutStatus, Run
+from tether.records import Call, RolloutStatus, Run, RunStatus
 from tether.store import NotFound, Store, StoreError
 
 __all__ = [
@@ -112,16 +112,20 @@ def run_page(catalog: Catalog, key: str, run_id: str) -> dict[str, Any]:
 
 def metrics_feed(catalog: Catalog, key: str, run_id: str, after: int) -> dict[str, Any]:
     """The run's metrics stored after row ``after``: ``{"last": id, "status": ...,
-    "head": {field: text}, "points": [[step, name, value or null], ...]}``; the header
-    fields only when there are new points (a poll between steps costs one indexed query)."""
+    "head": {field: text}, "points": [[step, name, value or null], ...], "events": [...]}``.
+    The header fields and the events (all of them, as the run page lists them) come only
+    when there are new points or the run has ended, so a poll between steps costs one
+    indexed query."""
     store = _store(catalog, key)
     run = _run(store, run_id)
     found = store.metrics_after(run.id, max(after, 0), limit=50_000)
+    changed = bool(found) or run.status is not RunStatus.RUNNING
     return {
         "last": found[-1][0] if found else max(after, 0),
         "status": run.status.value,
         "head": head_fields(run_header(store, run)) if found else {},
         "points": [[m.step, m.name, _finite(m.value)] for _, m in found],
+        "events": events(store, run) if changed else None,
     }
 
 

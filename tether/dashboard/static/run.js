@@ -1,5 +1,6 @@
 // tether dashboard, run page: curves drawn with uPlot, fed by polling metrics.json
-// (only the rows stored since the last poll) every 2 s while the run is running.
+// (only the rows stored since the last poll) every 2 s while the run is running; the
+// events table is redrawn whenever the feed sends it (new points, or the run's end).
 (function () {
   "use strict";
   var box = document.getElementById("charts");
@@ -85,6 +86,25 @@
     var empty = document.getElementById("no-metrics");
     if (empty && total) empty.hidden = true;
   }
+  function showEvents(list) {
+    var table = document.getElementById("events");
+    var none = document.getElementById("no-events");
+    if (!table) return;
+    var body = table.tBodies[0];
+    while (body.firstChild) body.removeChild(body.firstChild);
+    list.forEach(function (e) {
+      var tr = document.createElement("tr");
+      tr.className = "ev " + e.kind;
+      [e.step === null ? "" : String(e.step), e.kind, e.text].forEach(function (text) {
+        var td = document.createElement("td");
+        td.textContent = text; // never markup: the text may hold a path or a message
+        tr.appendChild(td);
+      });
+      body.appendChild(tr);
+    });
+    table.hidden = list.length === 0;
+    if (none) none.hidden = list.length > 0;
+  }
   function poll() {
     fetch(feed + "?after=" + last, { credentials: "same-origin", cache: "no-store" })
       .then(function (r) {
@@ -94,6 +114,7 @@
       .then(function (d) {
         last = d.last;
         apply(d.points);
+        if (d.events) showEvents(d.events);
         Object.keys(d.head || {}).forEach(function (k) {
           var el = document.querySelector('[data-field="' + k + '"]');
           if (el) el.textContent = d.head[k];
