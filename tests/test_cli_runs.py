@@ -126,7 +126,6 @@ def test_a_name_is_one_run_and_resume_continues_it(starter_dir: Path, tmp_path: 
     assert not holds_run(tmp_path / "evalonly")  # an eval's record does not take the name
 
 
-@pytest.mark.slow
 def test_a_config_elsewhere_with_relative_paths_and_no_evals(
     starter_dir: Path, tmp_path: Path
 ) -> None:

@@ -129,7 +129,6 @@ def scored(task, answer):
 """
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "settings",
     [
