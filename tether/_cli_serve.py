@@ -70,7 +70,7 @@ def run_serve(cfg: ServeConfig, console: Console) -> None:
 
         model_source(cfg.model)
     from tether.dashboard import PREFIX, Catalog, mount_dashboard
-    from tether.gateway import Gateway, create_app, make_server
+    from tether.gateway import Gateway, bind_socket, create_app, make_server
     from tether.records import RunStatus
     from tether.run import end_status
     from tether.store import Store
@@ -83,6 +83,8 @@ def run_serve(cfg: ServeConfig, console: Console) -> None:
         cfg.gateway, port=port, admin_key=key, record_keys=_record_keys(cfg.gateway.record_keys)
     )
     gcfg.check_bind()
+    sock = bind_socket(host, port)  # before the model loads: a port in use is one line now
+    port = gcfg.port = sock.getsockname()[1]  # --port 0: the port the OS chose
     model_path, engine, tokenizer = _load_engine(
         cfg.model, device=cfg.device, max_batch_size=cfg.max_batch_size
     )
@@ -115,7 +117,7 @@ def run_serve(cfg: ServeConfig, console: Console) -> None:
     server = make_server(app, host, port, log_level="warning")
     status = RunStatus.FINISHED
     try:
-        server.run()
+        server.run(sockets=[sock])
     except BaseException as exc:
         status = end_status(type(exc))
         raise

@@ -7,7 +7,7 @@ only then answered. See docs/design.md, "Gateway surface".
 :func:`constraint_for` maps structured-output and forced-tool request fields to
 the engine's grammar constraint (docs/structured-outputs.md).
 
-The app and the servers (:func:`create_app`, :func:`make_server`,
+The app and the servers (:func:`create_app`, :func:`make_server`, :func:`bind_socket`,
 :class:`BackgroundServer`, :class:`LoopServer`) are imported on first use, so
 ``from tether.gateway import GatewayConfig`` (or :class:`Gateway`) does not
 import FastAPI or uvicorn.
@@ -27,7 +27,7 @@ from ._keyfile import admin_key_file
 
 if TYPE_CHECKING:
     from ._app import create_app
-    from ._server import BackgroundServer, LoopServer, make_server
+    from ._server import BackgroundServer, LoopServer, bind_socket, make_server
 
 __all__ = [
     "DEFAULT_PORT",
@@ -38,6 +38,7 @@ __all__ = [
     "LoopServer",
     "OpenedRollout",
     "admin_key_file",
+    "bind_socket",
     "constraint_for",
     "create_app",
     "is_loopback",
@@ -49,6 +50,7 @@ _LAZY = {
     "BackgroundServer": "._server",
     "LoopServer": "._server",
     "make_server": "._server",
+    "bind_socket": "._server",
 }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import socket
 import threading
 import time
@@ -23,7 +24,9 @@ from dataclasses import dataclass
 import uvicorn
 from fastapi import FastAPI
 
-__all__ = ["BackgroundServer", "LoopServer", "make_server"]
+from tether.errors import UserError
+
+__all__ = ["BackgroundServer", "LoopServer", "bind_socket", "make_server"]
 
 
 class _QuietServer(uvicorn.Server):
@@ -55,18 +58,31 @@ def make_server(
     return (uvicorn.Server if handle_signals else _QuietServer)(config)
 
 
-def _listen_socket(host: str) -> socket.socket:
-    """A TCP socket for uvicorn's ``sockets=``, created with ``IPPROTO_TCP``.
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (0: a free port) for uvicorn's ``sockets=``.
 
-    asyncio sets ``TCP_NODELAY`` only on connections whose socket says
-    ``proto == IPPROTO_TCP``, and an accepted connection inherits the listening
-    socket's ``proto``. A plain ``socket.socket()`` (proto 0) therefore leaves
-    Nagle's algorithm on, and every response written in two parts (headers,
-    then body) waits ~40 ms for the client's delayed ACK.
+    Bound before a model loads, so a port in use is one line at once, and the
+    real port of ``port=0`` is known for the URLs printed and handed to agents.
+    It is created with ``IPPROTO_TCP``: asyncio sets ``TCP_NODELAY`` only on
+    connections whose socket says ``proto == IPPROTO_TCP``, and an accepted
+    connection inherits the listening socket's ``proto``. A plain
+    ``socket.socket()`` (proto 0) therefore leaves Nagle's algorithm on, and every
+    response written in two parts (headers, then body) waits ~40 ms for the
+    client's delayed ACK.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise UserError(
+                f"port {port} on {host} is in use (another tether serve or run?): "
+                "pass another port (e.g. --port 8001, or gateway.port=0 for a free one)"
+            ) from None
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     return sock
 
 
@@ -82,8 +98,7 @@ class BackgroundServer:
     port: int = 0
 
     def start(self, timeout: float = 20.0) -> BackgroundServer:
-        sock = _listen_socket(self.host)
-        sock.bind((self.host, self.port))
+        sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         self._sock = sock
         self.server = make_server(self.app, self.host, self.port, handle_signals=False)
@@ -129,8 +144,7 @@ class LoopServer:
         self.app, self.host, self.port = app, host, port
 
     async def start(self, timeout: float = 20.0) -> LoopServer:
-        sock = _listen_socket(self.host)
-        sock.bind((self.host, self.port))
+        sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         self._sock = sock
         self.server = make_server(self.app, self.host, self.port, handle_signals=False)
