@@ -105,7 +105,9 @@ def serve(
     host: Annotated[
         str | None, typer.Option(help="Address to bind (127.0.0.1); others need an admin key.")
     ] = None,
-    port: Annotated[int | None, typer.Option(help="Port to listen on (8321).")] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port to listen on (8321; 0: a free one, printed).")
+    ] = None,
     store: Annotated[
         Path | None, typer.Option(help=f"SQLite trace store file ({DEFAULT_STORE}).")
     ] = None,
