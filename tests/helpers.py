@@ -29,6 +29,8 @@ from tether.store import Store
 
 __all__ = [
     "ADMIN_KEY",
+    "CHAT_MESSAGES",
+    "CHAT_TOOLS",
     "TETHER",
     "LiveGateway",
     "Served",
@@ -38,10 +40,49 @@ __all__ = [
     "launch",
     "script",
     "serving",
+    "tiny_qwen2",
 ]
 
 ADMIN_KEY = "test-admin-key-0123456789"  # the admin key of the test gateways (conftest)
 TETHER = [sys.executable, "-m", "tether.cli"]  # the command as a user runs it
+
+# A chat with one tool, as the gateway tests send it.
+CHAT_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
+CHAT_MESSAGES = [
+    {"role": "system", "content": "You are a careful calculator agent."},
+    {"role": "user", "content": "What is 17 + 25?"},
+]
+
+
+def tiny_qwen2(vocab: int, *, seed: int = 0, **config: Any) -> Any:
+    """A random Qwen2 model small enough for any test (2 layers of 64 unless ``config``
+    says otherwise), built after ``torch.manual_seed(seed)``."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    shape = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, **{**shape, **config}))
 
 
 class LiveGateway:

@@ -15,8 +15,9 @@ import time
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
+from tests.helpers import tiny_qwen2
 from tether.engine import (
     Engine,
     EngineFailed,
@@ -33,17 +34,7 @@ IM_END = VOCAB - 1
 
 @pytest.fixture(scope="module")
 def model() -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=256,
-    )
-    return Qwen2ForCausalLM(cfg).eval()
+    return tiny_qwen2(VOCAB).eval()
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
+from tests.helpers import tiny_qwen2
 from tether.engine import (
     Engine,
     EngineFailed,
@@ -26,17 +26,7 @@ VOCAB = 300
 
 @pytest.fixture(scope="module")
 def model() -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=1024,
-    )
-    return Qwen2ForCausalLM(cfg).eval()
+    return tiny_qwen2(VOCAB, max_position_embeddings=1024).eval()
 
 
 @pytest.fixture

@@ -18,26 +18,9 @@ from tether.chat import render_prompt
 from tether.engine import TransformersEngine
 from tether.engine.testing import ScriptedEngine
 
-from .helpers import LiveGateway
+from .helpers import CHAT_MESSAGES, CHAT_TOOLS, LiveGateway
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate an arithmetic expression.",
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": {"type": "string"}},
-                "required": ["expression"],
-            },
-        },
-    }
-]
-MESSAGES = [
-    {"role": "system", "content": "You are a careful calculator agent."},
-    {"role": "user", "content": "What is 17 + 25?"},
-]
+TOOLS, MESSAGES = CHAT_TOOLS, CHAT_MESSAGES
 
 
 @pytest.fixture

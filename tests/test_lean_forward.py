@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.helpers import tiny_qwen2
 from tether.records import Call
 from tether.trainer import LoraConfig, PolicyTrainer, TrainerConfig
 from tether.trainer.samples import (
@@ -29,20 +30,15 @@ ATOL, RTOL = 1e-5, 1e-4
 
 
 def _model(seed: int = 0) -> Any:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=VOCAB,
+    return tiny_qwen2(
+        VOCAB,
+        seed=seed,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=128,
         tie_word_embeddings=True,
     )
-    return Qwen2ForCausalLM(cfg)
 
 
 def _batch(prefix_len: int = 20) -> dict[str, torch.Tensor]:

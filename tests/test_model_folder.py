@@ -20,30 +20,21 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers import TETHER, serving
+from tests.helpers import TETHER, serving, tiny_qwen2
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _folder(tmp: Path, tokenizer: Any, vocab: int) -> Path:
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+    model = tiny_qwen2(
+        vocab,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
         rope_theta=1000000.0,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
     )
     folder = tmp / f"qwen2-random-{vocab}"
-    Qwen2ForCausalLM(config).save_pretrained(folder)
+    model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
