@@ -280,31 +280,10 @@ class Gateway(Rollouts):
         )
         return choices, seqs
 
-    def generate_stream(
-        self,
-        rollout_id: str,
-        attempt: int,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        request: dict[str, Any],
-        *,
-        parse_tools: bool,
-        max_tool_calls: int | None = None,
-        tokens: bool = False,
-    ) -> AsyncIterator[Any]:
-        """:meth:`generate`, streamed: ``TextDelta`` / ``ToolCallDelta`` pieces as the engine
-        samples tokens, then ``Done`` once the calls are committed (see ``_streaming``)."""
-        return stream_call(
-            self,
-            rollout_id,
-            attempt,
-            prompt_ids,
-            params,
-            request,
-            parse_tools=parse_tools,
-            max_tool_calls=max_tool_calls,
-            tokens=tokens,
-        )
+    #: :meth:`generate`, streamed: ``TextDelta`` / ``ToolCallDelta`` pieces as the engine
+    #: samples tokens, then ``Done`` once the calls are committed (``_streaming.stream_call``,
+    #: which takes the same arguments, ``tokens=True`` adding each sampled ``TokenDelta``).
+    generate_stream = stream_call
 
     def record_choices(
         self,
