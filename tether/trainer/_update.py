@@ -23,6 +23,7 @@ import logging
 import math
 import threading
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -242,85 +243,126 @@ class PolicyTrainer:
         self, collated: list[dict[str, torch.Tensor]], stats: A.AggregateStats, *, first: bool
     ) -> dict[str, float]:
         """One optimizer step; with ``first`` also the entropy (see :meth:`update`)."""
-        cfg = self.cfg
-        loss_fn = A.POLICY_LOSSES[cfg.policy_loss]
-        totals: dict[str, float] = {}
-        gap_sum, gap_max, n_tokens, entropy_sum = 0.0, 0.0, 0, 0.0
         self.optimizer.zero_grad(set_to_none=True)
-        total_loss = 0.0
+        sums = _StepSums()
         for batch in collated:
             if self._stop.is_set():
                 raise UpdateStopped("the update was stopped (the run is being interrupted)")
-            mask = batch["loss_mask"]
-            logprobs, entropy = self._forward_logprobs(self.model, batch, entropy=first)
-            if entropy is not None:
-                entropy_sum += (entropy * mask).sum().item()
-            old = batch["old_logprobs"]
-            diff = (logprobs.detach() - old).abs() * mask
-            gap_sum += diff.sum().item()
-            gap_max = max(gap_max, diff.max().item())
-            n_tokens += int(mask.sum().item())
-            kwargs: dict[str, Any] = {}
-            if cfg.tis_cap > 0:  # decoupled PPO + TIS, see the algorithms module docstring
-                # the first step's forward runs on the pre-update weights: kept as π_prox
-                prox = batch.setdefault("prox_logprobs", logprobs.detach())
-                kwargs["prox_logprobs"] = prox
-                kwargs["is_weights"] = A.truncated_is_weights(prox, old, cfg.tis_cap)
-            if cfg.policy_loss == "ppo_clip":
-                kwargs.update(clip_low=cfg.clip_low, clip_high=cfg.clip_high)
-            per_token, metrics = loss_fn(logprobs, old, batch["advantages"], mask, **kwargs)
-            if self.ref_model is not None:
-                with torch.no_grad():
-                    ref, _ = self._forward_logprobs(self.ref_model, batch)
-                kl = A.KL_ESTIMATORS[cfg.kl_estimator](logprobs, ref)
-                per_token = per_token + cfg.kl_coef * kl * mask
-                metrics["kl_ref"] = A.masked_mean(kl.detach(), mask)
-            loss = A.aggregate(
-                per_token,
-                mask,
-                cfg.aggregation,
-                rollout_index=batch["rollout_index"],
-                stats=stats,
-            )
-            loss.backward()
-            total_loss += loss.item()
-            for k, v in metrics.items():  # token-weighted sums, divided by n_tokens below
-                totals[k] = totals.get(k, 0.0) + float(v) * mask.sum().item()
-        grad_norm = 0.0
+            self._micro_batch(batch, stats, sums, entropy=first)
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.ranks is not None:  # one step over every rank: gradients and sums added up
-            names = metric_names(cfg, self.ref_model is not None)
-            sums = [
-                total_loss,
-                gap_sum,
-                n_tokens,
-                entropy_sum,
-                *(totals.get(k, 0.0) for k in names),
-            ]
-            sums, gap_max = self.ranks.reduce_step(params, sums, gap_max)
-            total_loss, gap_sum, entropy_sum = sums[0], sums[1], sums[3]
-            n_tokens = round(sums[2])
-            totals = dict(zip(names, sums[4:], strict=True))
-        totals = {k: v / max(n_tokens, 1) for k, v in totals.items()}
-        if cfg.grad_clip > 0:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
-        if not math.isfinite(total_loss) or not math.isfinite(grad_norm):
+            sums = sums.reduced(
+                self.ranks, params, metric_names(self.cfg, self.ref_model is not None)
+            )
+        grad_norm = 0.0
+        if self.cfg.grad_clip > 0:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
+        if not math.isfinite(sums.loss) or not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(
-                f"non-finite loss ({total_loss}) or gradient norm ({grad_norm}); step skipped"
+                f"non-finite loss ({sums.loss}) or gradient norm ({grad_norm}); step skipped"
             )
         with self._shared_lock or nullcontext():  # no decode step while the weights change
             self.optimizer.step()
         self.optimizer_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": grad_norm, **sums.metrics(entropy=first)}
+
+    def _micro_batch(
+        self,
+        batch: dict[str, torch.Tensor],
+        stats: A.AggregateStats,
+        sums: _StepSums,
+        *,
+        entropy: bool,
+    ) -> None:
+        """Forward and backward of one micro-batch; its figures are added to ``sums``."""
+        cfg = self.cfg
+        mask = batch["loss_mask"]
+        logprobs, token_entropy = self._forward_logprobs(self.model, batch, entropy=entropy)
+        old = batch["old_logprobs"]
+        prox = is_weights = None
+        if cfg.tis_cap > 0:  # decoupled PPO + TIS, see the algorithms module docstring
+            # the first step's forward runs on the pre-update weights: kept as π_prox
+            prox = batch.setdefault("prox_logprobs", logprobs.detach())
+            is_weights = A.truncated_is_weights(prox, old, cfg.tis_cap)
+        per_token, metrics = A.POLICY_LOSSES[cfg.policy_loss](
+            logprobs, old, batch["advantages"], mask,
+            clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+            prox_logprobs=prox, is_weights=is_weights,
+        )  # fmt: skip
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref, _ = self._forward_logprobs(self.ref_model, batch)
+            kl = A.KL_ESTIMATORS[cfg.kl_estimator](logprobs, ref)
+            per_token = per_token + cfg.kl_coef * kl * mask
+            metrics["kl_ref"] = A.masked_mean(kl.detach(), mask)
+        loss = A.aggregate(
+            per_token, mask, cfg.aggregation, rollout_index=batch["rollout_index"], stats=stats
+        )
+        loss.backward()
+        sums.add(loss.item(), logprobs.detach(), old, mask, token_entropy, metrics)
+
+
+@dataclass
+class _StepSums:
+    """What one optimizer step adds up over its micro-batches (and, with several
+    processes, over every rank) before dividing by the tokens trained."""
+
+    loss: float = 0.0
+    gap_sum: float = 0.0
+    gap_max: float = 0.0
+    n_tokens: int = 0
+    entropy_sum: float = 0.0
+    #: the policy loss's metrics, token-weighted sums
+    totals: dict[str, float] = field(default_factory=dict)
+
+    def add(
+        self,
+        loss: float,
+        logprobs: torch.Tensor,
+        old: torch.Tensor,
+        mask: torch.Tensor,
+        entropy: torch.Tensor | None,
+        metrics: dict[str, torch.Tensor],
+    ) -> None:
+        diff = (logprobs - old).abs() * mask
+        tokens = mask.sum().item()
+        self.loss += loss
+        self.gap_sum += diff.sum().item()
+        self.gap_max = max(self.gap_max, diff.max().item())
+        self.n_tokens += int(tokens)
+        if entropy is not None:
+            self.entropy_sum += (entropy * mask).sum().item()
+        for k, v in metrics.items():
+            self.totals[k] = self.totals.get(k, 0.0) + float(v) * tokens
+
+    def reduced(
+        self, ranks: Ranks, params: list[torch.nn.Parameter], names: list[str]
+    ) -> _StepSums:
+        """The sums over every rank (and the gradients of ``params`` added up in place);
+        ``names``: the metrics every rank reports, in one order."""
+        local = [self.loss, self.gap_sum, self.n_tokens, self.entropy_sum]
+        local += [self.totals.get(k, 0.0) for k in names]
+        total, gap_max = ranks.reduce_step(params, local, self.gap_max)
+        return _StepSums(
+            loss=total[0],
+            gap_sum=total[1],
+            gap_max=gap_max,
+            n_tokens=round(total[2]),
+            entropy_sum=total[3],
+            totals=dict(zip(names, total[4:], strict=True)),
+        )
+
+    def metrics(self, *, entropy: bool) -> dict[str, float]:
+        n = max(self.n_tokens, 1)
         return {
-            "loss": total_loss,
-            "grad_norm": grad_norm,
-            "logprob_gap": gap_sum / max(n_tokens, 1),
-            "logprob_gap_max": gap_max,
-            "trained_tokens": float(n_tokens),
-            **({"entropy": entropy_sum / max(n_tokens, 1)} if first else {}),
-            **totals,
+            "loss": self.loss,
+            "logprob_gap": self.gap_sum / n,
+            "logprob_gap_max": self.gap_max,
+            "trained_tokens": float(self.n_tokens),
+            **({"entropy": self.entropy_sum / n} if entropy else {}),
+            **{k: v / n for k, v in self.totals.items()},
         }
 
 

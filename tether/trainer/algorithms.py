@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -46,6 +46,7 @@ __all__ = [
     "POLICY_LOSSES",
     "AggregateStats",
     "GroupAdvantages",
+    "PolicyLoss",
     "aggregate",
     "compute_advantages",
     "masked_mean",
@@ -253,7 +254,25 @@ def reinforce_loss(
     )  # fmt: skip
 
 
-POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
+class PolicyLoss(Protocol):
+    """Every policy loss takes the same arguments (a loss ignores what it does not use,
+    e.g. :func:`reinforce_loss` the clip range), so a caller never branches on its name."""
+
+    def __call__(
+        self,
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        *,
+        clip_low: float = ...,
+        clip_high: float = ...,
+        prox_logprobs: Tensor | None = ...,
+        is_weights: Tensor | None = ...,
+    ) -> tuple[Tensor, dict[str, Tensor]]: ...
+
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {
     "ppo_clip": ppo_clip_loss,
     "reinforce": reinforce_loss,
 }
