@@ -8,6 +8,7 @@ built, and every error names the value, the rule and the fix.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from tether.errors import UserError
 
@@ -28,6 +29,16 @@ class LoraConfig:
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
     )
+
+    def __post_init__(self) -> None:
+        _positive("trainer.lora", r=self.r, alpha=self.alpha)
+        if not 0 <= self.dropout < 1:
+            raise UserError(f"trainer.lora.dropout ({self.dropout}) must be in [0, 1), e.g. 0.05")
+        if not self.target_modules:
+            raise UserError(
+                "trainer.lora.target_modules is empty: name the modules to adapt, "
+                "e.g. [q_proj, k_proj, v_proj, o_proj]"
+            )
 
 
 @dataclass
@@ -79,7 +90,7 @@ class TrainerConfig:
     collapse_patience: int = 8
     #: sync (collect a batch, update, repeat) or async (groups keep running; admission
     #: pauses only for the update; see tether/run/_async.py).
-    mode: str = "sync"
+    mode: Literal["sync", "async"] = "sync"
     #: Async: groups (tasks × n rollouts) running at once; 0 = 2 × rollout.batch_groups.
     max_groups_in_flight: int = 0
     #: Async: a group whose oldest call is more than this many policy versions behind
@@ -88,7 +99,7 @@ class TrainerConfig:
     #: Async: "drop" (counted as groups_dropped_lag) or "reweight" (kept; the loss's ratio
     #: against the recorded engine logprobs corrects for the lag, or with tis_cap set the
     #: truncated weight π_trainer / π_engine does).
-    lag_policy: str = "drop"
+    lag_policy: Literal["drop", "reweight"] = "drop"
     #: Async: seconds a model call arriving during an update is held before a 503;
     #: unset = gateway.admission_timeout_s.
     hold_timeout_s: float | None = None
@@ -127,8 +138,15 @@ class TrainerConfig:
                 f"trainer.clip_low ({self.clip_low}) must be in [0, 1) and clip_high ({self.clip_high}) >= 0"
             )
         self._check_async()
-        if self.kl_coef < 0 or self.tis_cap < 0 or self.grad_clip < 0:
-            raise UserError("trainer.kl_coef, tis_cap and grad_clip must be >= 0")
+        for name in ("kl_coef", "tis_cap", "grad_clip", "weight_decay", "collapse_patience"):
+            if getattr(self, name) < 0:
+                raise UserError(
+                    f"trainer.{name} ({getattr(self, name)}) must be >= 0 (0 turns it off)"
+                )
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise UserError(
+                f"trainer.betas ({list(self.betas)}) must be two numbers in [0, 1), e.g. [0.9, 0.99]"
+            )
         if self.logprob_chunk_tokens < 0:
             raise UserError(
                 f"trainer.logprob_chunk_tokens ({self.logprob_chunk_tokens}) must be >= 0 "
