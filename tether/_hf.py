@@ -88,4 +88,5 @@ def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
     any other model as it is. The trained model itself is left untouched."""
     if not hasattr(model, "merge_and_unload"):
         return model
-    return copy.deepcopy(model).merge_and_unload()
+    merge: Any = copy.deepcopy(model).merge_and_unload  # a peft model's method
+    return merge()

@@ -19,7 +19,7 @@ import difflib
 import types
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import yaml
 
@@ -50,7 +50,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             except UserError as exc:
                 errors.append(str(exc))
         raise UserError(errors[0] if errors else f"{where}: invalid value {value!r}")
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
         if not isinstance(value, dict):
@@ -103,7 +103,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
 def build(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     """Build dataclass ``cls`` from a mapping; unknown keys and wrong types are errors."""
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    fields = {f.name: f for f in dataclasses.fields(cast(Any, cls)) if f.init}
     kwargs = {}
     for key, value in data.items():
         path = f"{where}.{key}" if where else key

@@ -89,8 +89,10 @@ class KVBatch:
         each prefix left-padded to the longest one.
         """
         device, rows = model.device, len(prompts)
-        prefixes = list(prefixes) if prefixes is not None else [None] * rows
-        starts = [len(p.tokens) if p else 0 for p in prefixes]
+        rows_prefixes: list[Prefix | None] = (
+            list(prefixes) if prefixes is not None else [None] * rows
+        )
+        starts = [len(p.tokens) if p else 0 for p in rows_prefixes]
         suffixes = [p[start:] for p, start in zip(prompts, starts, strict=True)]
         length = max(len(p) for p in suffixes)
         ids = torch.full((rows, length), pad_id, dtype=torch.long)
@@ -101,7 +103,7 @@ class KVBatch:
         ids, mask = ids.to(device), mask.to(device)
         offsets = torch.tensor(starts, dtype=torch.long, device=device)[:, None]
         positions = offsets + (mask.cumsum(-1) - 1).clamp(min=0)
-        cache, head = _prefix_cache(prefixes, rows, device)
+        cache, head = _prefix_cache(rows_prefixes, rows, device)
         mask = torch.cat([head.to(mask.dtype), mask], 1)
         keep = {"logits_to_keep": 1} if takes_kwarg(model, "logits_to_keep") else {}
         out = model(

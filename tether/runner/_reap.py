@@ -65,7 +65,7 @@ def become_subreaper() -> bool:
             with contextlib.suppress(OSError, AttributeError):
                 libc = ctypes.CDLL(None, use_errno=True)
                 _subreaper = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    return _subreaper
+    return bool(_subreaper)
 
 
 def _rollout_of(proc: psutil.Process) -> str | None:

@@ -102,5 +102,5 @@ def step_groups(rollouts: list[Rollout], estimator: str) -> dict[int, StepGroups
 
 def run_estimator(config: dict[str, Any]) -> str:
     """The advantage estimator of a run record's config (``grpo`` when it names none)."""
-    trainer = config.get("trainer") if isinstance(config.get("trainer"), dict) else {}
-    return str(trainer.get("advantage") or "grpo")
+    trainer = config.get("trainer")
+    return str((trainer if isinstance(trainer, dict) else {}).get("advantage") or "grpo")

@@ -96,8 +96,9 @@ class TensorBoardSink:
         params = flatten_config(spec.config)
         # The config as hyperparameters (the HPARAMS tab) in this run's own event file,
         # not in a sub-run as SummaryWriter.add_hparams writes them.
+        events: Any = self.writer.file_writer  # set by SummaryWriter.__init__
         for summary in hparams(params, {"eval/sampled_success": 0.0}):
-            self.writer.file_writer.add_summary(summary)
+            events.add_summary(summary)
         self.writer.add_text("config", _code_block(json.dumps(spec.config, indent=2)), 0)
         self.writer.flush()
 
@@ -153,7 +154,7 @@ class WandbSink:
         self.run.log({metric_tag(k): v for k, v in metrics.items()}, step=step)
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
-        data = [[r.get(c) for c in SAMPLE_COLUMNS] for r in rows]
+        data: list[Any] = [[r.get(c) for c in SAMPLE_COLUMNS] for r in rows]
         self.run.log(
             {"samples": self._wandb.Table(columns=list(SAMPLE_COLUMNS), data=data)}, step=step
         )

@@ -80,7 +80,7 @@ class PolicyTrainer:
             enable_gradient_checkpointing(self.model)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+            params, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), weight_decay=cfg.weight_decay
         )
 
     def _maybe_lora(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -225,11 +225,10 @@ class PolicyTrainer:
             len(collated),
             cfg.updates_per_batch,
         )
-        first: dict[str, float] = {}
-        for k in range(cfg.updates_per_batch):
-            metrics = self._step(collated, stats, first=k == 0)
-            if k == 0:
-                first = {m: metrics[m] for m in ("logprob_gap", "logprob_gap_max", "entropy")}
+        metrics = first = self._step(collated, stats, first=True)
+        for _ in range(1, cfg.updates_per_batch):
+            metrics = self._step(collated, stats, first=False)
+        first = {m: first[m] for m in ("logprob_gap", "logprob_gap_max", "entropy")}
         return {**metrics, **first, "micro_batches": float(len(collated))}
 
     def stop(self) -> None:

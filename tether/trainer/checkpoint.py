@@ -87,7 +87,8 @@ def save_checkpoint(
     model = trainer.model
     if trainer.cfg.lora is not None:
         model = merged_copy(model)
-    model.save_pretrained(tmp / "model", safe_serialization=True)
+    save: Any = model.save_pretrained  # a transformers model's method
+    save(tmp / "model", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "model")
     if base_model_dir is not None:
         for marker in ("tether_starter.json",):

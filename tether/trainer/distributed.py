@@ -166,12 +166,13 @@ class Ranks:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
             for bucket in _buckets(live):
-                flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+                grads = [_grad(p) for p in bucket]
+                flat = torch.cat([g.reshape(-1) for g in grads])
                 dist.all_reduce(flat)
                 offset = 0
-                for p in bucket:
-                    n = p.grad.numel()
-                    p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+                for g in grads:
+                    n = g.numel()
+                    g.copy_(flat[offset : offset + n].view_as(g))
                     offset += n
         return scalars[len(params) :].tolist(), float(top.item())
 
@@ -189,12 +190,18 @@ def _first_line(exc: BaseException) -> str:
     return text[:200] or type(exc).__name__
 
 
+def _grad(p: torch.nn.Parameter) -> torch.Tensor:
+    """``p.grad``, which the caller made sure is set."""
+    assert p.grad is not None, "every live parameter has a gradient by now"
+    return p.grad
+
+
 def _buckets(params: list[torch.nn.Parameter]) -> Iterator[list[torch.nn.Parameter]]:
     """Parameters in order, grouped by dtype into lists of at most :data:`BUCKET` elements."""
     bucket: list[torch.nn.Parameter] = []
     size = 0
     for p in params:
-        if bucket and (size + p.numel() > BUCKET or p.grad.dtype != bucket[0].grad.dtype):
+        if bucket and (size + p.numel() > BUCKET or _grad(p).dtype != _grad(bucket[0]).dtype):
             yield bucket
             bucket, size = [], 0
         bucket.append(p)
