@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tether.records import Checkpoint, Metric, Rollout, RolloutStatus
+from tether.records import AttemptEnd, Checkpoint, Metric, Rollout, RolloutStatus
 from tether.store import _rows as rows
 from tether.store._db import Database
 from tether.store._errors import InvalidRecord
@@ -179,3 +179,20 @@ class Browse:
             total = conn.execute(f"SELECT COUNT(*) FROM rollouts r{scope}", params).fetchone()[0]
             found = conn.execute(sql, params).fetchall()
         return total, [(rows.rollout_from_row(r[:-1]), r[-1]) for r in reversed(found)]
+
+    def current_ends(self, rollout_ids: list[str]) -> dict[str, AttemptEnd]:
+        """How each rollout's current attempt ended (success, exit code), by rollout id;
+        a rollout whose attempt has not ended is missing."""
+        ids = list(dict.fromkeys(rollout_ids))
+        out: dict[str, AttemptEnd] = {}
+        with self._db.read(snapshot=True) as conn:
+            for at in range(0, len(ids), 500):  # SQLite's bound-parameter limit
+                chunk = ids[at : at + 500]
+                marks = ",".join("?" * len(chunk))
+                found = conn.execute(
+                    f"SELECT {rows.ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id IN ({marks}) "
+                    "AND attempt = (SELECT attempt FROM rollouts WHERE id = rollout_id)",
+                    chunk,
+                ).fetchall()
+                out.update((r[0], rows.attempt_from_row(r)) for r in found)
+        return out
