@@ -65,11 +65,12 @@ class Progress:
         self._eval[1] += 1
         start, done, t0, quarter = self._eval
         if not self._live and quarter <= 3 and done >= start.rollouts * quarter / 4:
-            self._print(
-                f"  eval: {done}/{start.rollouts} rollouts ({quarter * 25}%), "
+            self._print(  # the share done, not the quarter passed: 2/6 is 33%
+                f"  eval: {done}/{start.rollouts} rollouts ({done / start.rollouts:.0%}), "
                 f"{time.monotonic() - t0:.0f} s"
             )
-            self._eval[3] += 1
+            while self._eval[3] <= 3 and done >= start.rollouts * self._eval[3] / 4:
+                self._eval[3] += 1  # one line even when a tick passes several quarters
 
     def __call__(self, kind: str, payload: Any) -> None:
         if kind == "status":
@@ -187,7 +188,15 @@ def plot_curve(rows: list[Any], evals: list[Any], path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = _curve_figure(plt, rows, evals)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # "tight": the legend below the axes
+    plt.close(fig)
+    return path
+
+
+def _curve_figure(plt: Any, rows: list[Any], evals: list[Any]) -> Any:
+    fig, ax = plt.subplots(figsize=(7, 4.4))
     steps = [r.step + 1 for r in rows]
     ax.plot(
         steps,
@@ -221,10 +230,8 @@ def plot_curve(rows: list[Any], evals: list[Any], path: Path) -> Path | None:
     ax.set_ylabel("reward / success")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    # below the axes, never over the curves (a rising reward runs into any corner)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=8, frameon=False)
     ax.set_title("tether: reward while training")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
