@@ -11,11 +11,29 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-__all__ = ["Progress", "plot_curve", "quiet_loading"]
+__all__ = ["NOISY_IMPORTS", "Progress", "plot_curve", "quiet_imports", "quiet_loading"]
+
+
+#: Loggers that speak when transformers is imported: it imports torchao (when installed)
+#: with any model class, and on a CPU-only torch torchao logs that its CUDA kernels
+#: (``_C_mxfp8…so``, cutlass) did not load, and torch logs a ``_pytree`` deprecation
+#: notice for each of torchao's enums. Nothing tether uses; errors still show.
+NOISY_IMPORTS = ("torchao", "torch.utils._pytree")
+
+
+def quiet_imports() -> None:
+    """Silence :data:`NOISY_IMPORTS` below errors; before transformers is first imported
+    (every ``tether`` command calls it first). Imports nothing itself."""
+    import logging
+
+    for name in NOISY_IMPORTS:
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def quiet_loading() -> None:
-    """No per-file progress bars from transformers while a command loads a model."""
+    """No per-file progress bars from transformers while a command loads a model, and
+    none of the import notices of :func:`quiet_imports`."""
+    quiet_imports()
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
