@@ -88,7 +88,7 @@ def test_a_run_says_what_it_does_and_its_rollouts_are_found_by_run_name(
         "run folder runs/calc  traces runs/calc/traces.sqlite",
         "starting the gateway",
         "evaluating at step 0: 2 tasks × 2 samples + greedy (6 rollouts)",
-        "eval: 2/6 rollouts (25%)",
+        "eval: 2/6 rollouts (33%)",
     ):
         assert 0 <= text.find(needle) < first_eval, (needle, text)
     assert " gap - " in text  # no update happened (all rewards 0): no gap to show, not "nan"

@@ -369,6 +369,69 @@ def test_a_rollout_shows_tokens_by_logprob_advantages_and_the_merged_sample(
     assert "adv 0.707" in text  # its group mate (grpo over rewards 1 and 0)
 
 
+def test_the_outcome_badge_is_the_tasks_and_the_time_is_each_attempts_own(tmp_path: Path) -> None:
+    """A rollout whose agent exited cleanly with reward 0 reads as a fail, not as a green
+    "succeeded"; the rollouts of one batch (one created_at) show their own times."""
+    with Store(tmp_path / "b" / "traces.sqlite") as s:
+        s.create_run({}, "b-1")
+        for i, (status, reward, success) in enumerate(
+            [("succeeded", 1.0, None), ("succeeded", 0.0, None), ("succeeded", 0.5, False),
+             ("failed", None, None)]
+        ):  # fmt: skip
+            rid = f"b-1-s0-g0-{i}"
+            s.create_rollout(Rollout(id=rid, run_id="b-1", group_id="b-1-s0-g0", created_at=1.0))
+            a = s.start_attempt(rid)
+            with s._db.write() as conn:  # the agent started at 10 + i, ran (i + 1) s
+                conn.execute("UPDATE rollouts SET started_at = ? WHERE id = ?", (10.0 + i, rid))
+            s.finish_rollout(rid, status, attempt=a, reward=reward, success=success)
+            with s._db.write() as conn:
+                conn.execute(
+                    "UPDATE rollouts SET finished_at = ? WHERE id = ?", (11.0 + 2 * i, rid)
+                )
+    app = create_server_app(Catalog(runs_dir=tmp_path), KEY)
+    table, page = _get_all(app, ["/ui/s/b/run/b-1/rollouts", "/ui/s/b/rollout/b-1-s0-g0-1"])
+    cells = re.findall(r"<tr>\s*<td><a class=\"rollout-link\".*?</tr>", table.text, re.S)
+    outcomes = [re.search(r'class="outcome ([\w-]+)"', c).group(1) for c in cells]
+    assert outcomes == ["success", "fail", "fail", "no-reward"]
+    assert all('class="status minor succeeded"' in c for c in cells[:3])
+    times = [re.findall(r"<td[^>]*>([\d.]+ s)</td>", c) for c in cells]
+    assert times == [["1.0 s"], ["2.0 s"], ["3.0 s"], ["4.0 s"]]
+    assert 'class="outcome fail">fail' in page.text and "(2.0 s)" in page.text
+
+
+def test_every_dashboard_function_is_under_80_lines() -> None:
+    import ast
+
+    long = []
+    for path in (ROOT / "tether" / "dashboard").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            is_def = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if is_def and node.end_lineno - node.lineno + 1 >= 80:
+                long.append(f"{path.name}:{node.name}")
+    assert long == []
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the chart's script")
+def test_chart_axes_label_tiny_values_and_range_a_constant_or_single_point() -> None:
+    """The run page's axes (static/axes.js, run under node): a KL of 1e-9 and a logprob
+    gap of 5e-7 get distinct scientific ticks, not "0" on each; a constant series and a
+    single step get a range around the value instead of a squashed or 0..100 one."""
+    script = ROOT / "tether" / "dashboard" / "static" / "axes.js"
+    probe = (
+        f"var a = require({json.dumps(str(script))}); console.log(JSON.stringify(["
+        "a.ticks([0, 2e-10, 4e-10, 6e-10, 8e-10, 1e-9]), a.ticks([4.4e-7, 4.6e-7, 4.8e-7]),"
+        "a.ticks([0, 0.25, 0.5, 0.75, 1]), a.ticks([1000, 1100, 1200]),"
+        "a.yRange(0.5, 0.5), a.yRange(0, 0), a.yRange(4e-7, 6e-7), a.xRange(3, 3)]))"
+    )
+    out = subprocess.run(["node", "-e", probe], capture_output=True, text=True, check=True)
+    kl, gap, reward, tok, const, zero, tiny, one = json.loads(out.stdout)
+    assert kl == ["0", "0.2e-9", "0.4e-9", "0.6e-9", "0.8e-9", "1.0e-9"]
+    assert gap == ["4.4e-7", "4.6e-7", "4.8e-7"]
+    assert reward == ["0", "0.25", "0.50", "0.75", "1.00"] and tok == ["1000", "1100", "1200"]
+    assert const == pytest.approx([0.45, 0.55]) and zero == [-1, 1]
+    assert tiny == pytest.approx([3.9e-7, 6.1e-7]) and one == [2, 4]
+
+
 # -- the rollouts table against a plain-Python reference -------------------------------------
 
 

@@ -78,3 +78,21 @@ def test_live_table_has_the_new_columns() -> None:
     console.print(progress._render())
     text = console.file.getvalue()
     assert "entropy" in text and "zero-var" in text and "1.25" in text and "25%" in text
+
+
+def test_eval_progress_says_the_share_done() -> None:
+    """6 rollouts: the first quarter is passed at 2 done, which is 33%, not "25%"; a tick
+    passing several quarters prints once."""
+    from types import SimpleNamespace
+
+    console = Console(file=io.StringIO(), width=200)
+    progress = Progress(1, console=console, live=False)
+    for n in (6, 2):
+        progress("eval_start", SimpleNamespace(step=0, what="2 tasks", rollouts=n))
+        for _ in range(n):
+            progress("eval_progress", None)
+    lines = [ln.split(",")[0] for ln in console.file.getvalue().splitlines() if "eval:" in ln]
+    assert lines == [
+        "  eval: 2/6 rollouts (33%)", "  eval: 3/6 rollouts (50%)", "  eval: 5/6 rollouts (83%)",
+        "  eval: 1/2 rollouts (50%)", "  eval: 2/2 rollouts (100%)",
+    ]  # fmt: skip

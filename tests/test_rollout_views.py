@@ -75,6 +75,8 @@ def test_a_run_records_its_tasks_and_show_prints_a_rollouts_task_and_tokens(
         _add_rollout(db, "r-task", rid, task.id, ids)
     shown = _show(path, "r-task")
     assert shown.returncode == 0, shown.stderr
+    # loading the tokenizer imports transformers, which imports torchao: none of its noise
+    assert "Failed to load" not in shown.stderr and "_pytree" not in shown.stderr, shown.stderr
     assert f"task {task.id} (train): " in shown.stdout
     tokens = _token_rows(shown.stdout)
     assert set(ids) <= set(tokens)
@@ -120,3 +122,22 @@ def test_tasks_sharing_an_id_are_not_stored_and_the_run_still_opens(
     )
     with Store(tmp_path / "dup" / "traces.sqlite") as db:
         assert db.list_tasks(run_id=run.run_record.id) == []  # all or nothing
+
+
+def test_list_says_how_many_rollouts_it_left_out(tmp_path: Path) -> None:
+    path = tmp_path / "traces.sqlite"
+    with Store(path) as db:
+        db.create_run({}, run_id="r0")
+        for i in range(7):
+            db.create_rollout(Rollout(id=f"r-{i}", run_id="r0"))
+    listed = subprocess.run(
+        [*TETHER, "rollouts", "list", "--store", str(path), "--limit", "3"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    assert [ln.split("\t")[0] for ln in listed.stdout.splitlines()[1:]] == ["r-4", "r-5", "r-6"]
+    assert "the newest 3 of 7 rollouts; --limit 7 for all" in listed.stderr
+    every = subprocess.run(
+        [*TETHER, "rollouts", "list", "--store", str(path)], capture_output=True, text=True
+    )
+    assert len(every.stdout.splitlines()) == 8 and "newest" not in every.stderr

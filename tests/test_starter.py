@@ -352,6 +352,19 @@ def test_warm_cache_key_names_torch_and_cpu() -> None:
     assert "torch" not in Recipe().key(warm=False)  # the untrained build is exact anywhere
 
 
+def test_warm_cache_key_names_the_cpu_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two CPUs that torch both calls AVX512 (an Intel and an AMD EPYC) run other MKL
+    kernels and warm up to other weights: they must not share a warm cache key."""
+    from tether.starter import _build
+
+    here = Recipe().digest(warm=True)
+    assert Recipe().key(warm=True)["cpu_model"] == _build.cpu_model() != ""
+    base = Recipe().digest(warm=False)
+    monkeypatch.setattr(_build, "cpu_model", lambda: "GenuineIntel Intel(R) Xeon(R) Platinum")
+    assert Recipe().digest(warm=True) != here
+    assert Recipe().digest(warm=False) == base  # the untrained build is the same anywhere
+
+
 def test_agent_loop_runs_on_the_untrained_model(base_path: Path, tokenizer) -> None:
     model = load_model(base_path)
     tasks = calc.make_tasks(2, "val")

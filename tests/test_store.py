@@ -11,6 +11,7 @@ import struct
 import threading
 from contextlib import closing
 from dataclasses import asdict
+from types import SimpleNamespace
 
 import pytest
 
@@ -272,6 +273,48 @@ def test_every_attempt_keeps_its_end_and_output_tail(db):
         2, RolloutStatus.SUCCEEDED, "ok", False,
     )  # fmt: skip
     assert db.attempts("ghost") == []
+
+
+def test_each_attempt_keeps_its_own_start_and_end(db, monkeypatch):
+    """Rollouts of one batch share ``created_at``; each attempt's own time runs from its
+    agent's start (``mark_running``, or a running ``start_attempt``) to its end."""
+    from tether.store import _store
+
+    clock = iter(range(100, 200))
+    monkeypatch.setattr(_store, "time", SimpleNamespace(time=lambda: float(next(clock))))
+    for rid in ("r1", "r2"):
+        db.create_rollout(Rollout(id=rid, run_id=None, created_at=1.0))
+    a = db.start_attempt("r1", queued=True)
+    assert db.get_rollout("r1").started_at is None  # waiting for a runner
+    db.mark_running("r1", a)  # 100
+    db.finish_rollout("r1", "succeeded", attempt=a, reward=1.0)  # 101
+    a = db.start_attempt("r2")  # 102
+    db.finish_rollout("r2", "failed", attempt=a)  # 103
+    a = db.start_attempt("r2")  # 104
+    assert db.get_rollout("r2").finished_at is None
+    db.finish_rollout("r2", "succeeded", attempt=a, reward=0.0)  # 105
+    r1, r2 = db.get_rollout("r1"), db.get_rollout("r2")
+    assert (r1.created_at, r1.started_at, r1.finished_at) == (1.0, 100.0, 101.0)
+    assert (r2.created_at, r2.started_at, r2.finished_at) == (1.0, 104.0, 105.0)
+    assert [(e.started_at, e.finished_at) for e in db.attempts("r1")] == [(100.0, 101.0)]
+    assert [(e.started_at, e.finished_at) for e in db.attempts("r2")] == [
+        (102.0, 103.0), (104.0, 105.0),
+    ]  # fmt: skip
+    _, page = db.rollout_page(None, sort="duration", descending=True)
+    assert [r.id for r, _, _ in page] == ["r1", "r2"]  # 1 s each: creation order
+
+
+def test_latest_rollouts_says_how_many_it_left_out(db):
+    db.create_run({}, run_id="a")
+    for i in range(7):
+        db.create_rollout(Rollout(id=f"a{i}", run_id="a"))
+    db.create_rollout(Rollout(id="x", run_id=None))
+    a = db.start_attempt("a5")
+    db.record_call(call(rid="a5", attempt=a))
+    total, rows = db.latest_rollouts(run_id="a", limit=3)
+    assert total == 7 and [(r.id, n) for r, n in rows] == [("a4", 0), ("a5", 1), ("a6", 0)]
+    assert db.latest_rollouts(limit=0)[0] == 8 and len(db.latest_rollouts(limit=0)[1]) == 8
+    assert db.latest_rollouts(status="running") == (1, [(db.get_rollout("a5"), 1)])
 
 
 def test_state_machine_and_retry(db):

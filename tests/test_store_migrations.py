@@ -20,7 +20,7 @@ SCHEMA = {
     "tasks": ["id", "run_id", "split", "data"],
     "rollouts": ["id", "run_id", "task_id", "group_id", "task", "status", "attempt",
                  "token_hash", "reward", "reward_source", "final_answer", "error",
-                 "created_at", "finished_at"],
+                 "created_at", "finished_at", "started_at"],
     "calls": ["rollout_id", "attempt", "seq", "prompt_ids", "completion_ids", "logprobs",
               "n_prompt", "n_completion", "policy_version", "request", "response",
               "finish_reason", "temperature", "status", "error", "latency_s", "created_at",
@@ -30,7 +30,7 @@ SCHEMA = {
     "metrics": ["id", "run_id", "step", "name", "value", "created_at"],
     "checkpoints": ["id", "run_id", "step", "path", "created_at"],
     "attempts": ["rollout_id", "attempt", "status", "error", "exit_code", "output_tail",
-                 "success", "finished_at"],
+                 "success", "finished_at", "started_at"],
 }  # fmt: skip
 INDEXES = {
     "tasks": {"tasks_run_split": 0, "tasks_run_id": 1},
@@ -130,8 +130,8 @@ def test_migration_4_marks_constrained_calls_and_keeps_old_ones(tmp_path, monkey
         m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:3])
         with Store(path) as old:
             old.create_rollout(Rollout(id="r1"))
-            old.start_attempt("r1")
     with closing(sqlite3.connect(path)) as conn, conn:  # a call as tether before 4 wrote it
+        conn.execute("UPDATE rollouts SET status = 'running', attempt = 1 WHERE id = 'r1'")
         conn.execute(
             "INSERT INTO calls (rollout_id, attempt, seq, prompt_ids, completion_ids, logprobs, "
             "n_prompt, n_completion, policy_version, request, response, finish_reason, "
@@ -139,7 +139,7 @@ def test_migration_4_marks_constrained_calls_and_keeps_old_ones(tmp_path, monkey
             "VALUES ('r1', 1, 0, x'', x'', x'', 0, 0, 0, '{}', '{}', 'stop', 1.0, 'ok', NULL, 0, 0)"
         )
     with Store(path) as store:
-        assert store._db.migrations_run == 1
+        assert store._db.migrations_run == len(_migrations.MIGRATIONS) - 3
         store.record_call(
             Call(
                 rollout_id="r1",
@@ -152,3 +152,30 @@ def test_migration_4_marks_constrained_calls_and_keeps_old_ones(tmp_path, monkey
             )
         )
         assert [c.constraint for c in store.calls("r1")] == [None, "json_schema:Answer"]
+
+
+def test_migration_5_adds_attempt_start_times_and_keeps_old_rows(tmp_path, monkeypatch):
+    """A file made before migration 5 keeps its rollouts and attempt ends (no start time:
+    NULL); attempts after it record when they started."""
+    path = tmp_path / "v4.db"
+    with monkeypatch.context() as m:
+        m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:4])
+        with Store(path) as old:
+            old.create_rollout(Rollout(id="r1"))
+    with closing(sqlite3.connect(path)) as conn, conn:  # an attempt as tether before 5 ran it
+        conn.execute("UPDATE rollouts SET status = 'failed', attempt = 1 WHERE id = 'r1'")
+        conn.execute(
+            "INSERT INTO attempts (rollout_id, attempt, status, finished_at) "
+            "VALUES ('r1', 1, 'failed', 5.0)"
+        )
+    with Store(path) as store:
+        assert store._db.migrations_run == len(_migrations.MIGRATIONS) - 4
+        assert store.get_rollout("r1").started_at is None
+        attempt = store.start_attempt("r1")
+        assert store.get_rollout("r1").started_at is not None
+        store.finish_rollout("r1", "succeeded", attempt=attempt, reward=1.0)
+        one, two = store.attempts("r1")
+        assert (one.started_at, one.finished_at) == (None, 5.0)
+        assert two.started_at is not None and two.finished_at >= two.started_at
+    with closing(sqlite3.connect(path)) as conn:  # a re-run finds the columns: a no-op
+        _migrations._m005_attempt_start(conn)

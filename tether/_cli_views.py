@@ -33,14 +33,13 @@ def print_rollouts(store: Any, *, run: str | None, status: str | None, limit: in
     except ValueError:
         names = ", ".join(s.value for s in RolloutStatus)
         raise UserError(f"unknown status {status!r}: use one of {names}") from None
-    rows = store.list_rollouts(run_id=run, status=st)
-    rows = rows[-limit:] if limit > 0 else rows
+    total, found = store.latest_rollouts(run_id=run, status=st, limit=limit)
     cols = (
         "id", "run", "run_status", "group", "status", "attempt", "calls", "reward", "answer", "created"
     )  # fmt: skip
     data = []
     run_status = {run.id: run.status.value for run in store.list_runs()}
-    for r in rows:
+    for r, n_calls in found:
         reward = "-" if r.reward is None else f"{r.reward:g}"
         data.append(
             (
@@ -50,23 +49,32 @@ def print_rollouts(store: Any, *, run: str | None, status: str | None, limit: in
                 r.group_id or "-",
                 r.status.value,
                 str(r.attempt),
-                str(len(store.calls(r.id))),
+                str(n_calls),
                 reward,
                 " ".join((r.final_answer or "").split())[:40],  # one line: TSV stays parseable
                 _when(r.created_at),
             )
         )
+    more = (
+        f"the newest {len(found)} of {total} rollouts; --limit {total} for all"
+        if len(found) < total
+        else ""
+    )
     if not out.is_terminal:  # piped: one tab-separated line per rollout, for grep and cut
         print("\t".join(cols))
         for row in data:
             print("\t".join(row))
+        if more:  # on stderr: the rows on stdout stay parseable
+            Console(stderr=True).print(more, highlight=False)
         return
-    table = Table(title=f"{len(rows)} rollouts")
+    table = Table(title=f"{len(found)} of {total} rollouts" if more else f"{total} rollouts")
     for col in cols:
         table.add_column(col, overflow="fold")
     for row in data:
         table.add_row(*row)
     out.print(table)
+    if more:
+        out.print(more, highlight=False)
 
 
 def run_tokenizer(store: Any, rollout_id: str) -> tuple[Any, str]:

@@ -11,11 +11,29 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-__all__ = ["Progress", "plot_curve", "quiet_loading"]
+__all__ = ["NOISY_IMPORTS", "Progress", "plot_curve", "quiet_imports", "quiet_loading"]
+
+
+#: Loggers that speak when transformers is imported: it imports torchao (when installed)
+#: with any model class, and on a CPU-only torch torchao logs that its CUDA kernels
+#: (``_C_mxfp8…so``, cutlass) did not load, and torch logs a ``_pytree`` deprecation
+#: notice for each of torchao's enums. Nothing tether uses; errors still show.
+NOISY_IMPORTS = ("torchao", "torch.utils._pytree")
+
+
+def quiet_imports() -> None:
+    """Silence :data:`NOISY_IMPORTS` below errors; before transformers is first imported
+    (every ``tether`` command calls it first). Imports nothing itself."""
+    import logging
+
+    for name in NOISY_IMPORTS:
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def quiet_loading() -> None:
-    """No per-file progress bars from transformers while a command loads a model."""
+    """No per-file progress bars from transformers while a command loads a model, and
+    none of the import notices of :func:`quiet_imports`."""
+    quiet_imports()
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -65,11 +83,12 @@ class Progress:
         self._eval[1] += 1
         start, done, t0, quarter = self._eval
         if not self._live and quarter <= 3 and done >= start.rollouts * quarter / 4:
-            self._print(
-                f"  eval: {done}/{start.rollouts} rollouts ({quarter * 25}%), "
+            self._print(  # the share done, not the quarter passed: 2/6 is 33%
+                f"  eval: {done}/{start.rollouts} rollouts ({done / start.rollouts:.0%}), "
                 f"{time.monotonic() - t0:.0f} s"
             )
-            self._eval[3] += 1
+            while self._eval[3] <= 3 and done >= start.rollouts * self._eval[3] / 4:
+                self._eval[3] += 1  # one line even when a tick passes several quarters
 
     def __call__(self, kind: str, payload: Any) -> None:
         if kind == "status":
@@ -187,7 +206,15 @@ def plot_curve(rows: list[Any], evals: list[Any], path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = _curve_figure(plt, rows, evals)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # "tight": the legend below the axes
+    plt.close(fig)
+    return path
+
+
+def _curve_figure(plt: Any, rows: list[Any], evals: list[Any]) -> Any:
+    fig, ax = plt.subplots(figsize=(7, 4.4))
     steps = [r.step + 1 for r in rows]
     ax.plot(
         steps,
@@ -221,10 +248,8 @@ def plot_curve(rows: list[Any], evals: list[Any], path: Path) -> Path | None:
     ax.set_ylabel("reward / success")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    # below the axes, never over the curves (a rising reward runs into any corner)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=8, frameon=False)
     ax.set_title("tether: reward while training")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig

@@ -382,6 +382,9 @@ def tensorboard(ctx: typer.Context) -> None:
 
 
 def main() -> None:
+    from tether._progress import quiet_imports
+
+    quiet_imports()  # before any command imports transformers (and so torchao)
     _exit.run(_main)  # leaves without the interpreter's slow teardown (tether/_exit.py)
 
 

@@ -154,6 +154,9 @@ class Rollout:
     error: str | None = None
     created_at: float = field(default_factory=_now)
     finished_at: float | None = None
+    #: when the current attempt's agent started (None while queued, and in stores from
+    #: before tether recorded it); ``created_at`` is the batch's, shared by its rollouts
+    started_at: float | None = None
 
     @property
     def usable(self) -> bool:
@@ -207,6 +210,8 @@ class AttemptEnd:
     interleaved; the traceback for an in-process agent), the last 4 KiB as
     the store keeps it. ``success`` is the task's own verdict
     (the grader's, or the run's success threshold); None when not graded.
+    ``started_at`` is when the attempt's agent started (None if it never did, and
+    in stores from before tether recorded it).
     """
 
     rollout_id: str
@@ -217,6 +222,7 @@ class AttemptEnd:
     output_tail: str = ""
     success: bool | None = None
     finished_at: float = field(default_factory=_now)
+    started_at: float | None = None
 
 
 @dataclass

@@ -67,14 +67,30 @@ def create_dashboard(
     app.state.catalog, app.state.sessions = catalog, sessions
     app.state.tokenizers = tokenizers or (lambda key, run: None)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.middleware("http")(_headers)
+    _add_error_pages(app)
+    _add_login(app, sessions)
+    _add_pages(app, catalog, sessions)
+    return app
 
-    @app.middleware("http")
-    async def _headers(request: Request, call_next: Any) -> Response:
-        response = await call_next(request)
-        response.headers.update(SECURITY_HEADERS)
-        if not request.url.path.startswith(_base(request) + "/static/"):
-            response.headers["Cache-Control"] = "no-store"
-        return response
+
+async def _headers(request: Request, call_next: Any) -> Response:
+    response = await call_next(request)
+    response.headers.update(SECURITY_HEADERS)
+    if not request.url.path.startswith(_base(request) + "/static/"):
+        response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+def _error_page(request: Request, title: str, message: str, status: int) -> HTMLResponse:
+    return HTMLResponse(
+        render("error.html", base=_base(request), title=title, message=message),
+        status_code=status,
+    )
+
+
+def _add_error_pages(app: FastAPI) -> None:
+    """What a missing session, page or store, a cross-origin POST and a bad query get."""
 
     @app.exception_handler(NeedLogin)
     async def _login_first(request: Request, _: NeedLogin) -> Response:
@@ -84,10 +100,7 @@ def create_dashboard(
 
     @app.exception_handler(pages.NotFoundPage)
     async def _not_found(request: Request, exc: pages.NotFoundPage) -> Response:
-        return HTMLResponse(
-            render("error.html", base=_base(request), title="not found", message=str(exc)),
-            status_code=404,
-        )
+        return _error_page(request, "not found", str(exc), 404)
 
     @app.exception_handler(pages.Forbidden)
     async def _forbidden(request: Request, _: pages.Forbidden) -> Response:
@@ -99,17 +112,11 @@ def create_dashboard(
 
     @app.exception_handler(pages.BadQuery)
     async def _bad(request: Request, exc: pages.BadQuery) -> Response:
-        return HTMLResponse(
-            render("error.html", base=_base(request), title="bad request", message=str(exc)),
-            status_code=400,
-        )
+        return _error_page(request, "bad request", str(exc), 400)
 
-    def session(request: Request) -> None:
-        if not sessions.valid(request.cookies.get(COOKIE)):
-            raise NeedLogin()
 
-    def page(template: str, request: Request, context: dict[str, Any]) -> HTMLResponse:
-        return HTMLResponse(render(template, base=_base(request), **context))
+def _add_login(app: FastAPI, sessions: Sessions) -> None:
+    """``/login`` (the form, and its POST that starts a session) and ``/logout``."""
 
     @app.get("/login", response_class=HTMLResponse)
     def login_form(request: Request, next: str | None = None) -> Response:
@@ -139,26 +146,40 @@ def create_dashboard(
     @app.post("/logout")
     async def logout(request: Request) -> Response:
         _check_origin(request)
-        session(request)
+        _need_session(sessions, request)
         sessions.end(request.cookies.get(COOKIE))
         base = _base(request)
         response = RedirectResponse(base + "/login", status_code=303)
         response.delete_cookie(COOKIE, path=base + "/" if base else "/")
         return response
 
+
+def _need_session(sessions: Sessions, request: Request) -> None:
+    if not sessions.valid(request.cookies.get(COOKIE)):
+        raise NeedLogin()
+
+
+def _page(template: str, request: Request, context: dict[str, Any]) -> HTMLResponse:
+    return HTMLResponse(render(template, base=_base(request), **context))
+
+
+def _add_pages(app: FastAPI, catalog: Catalog, sessions: Sessions) -> None:
+    """The four pages and the live metrics feed; each checks the session first (so even a
+    malformed query gets a 401 without one)."""
+
     @app.get("/", response_class=HTMLResponse)
     def runs(request: Request) -> Response:
-        session(request)
-        return page("runs.html", request, pages.runs_page(catalog))
+        _need_session(sessions, request)
+        return _page("runs.html", request, pages.runs_page(catalog))
 
     @app.get("/s/{key}/run/{run_id}", response_class=HTMLResponse)
     def run(request: Request, key: str, run_id: str) -> Response:
-        session(request)
-        return page("run.html", request, pages.run_page(catalog, key, run_id))
+        _need_session(sessions, request)
+        return _page("run.html", request, pages.run_page(catalog, key, run_id))
 
     @app.get("/s/{key}/run/{run_id}/metrics.json")
     def metrics(request: Request, key: str, run_id: str) -> Response:
-        session(request)  # first: even a malformed query gets a 401 without a session
+        _need_session(sessions, request)
         raw = request.query_params.get("after") or "0"
         if not raw.isdigit():
             return JSONResponse({"error": f"after ({raw!r}) must be a row id >= 0"}, 400)
@@ -167,17 +188,15 @@ def create_dashboard(
 
     @app.get("/s/{key}/run/{run_id}/rollouts", response_class=HTMLResponse)
     def rollouts(request: Request, key: str, run_id: str) -> Response:
-        session(request)
+        _need_session(sessions, request)
         query = dict(request.query_params)
-        return page("rollouts.html", request, pages.rollouts_page(catalog, key, run_id, query))
+        return _page("rollouts.html", request, pages.rollouts_page(catalog, key, run_id, query))
 
     @app.get("/s/{key}/rollout/{rollout_id}", response_class=HTMLResponse)
     def rollout(request: Request, key: str, rollout_id: str) -> Response:
-        session(request)
+        _need_session(sessions, request)
         context = pages.rollout_page(catalog, key, rollout_id, app.state.tokenizers)
-        return page("rollout.html", request, context)
-
-    return app
+        return _page("rollout.html", request, context)
 
 
 def _login_page(

@@ -15,6 +15,7 @@ from tether.dashboard._views import (
     chart_layout,
     events,
     group_phase,
+    outcome,
     phase_prefix,
     run_header,
     sparkline,
@@ -145,9 +146,8 @@ def _number(query: dict[str, str], name: str, kind: type) -> Any:
     return value
 
 
-def rollouts_page(catalog: Catalog, key: str, run_id: str, query: dict[str, str]) -> dict[str, Any]:
-    store = _store(catalog, key)
-    run = _run(store, run_id)
+def _filters(query: dict[str, str]) -> dict[str, Any]:
+    """The rollouts page's query, checked: phase, status, sort, step, page, per, desc."""
     phase = query.get("phase") or ""
     if phase not in ("", "train", "eval", "async"):
         raise BadQuery(f"phase ({phase!r}) must be train, eval or async")
@@ -160,24 +160,19 @@ def rollouts_page(catalog: Catalog, key: str, run_id: str, query: dict[str, str]
     if sort not in SORTS:
         raise BadQuery(f"sort ({sort!r}) must be one of {', '.join(SORTS)}")
     step = _number(query, "step", int)
-    if step is not None and not phase:
-        phase = "train"
-    page = max(_number(query, "page", int) or 1, 1)
-    per = min(max(_number(query, "per", int) or PER_PAGE, 1), 500)
-    descending = query.get("desc") == "1"
-    total, found = store.rollout_page(
-        run.id,
-        group_prefix=phase_prefix(run.id, phase, step) if phase else None,
-        task_id=query.get("task") or None,
-        status=status,
-        reward_min=_number(query, "rmin", float),
-        reward_max=_number(query, "rmax", float),
-        sort=sort,
-        descending=descending,
-        offset=(page - 1) * per,
-        limit=per,
-    )
-    estimator = _estimator(run)
+    return {
+        "phase": phase or ("train" if step is not None else ""),
+        "status": status,
+        "sort": sort,
+        "step": step,
+        "page": max(_number(query, "page", int) or 1, 1),
+        "per": min(max(_number(query, "per", int) or PER_PAGE, 1), 500),
+        "descending": query.get("desc") == "1",
+    }
+
+
+def _page_groups(store: Store, run: Run, found: list[Any], estimator: str) -> dict[str, Any]:
+    """The groups of a page's rollouts: their members and advantages (None for an eval)."""
     groups: dict[str, dict[str, Any]] = {}
     for r, _, _ in found:
         if r.group_id and r.group_id not in groups:
@@ -185,6 +180,19 @@ def rollouts_page(catalog: Catalog, key: str, run_id: str, query: dict[str, str]
             trained = not group_phase(run.id, r.group_id)[0].startswith("eval")
             adv = advantages(members, estimator) if trained else None  # evals teach nothing
             groups[r.group_id] = {"id": r.group_id, "members": members, "adv": adv}
+    return groups
+
+
+def _duration(r: Any) -> float | None:
+    """The current attempt's own time: from its agent's start (its batch's creation in a
+    store from before tether recorded starts) to its end."""
+    if r.finished_at is None:
+        return None
+    return r.finished_at - (r.created_at if r.started_at is None else r.started_at)
+
+
+def _rows(store: Store, run: Run, found: list[Any], groups: dict[str, Any]) -> list[Any]:
+    ends = store.current_ends([r.id for r, _, _ in found])
     rows = []
     for r, n_calls, n_tokens in found:
         adv = (groups.get(r.group_id or "") or {}).get("adv")
@@ -197,9 +205,32 @@ def rollouts_page(catalog: Catalog, key: str, run_id: str, query: dict[str, str]
                 "phase": ph,
                 "step": st,
                 "adv": None if adv is None else adv.get(r.id),
-                "duration": None if r.finished_at is None else r.finished_at - r.created_at,
+                "duration": _duration(r),
+                "outcome": outcome(r, ends.get(r.id)),
             }
         )
+    return rows
+
+
+def rollouts_page(catalog: Catalog, key: str, run_id: str, query: dict[str, str]) -> dict[str, Any]:
+    store = _store(catalog, key)
+    run = _run(store, run_id)
+    f = _filters(query)
+    page, per, sort, descending = f["page"], f["per"], f["sort"], f["descending"]
+    total, found = store.rollout_page(
+        run.id,
+        group_prefix=phase_prefix(run.id, f["phase"], f["step"]) if f["phase"] else None,
+        task_id=query.get("task") or None,
+        status=f["status"],
+        reward_min=_number(query, "rmin", float),
+        reward_max=_number(query, "rmax", float),
+        sort=sort,
+        descending=descending,
+        offset=(page - 1) * per,
+        limit=per,
+    )
+    estimator = _estimator(run)
+    groups = _page_groups(store, run, found, estimator)
     keep = {k: v for k, v in query.items() if v and k != "page"}
     pages = max(math.ceil(total / per), 1)
 
@@ -211,7 +242,7 @@ def rollouts_page(catalog: Catalog, key: str, run_id: str, query: dict[str, str]
         "title": "rollouts",
         "key": key,
         "run": run_header(store, run),
-        "rows": rows,
+        "rows": _rows(store, run, found, groups),
         "groups": list(groups.values()),
         "estimator": estimator,
         "total": total,
@@ -361,6 +392,8 @@ def rollout_page(
         "phase": phase,
         "step": step,
         "usable": usable(r),
+        "outcome": outcome(r, ends.get(r.attempt)),
+        "duration": _duration(r),
         "evaluated": evaluated,
         "adv": adv,
         "members": members,

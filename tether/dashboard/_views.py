@@ -12,7 +12,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from tether.records import Rollout, RolloutStatus, Run
+from tether.records import AttemptEnd, Rollout, RolloutStatus, Run
 from tether.store import Store
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "chart_layout",
     "events",
     "group_phase",
+    "outcome",
     "run_header",
     "sparkline",
 ]
@@ -179,6 +180,22 @@ def _pct(v: float) -> str:
 def usable(r: Rollout) -> bool:
     """What the trainer learns from: a succeeded rollout with a finite reward."""
     return r.status is RolloutStatus.SUCCEEDED and r.reward is not None and math.isfinite(r.reward)
+
+
+def outcome(r: Rollout, end: AttemptEnd | None) -> str | None:
+    """The task's outcome, the badge a reader looks at first: ``success``, ``fail`` or
+    ``no reward`` (none, or not a finite number); None while the attempt runs. The
+    grader's verdict (``end.success``) when it gave one, else the run's default rule,
+    reward > 0. The process status (``succeeded``: the agent exited cleanly) is apart:
+    an agent that ran fine and answered wrong is a ``fail``."""
+    if not r.status.is_final:
+        return None
+    if r.reward is None or not math.isfinite(r.reward):
+        return "no reward"
+    verdict = end.success if end is not None and end.attempt == r.attempt else None
+    if verdict is None:
+        verdict = r.reward > 0
+    return "success" if verdict else "fail"
 
 
 def advantages(members: list[Rollout], estimator: str) -> dict[str, float] | None:

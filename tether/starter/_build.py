@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import os
+import platform
 import shutil
 import tempfile
 import time
@@ -78,16 +79,40 @@ class Recipe:
             "words": _tokenizer.fingerprint(),
         }
         if warm:
-            # A warm-up's floats depend on the kernels: same torch, same CPU kind, same
+            # A warm-up's floats depend on the kernels: same torch, same CPU model, same
             # threads (in the recipe) give the same weights; anything else is another build.
             key["warmup"] = self.warmup.as_dict()
             key["torch"] = torch.__version__
             key["cpu"] = torch.backends.cpu.get_cpu_capability()
+            key["cpu_model"] = cpu_model()
         return key
 
     def digest(self, warm: bool) -> str:
         blob = json.dumps(self.key(warm), sort_keys=True).encode()
         return ("warm-" if warm else "base-") + hashlib.sha256(blob).hexdigest()[:16]
+
+
+def cpu_model() -> str:
+    """The CPU's vendor and model name (``AuthenticAMD AMD EPYC``). Torch's matmuls run
+    in MKL, which picks its kernels by CPU vendor and model, not only by instruction set:
+    an Intel and an AMD CPU that torch both calls ``AVX512`` sum in another order, and
+    a warm-up of 1,200 steps then ends on other weights (measured: MKL's ``COMPATIBLE``
+    code path vs its default on one machine gives other weights after 30 steps; the
+    hash seed and the caller's thread count change nothing)."""
+    vendor = name = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "vendor_id" and not vendor:
+                    vendor = value.strip()
+                elif key.strip() == "model name" and not name:
+                    name = value.strip()
+                if vendor and name:
+                    break
+    except OSError:  # not Linux
+        pass
+    return " ".join(p for p in (vendor, name or platform.processor() or platform.machine()) if p)
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tether.records import Checkpoint, Metric, Rollout, RolloutStatus
+from tether.records import AttemptEnd, Checkpoint, Metric, Rollout, RolloutStatus
 from tether.store import _rows as rows
 from tether.store._db import Database
 from tether.store._errors import InvalidRecord
@@ -27,7 +27,9 @@ ROLLOUT_SORTS = {
     "task": "r.task_id",
     "calls": "n_calls",
     "tokens": "n_tokens",
-    "duration": "r.finished_at IS NULL, r.finished_at - r.created_at",
+    # the attempt's own time (a rollout's created_at is its batch's); no comma-space inside
+    # a key: the direction is added after each ", "-separated part
+    "duration": "r.finished_at IS NULL, r.finished_at - IFNULL(r.started_at,r.created_at)",
 }
 
 
@@ -152,3 +154,45 @@ class Browse:
             total = conn.execute(f"SELECT COUNT(*) FROM rollouts r{scope}", params).fetchone()[0]
             found = conn.execute(sql, [*params, int(limit), max(int(offset), 0)]).fetchall()
         return total, [(rows.rollout_from_row(r[:-2]), r[-2], r[-1]) for r in found]
+
+    def latest_rollouts(
+        self,
+        run_id: str | None = None,
+        status: RolloutStatus | str | None = None,
+        limit: int = 50,
+    ) -> tuple[int, list[tuple[Rollout, int]]]:
+        """The newest ``limit`` rollouts (all when ``limit`` <= 0), filtered by run and
+        status, oldest of them first: ``(how many match, [(rollout, calls of its current
+        attempt), ...])``, so a viewer can say how many it left out."""
+        where, params = [], []
+        if run_id is not None:
+            where.append("r.run_id = ?")
+            params.append(run_id)
+        if status is not None:
+            where.append("r.status = ?")
+            params.append(RolloutStatus(status).value)
+        scope = (" WHERE " + " AND ".join(where)) if where else ""
+        sql = f"SELECT {_R_COLUMNS}, {_N_CALLS} FROM rollouts r{scope} ORDER BY r.rowid DESC"
+        if limit > 0:
+            sql += f" LIMIT {int(limit)}"
+        with self._db.read(snapshot=True) as conn:
+            total = conn.execute(f"SELECT COUNT(*) FROM rollouts r{scope}", params).fetchone()[0]
+            found = conn.execute(sql, params).fetchall()
+        return total, [(rows.rollout_from_row(r[:-1]), r[-1]) for r in reversed(found)]
+
+    def current_ends(self, rollout_ids: list[str]) -> dict[str, AttemptEnd]:
+        """How each rollout's current attempt ended (success, exit code), by rollout id;
+        a rollout whose attempt has not ended is missing."""
+        ids = list(dict.fromkeys(rollout_ids))
+        out: dict[str, AttemptEnd] = {}
+        with self._db.read(snapshot=True) as conn:
+            for at in range(0, len(ids), 500):  # SQLite's bound-parameter limit
+                chunk = ids[at : at + 500]
+                marks = ",".join("?" * len(chunk))
+                found = conn.execute(
+                    f"SELECT {rows.ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id IN ({marks}) "
+                    "AND attempt = (SELECT attempt FROM rollouts WHERE id = rollout_id)",
+                    chunk,
+                ).fetchall()
+                out.update((r[0], rows.attempt_from_row(r)) for r in found)
+        return out

@@ -163,11 +163,23 @@ def _m004_call_constraint(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE calls ADD COLUMN constraint_label TEXT")
 
 
+def _m005_attempt_start(conn: sqlite3.Connection) -> None:
+    """When each attempt started (its agent began running): ``rollouts.started_at`` for
+    the current attempt, copied to ``attempts.started_at`` when it ends. A rollout's
+    ``created_at`` is its batch's (every rollout of a step is created at once and waits
+    for a runner), so only this gives a rollout's own time. Rows from before stay NULL."""
+    for table in ("rollouts", "attempts"):
+        columns = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        if "started_at" not in columns:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN started_at REAL")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _m001_initial,
     _m002_attempts,
     _m003_tasks_per_run,
     _m004_call_constraint,
+    _m005_attempt_start,
 ]
 
 

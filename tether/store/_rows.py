@@ -50,14 +50,16 @@ RUN_COLUMNS = "id, config, status, created_at"
 TASK_COLUMNS = "id, data, split, run_id"
 ROLLOUT_COLUMNS = (
     "id, run_id, task_id, group_id, task, status, attempt, reward, reward_source, "
-    "final_answer, error, created_at, finished_at"
+    "final_answer, error, created_at, finished_at, started_at"
 )
 CALL_COLUMNS = (
     "rollout_id, seq, prompt_ids, completion_ids, logprobs, policy_version, attempt, "
     "request, response, finish_reason, temperature, status, error, latency_s, created_at, "
     "constraint_label"
 )
-ATTEMPT_COLUMNS = "rollout_id, attempt, status, error, exit_code, output_tail, success, finished_at"
+ATTEMPT_COLUMNS = (
+    "rollout_id, attempt, status, error, exit_code, output_tail, success, finished_at, started_at"
+)
 REWARD_COLUMNS = "rollout_id, value, given, source, attempt, call_seq, created_at"
 METRIC_COLUMNS = "run_id, step, name, value, created_at"
 CHECKPOINT_COLUMNS = "run_id, step, path, created_at"
@@ -86,6 +88,7 @@ def rollout_from_row(row: Row) -> Rollout:
         error=row[10],
         created_at=row[11],
         finished_at=row[12],
+        started_at=row[13],
     )
 
 
@@ -99,6 +102,7 @@ def attempt_from_row(row: Row) -> AttemptEnd:
         output_tail=row[5],
         success=None if row[6] is None else bool(row[6]),
         finished_at=row[7],
+        started_at=row[8],
     )
 
 

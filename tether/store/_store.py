@@ -145,6 +145,7 @@ class Store(RunLog, Browse):
             final_answer=None,
             error=None,
             finished_at=None,
+            started_at=None,
         )
         task = None if stored.task is None else dump_json(stored.task, "rollout task")
         with self._db.write() as conn:
@@ -169,7 +170,9 @@ class Store(RunLog, Browse):
         runner has yet to start the agent; return the new attempt number.
 
         The attempt's reward, answer and error start empty; the old attempt's
-        calls and rewards stay, and its late writes are refused from now on.
+        calls and rewards stay, and its late writes are refused from now on. A
+        ``running`` attempt's ``started_at`` is now; a queued one's is set by
+        :meth:`mark_running`.
         """
         new = RolloutStatus.QUEUED if queued else RolloutStatus.RUNNING
         with self._db.write() as conn:
@@ -182,9 +185,9 @@ class Store(RunLog, Browse):
                 raise IllegalRolloutTransition(f"rollout {rollout_id!r}: {e}") from e
             conn.execute(
                 "UPDATE rollouts SET status = ?, attempt = ?, token_hash = ?, reward = NULL, "
-                "reward_source = NULL, final_answer = NULL, error = NULL, finished_at = NULL "
-                "WHERE id = ?",
-                (new.value, attempt + 1, token_hash, rollout_id),
+                "reward_source = NULL, final_answer = NULL, error = NULL, finished_at = NULL, "
+                "started_at = ? WHERE id = ?",
+                (new.value, attempt + 1, token_hash, None if queued else time.time(), rollout_id),
             )
         return attempt + 1
 
@@ -202,7 +205,10 @@ class Store(RunLog, Browse):
                 check_transition(RolloutStatus(status), RolloutStatus.RUNNING)
             except IllegalTransition as e:
                 raise IllegalRolloutTransition(f"rollout {rollout_id!r}: {e}") from e
-            conn.execute("UPDATE rollouts SET status = ? WHERE id = ?", (_RUNNING, rollout_id))
+            conn.execute(
+                "UPDATE rollouts SET status = ?, started_at = ? WHERE id = ?",
+                (_RUNNING, time.time(), rollout_id),
+            )
         return True
 
     def rollout_auth(self, rollout_id: str) -> tuple[RolloutStatus, int, str | None] | None:
@@ -306,9 +312,10 @@ class Store(RunLog, Browse):
             )
             conn.execute(
                 "INSERT OR REPLACE INTO attempts (rollout_id, attempt, status, error, exit_code, "
-                "output_tail, success, finished_at) VALUES (?,?,?,?,?,?,?,?)",
+                "output_tail, success, finished_at, started_at) VALUES (?,?,?,?,?,?,?,?,"
+                "(SELECT started_at FROM rollouts WHERE id = ?))",
                 (rollout_id, attempt, new.value, error, exit_code, keep_tail(output_tail or ""),
-                 None if success is None else int(bool(success)), now),
+                 None if success is None else int(bool(success)), now, rollout_id),
             )  # fmt: skip
             row = conn.execute(
                 f"SELECT {rows.ROLLOUT_COLUMNS} FROM rollouts WHERE id = ?", (rollout_id,)

@@ -87,7 +87,16 @@ def _points(by_step: dict[int, dict[str, float]], name: str) -> tuple[list[int],
 
 
 def _png(plt: Any, title: str, series: list[tuple[str, list[int], list[float]]]) -> str:
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    fig = _figure(plt, title, series)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")  # keeps the legend below
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _figure(plt: Any, title: str, series: list[tuple[str, list[int], list[float]]]) -> Any:
+    """One chart; its legend below the axes, where it never covers a curve."""
+    fig, ax = plt.subplots(figsize=(6, 3.6))
     for label, xs, ys in series:
         evals = label.startswith("held-out")
         ax.plot(xs, ys, "o-" if evals or len(xs) < 3 else "-", label=label, markersize=4)
@@ -95,12 +104,12 @@ def _png(plt: Any, title: str, series: list[tuple[str, list[int], list[float]]])
     ax.set_xlabel("update")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(
+        loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=min(len(series), 3) or 1,
+        fontsize=8, frameon=False,
+    )  # fmt: skip
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+    return fig
 
 
 def _pct(x: float | None) -> str:

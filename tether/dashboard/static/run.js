@@ -4,7 +4,8 @@
 (function () {
   "use strict";
   var box = document.getElementById("charts");
-  if (!box || typeof uPlot === "undefined") return;
+  if (!box || typeof uPlot === "undefined" || typeof tetherAxes === "undefined") return;
+  var A = tetherAxes; // static/axes.js
   var layout = JSON.parse(box.dataset.charts || "{}");
   var feed = box.dataset.feed;
   var colors = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2"];
@@ -59,8 +60,15 @@
     });
     var plot = new uPlot({
       width: chartWidth(), height: 200,
-      scales: { x: { time: false } }, series: series,
-      axes: [{ label: "step", size: 36 }, { size: 52 }],
+      scales: {
+        x: { time: false, range: function (u, min, max) { return A.xRange(min, max); } },
+        y: { range: function (u, min, max) { return A.yRange(min, max); } },
+      },
+      series: series,
+      axes: [
+        { label: "step", size: 36, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] },
+        { size: 60, values: function (u, splits) { return A.ticks(splits); } },
+      ],
       legend: { live: true },
     }, columns(def), el);
     charts[def.title] = { def: def, plot: plot, el: el };
