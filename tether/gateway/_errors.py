@@ -17,8 +17,9 @@ import logging
 from tether.chat import ChatError, InvalidMessages
 from tether.engine import AdmissionTimeout, EngineError, EngineTimeout
 from tether.store import (
-    DuplicateReward,
+    AlreadyExists,
     IllegalRolloutTransition,
+    InvalidRecord,
     NotFound,
     RolloutClosed,
     StaleAttempt,
@@ -67,8 +68,9 @@ _STATUSES: tuple[tuple[type[Exception], int, str], ...] = (
     (NotFound, 404, ""),
     (RolloutClosed, 401, "rollout has ended: "),
     (StaleAttempt, 409, ""),
-    (DuplicateReward, 409, ""),
+    (AlreadyExists, 409, ""),  # DuplicateReward too; an id taken in a race past the pre-check
     (IllegalRolloutTransition, 409, ""),
+    (InvalidRecord, 400, ""),
     (StoreError, 503, ""),
 )
 

@@ -11,6 +11,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from tether.chat import HistoryCache
 from tether.records import Call, Reward, RewardSource, Rollout, RolloutStatus
 from tether.store import Store
 
@@ -47,6 +48,7 @@ class Rollouts:
     store: Store
     keys: Keys
     config: GatewayConfig
+    history: HistoryCache
     default_run_id: str | None
     _sampling: dict[str, dict[str, float]]
     _draws: dict[str, tuple[int, bytes, int]]
@@ -147,6 +149,7 @@ class Rollouts:
             if auth is None:
                 raise ApiError(404, f"no rollout {rollout_id!r}")
             attempt = auth[1]
+        self.history.forget((rollout_id, attempt))  # its conversation takes no more calls
         if (
             auth is not None
             and auth[0] is RolloutStatus.QUEUED
