@@ -60,6 +60,7 @@ class FakeEngine:
     """
 
     supports_constraints = False
+    max_positions: int | None = None  # no model, no limit
 
     def __init__(self, *, logprob: float = -0.5, tokenizer: Any = None, delay_s: float = 0.0):
         self.logprob = float(logprob)
@@ -279,6 +280,10 @@ class FaultyEngine(FakeEngine):
     @property
     def policy_version(self) -> int:
         return self.inner.policy_version
+
+    @property
+    def max_positions(self) -> int | None:  # type: ignore[override]
+        return getattr(self.inner, "max_positions", None)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
         refuse_constraint(self, params)
