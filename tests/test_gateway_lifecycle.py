@@ -11,7 +11,7 @@ import pytest
 from tether.engine.testing import FaultyEngine, NullEngine
 from tether.gateway import create_app
 from tether.records import RolloutStatus
-from tether.store import AlreadyExists, InvalidRecord
+from tether.store import InvalidRecord
 
 from .conftest import ADMIN_KEY
 
@@ -87,11 +87,19 @@ async def test_a_duplicate_rollout_id_past_the_precheck_is_a_409(
     assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
 
 
-def test_store_record_errors_map_to_4xx() -> None:
-    from tether.gateway._errors import http_error
+async def test_a_record_the_store_refuses_is_a_400(
+    make_gateway: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gw = make_gateway(NullEngine(token_ids=[40]))
+    opened = gw.open_rollout({}, rollout_id="r-inv")
 
-    assert http_error(AlreadyExists("rollout 'x' already exists")).status == 409
-    assert http_error(InvalidRecord("logprobs count != completion tokens")).status == 400
+    def refuse(call: Any) -> int:
+        raise InvalidRecord("logprobs: 2 values for 1 completion token")
+
+    monkeypatch.setattr(gw.store, "record_call", refuse)
+    async with _client(gw) as c:
+        r = await c.post("/rollouts/r-inv/v1/chat/completions", json=CHAT, headers=_h(opened.token))
+    assert r.status_code == 400 and "logprobs" in r.json()["error"]["message"], r.text
 
 
 @pytest.mark.parametrize("end", ["finish", "fail", "cancel", "record"])

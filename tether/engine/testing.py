@@ -272,6 +272,7 @@ class FaultyEngine(FakeEngine):
     ):
         super().__init__()
         self.inner = inner if inner is not None else NullEngine()
+        self.max_positions = getattr(self.inner, "max_positions", None)
         self.fault = fault
         self.fault_delay_s = float(delay_s)
         self.on_calls = None if on_calls is None else set(on_calls)
@@ -280,10 +281,6 @@ class FaultyEngine(FakeEngine):
     @property
     def policy_version(self) -> int:
         return self.inner.policy_version
-
-    @property
-    def max_positions(self) -> int | None:  # type: ignore[override]
-        return getattr(self.inner, "max_positions", None)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
         refuse_constraint(self, params)
