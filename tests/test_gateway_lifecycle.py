@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -119,3 +120,11 @@ async def test_a_finished_rollouts_history_is_forgotten(make_gateway: Any, end: 
         status = {"finish": "succeeded", "fail": "failed", "cancel": "cancelled"}[end]
         gw.finish_rollout("r-h", RolloutStatus(status))
     assert len(gw.history._entries) == 0
+
+
+def test_a_replaced_config_reaches_both_services(make_gateway: Any) -> None:
+    """A run replaces the config once its port is known: agents get that URL."""
+    gw = make_gateway(NullEngine())
+    gw.config = dataclasses.replace(gw.config, public_url="http://127.0.0.1:5555", max_context=64)
+    assert gw.open_rollout({}).base_url.startswith("http://127.0.0.1:5555/rollouts/")
+    assert gw.max_context == 64

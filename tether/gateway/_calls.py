@@ -59,15 +59,20 @@ class ModelCalls:
     def __init__(self, engine: Engine, tokenizer: Any, store: Store, config: GatewayConfig):
         self.engine = engine
         self.tokenizer = tokenizer
-        self.config = config
-        self.parser = get_parser(config.tool_parser)
         self.gate = AdmissionGate()
         self.stop_ids = end_of_turn_ids(tokenizer)
         self.prompts = PromptEncoder(tokenizer)
         self.history = HistoryCache(tokenizer)
-        self.max_context = context_limit(tokenizer, engine, config.max_context)
-        self.recorder = Recorder(store, engine, log_prompts=config.log_prompts)
+        self.recorder = Recorder(store, engine)
         self.engine_calls = 0
+        self.configure(config)
+
+    def configure(self, config: GatewayConfig) -> None:
+        """Serve by ``config`` from now on (caps, tool parser, context, prompt logging)."""
+        self.config = config
+        self.parser = get_parser(config.tool_parser)
+        self.max_context = context_limit(self.tokenizer, self.engine, config.max_context)
+        self.recorder.log_prompts = config.log_prompts
 
     # -- admission ----------------------------------------------------------
 

@@ -51,7 +51,7 @@ class Gateway:
         self.engine = engine
         self.tokenizer = tokenizer
         self.store = store
-        self.config = config
+        self._config = config
         self.keys = Keys(config.admin_key, config.record_keys)
         self.calls = ModelCalls(engine, tokenizer, store, config)
         root = secrets.randbits(62) if seed is None else int(seed)
@@ -68,6 +68,17 @@ class Gateway:
         self.admission_state = self.calls.admission_state
 
     # -- what callers read --------------------------------------------------
+
+    @property
+    def config(self) -> GatewayConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: GatewayConfig) -> None:
+        """A new config (a run sets ``public_url`` once its port is known) for both services;
+        the keys stay those the gateway was built with."""
+        self._config = self.lifecycle.config = config
+        self.calls.configure(config)
 
     @property
     def seed(self) -> int:
