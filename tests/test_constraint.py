@@ -16,7 +16,7 @@ from tether.engine import Constraint, SamplingParams, UnsupportedConstraint
 from tether.engine._constraint import GrammarBook
 from tether.engine._sampling import sample_rows
 from tether.engine.testing import NullEngine, ScriptedEngine
-from tether.gateway import ApiError, constraint_for
+from tether.gateway import InvalidRequest, constraint_for
 
 CALC = {
     "type": "function",
@@ -213,9 +213,9 @@ def test_fake_engines_refuse_a_constraint(tokenizer: Any) -> None:
 
 def test_without_xgrammar_a_constrained_request_names_the_extra(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "xgrammar", None)  # import xgrammar now fails
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(InvalidRequest) as err:
         constraint_for(response_format=ANSWER, tools=None, tool_choice=None)
-    assert err.value.status == 400 and "pip install 'tether[structured]'" in err.value.message
+    assert "pip install 'tether[structured]'" in err.value.message
     assert (
         constraint_for(response_format={"type": "text"}, tools=[CALC], tool_choice="auto") is None
     )
@@ -260,6 +260,6 @@ def test_responses_text_format_maps_to_the_same_grammar() -> None:
 )  # fmt: skip
 def test_malformed_requests_name_the_field(fields: dict, param: str, words: str) -> None:
     kw = {"response_format": None, "tools": None, "tool_choice": None, **fields}
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(InvalidRequest) as err:
         constraint_for(**kw)
     assert err.value.param == param and words in err.value.message, err.value.message

@@ -128,6 +128,11 @@ class Engine(Protocol):
         """Version of the weights now served; starts at 0, +1 per update."""
         ...
 
+    @property
+    def max_positions(self) -> int | None:
+        """The most tokens (prompt + completion) the model takes, or None when unknown."""
+        ...
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
         """Sample ``params.n`` completions of ``prompt_ids``.
 

@@ -86,7 +86,8 @@ class TransformersEngine:
                 f"{self._vocab} rows (vocab_size): use the model's own tokenizer, or a model "
                 f"with vocab_size >= {len(tokenizer)}"
             )
-        self._max_len = getattr(self.model.config, "max_position_embeddings", None) or 1 << 30
+        self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
+        self._max_len = self.max_positions or 1 << 30
         self._eos = frozenset(end_of_turn_ids(tokenizer, self.model))
         rng = torch.Generator()
         rng.manual_seed(seed) if seed is not None else rng.seed()

@@ -60,6 +60,7 @@ class FakeEngine:
     """
 
     supports_constraints = False
+    max_positions: int | None = None  # no model, no limit
 
     def __init__(self, *, logprob: float = -0.5, tokenizer: Any = None, delay_s: float = 0.0):
         self.logprob = float(logprob)
@@ -271,6 +272,7 @@ class FaultyEngine(FakeEngine):
     ):
         super().__init__()
         self.inner = inner if inner is not None else NullEngine()
+        self.max_positions = getattr(self.inner, "max_positions", None)
         self.fault = fault
         self.fault_delay_s = float(delay_s)
         self.on_calls = None if on_calls is None else set(on_calls)

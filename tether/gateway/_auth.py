@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from tether.records import RolloutStatus
 
-from ._errors import ApiError
+from ._exceptions import Conflict, Forbidden, InvalidRequest, Unauthenticated
 
 __all__ = ["Keys", "bearer", "check_rollout_id", "hash_token", "new_token"]
 
@@ -34,8 +34,7 @@ def hash_token(token: str) -> str:
 
 def check_rollout_id(rollout_id: str) -> str:
     if not _ROLLOUT_ID.fullmatch(rollout_id) or ".." in rollout_id:
-        raise ApiError(
-            400,
+        raise InvalidRequest(
             "invalid rollout id: use 1-128 characters from A-Z a-z 0-9 _ . : - "
             "starting with a letter or digit",
             param="rollout_id",
@@ -93,9 +92,9 @@ class Keys:
 
     def require_admin(self, token: str | None) -> None:
         if token is None:
-            raise ApiError(401, "missing bearer token: send 'Authorization: Bearer <admin key>'")
+            raise Unauthenticated("missing bearer token: send 'Authorization: Bearer <admin key>'")
         if not self.is_admin(token):
-            raise ApiError(401, "invalid admin key")
+            raise Unauthenticated("invalid admin key")
 
 
 def check_rollout_token(
@@ -115,25 +114,24 @@ def check_rollout_token(
     in the URL exists, so ids cannot be probed.
     """
     if token is None:
-        raise ApiError(401, "missing bearer token: set OPENAI_API_KEY to the rollout token")
+        raise Unauthenticated("missing bearer token: set OPENAI_API_KEY to the rollout token")
     token_hash = hash_token(token)
     if auth is not None:
         status, attempt, stored = auth
         if stored and hmac.compare_digest(token_hash, stored):
             # queued: its runner has not said it started the agent, but here it is
             if status not in (RolloutStatus.RUNNING, RolloutStatus.QUEUED):
-                raise ApiError(
-                    401, f"rollout has ended ({status.value}); its token no longer works"
+                raise Unauthenticated(
+                    f"rollout has ended ({status.value}); its token no longer works"
                 )
             return attempt
         if stored and keys.superseded(token_hash, stored):
-            raise ApiError(
-                409,
+            raise Conflict(
                 f"this token is an earlier attempt's; the rollout is at attempt {attempt} "
                 "and nothing was stored",
             )
     if keys.is_admin(token) or keys.is_recorder(token):
-        raise ApiError(403, "this key cannot act for a rollout; use the rollout's own token")
+        raise Forbidden("this key cannot act for a rollout; use the rollout's own token")
     if in_use is not None and in_use(token_hash):
-        raise ApiError(403, "this token belongs to another rollout; use this rollout's own token")
-    raise ApiError(401, "invalid token for this rollout")
+        raise Forbidden("this token belongs to another rollout; use this rollout's own token")
+    raise Unauthenticated("invalid token for this rollout")

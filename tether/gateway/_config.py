@@ -51,6 +51,10 @@ class GatewayConfig:
     max_top_logprobs: int = 20
     max_messages: int = 512
     max_tools: int = 128
+    #: The context in tokens (prompt + max_tokens) a call may use; None: the model's own
+    #: (the smaller of its max_position_embeddings and its tokenizer's model_max_length).
+    #: It can only lower the model's.
+    max_context: int | None = None
     engine_timeout_s: float = 300.0
     # How long a call waits while admission is paused before a 503.
     admission_timeout_s: float = 600.0
@@ -68,6 +72,11 @@ class GatewayConfig:
             raise UserError(
                 f"gateway.default_max_tokens ({self.default_max_tokens}) must be between 1 "
                 f"and gateway.max_tokens ({self.max_tokens})"
+            )
+        if self.max_context is not None and self.max_context < 2:
+            raise UserError(
+                f"gateway.max_context ({self.max_context}) must be >= 2 (a prompt token and "
+                "one to generate), or unset for the model's own context"
             )
         if self.port is not None and not 0 <= self.port <= 65535:
             raise UserError(f"gateway.port ({self.port}) must be in 0..65535")

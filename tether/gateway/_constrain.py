@@ -33,7 +33,7 @@ from tether.engine import (
     json_schema_format,
 )
 
-from ._errors import ApiError
+from ._exceptions import InvalidRequest
 
 __all__ = ["MAX_DEPTH", "MAX_SCHEMA_BYTES", "check_schema", "constrain", "constraint_for"]
 
@@ -66,8 +66,8 @@ _TOOL_FORMATS = {  # parser name -> (trigger, begin of a call to NAME, end of a 
 _SEPARATOR = {"hermes": "\n", "llama3_json": "; "}
 
 
-def _bad(message: str, param: str) -> ApiError:
-    return ApiError(400, message, param=param)
+def _bad(message: str, param: str) -> InvalidRequest:
+    return InvalidRequest(message, param=param)
 
 
 def check_schema(schema: Any, param: str) -> None:
@@ -238,7 +238,7 @@ def constraint_for(
     ``response_format`` in chat shape, or a Responses ``text.format`` (``name``,
     ``schema``, ``strict`` at its top level); ``tools`` in chat shape (``{"type": "function", "function": {...}}``; the Responses
     shape with ``name``/``parameters`` at the top level is read too); ``tool_parser``
-    the gateway's tool-call format. Raises :class:`ApiError` (400) naming the problem.
+    the gateway's tool-call format. Raises :class:`InvalidRequest` (a 400) naming the problem.
     """
     tools = list(tools or []) if tool_choice != "none" else []
     try:
@@ -304,8 +304,7 @@ def constrain(engine: Any, params: SamplingParams, constraint: Constraint | None
         return params
     if not supported:
         param = "response_format" if constraint.label.startswith("json") else "tool_choice"
-        raise ApiError(
-            400,
+        raise InvalidRequest(
             f"{param} ({constraint.label}) needs constrained decoding, which this gateway's "
             f"engine ({type(engine).__name__}) cannot do; serve with the transformers engine",
             param=param,

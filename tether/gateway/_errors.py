@@ -1,8 +1,9 @@
 """OpenAI-style errors. HTTP status codes are chosen here and nowhere else.
 
-:func:`http_error` is the one mapping from what tether raises to a status;
-:class:`ApiError` carries a status the gateway chose itself (a bad rollout id,
-a missing key, a cap). Every error body has the OpenAI shape
+:func:`http_error` is the one mapping from what tether raises to a status: the
+gateway's own errors (``_exceptions``: a cap, a bad rollout id, a missing key),
+the store's, the engine's and the chat layer's. :class:`ApiError` carries a status
+chosen at the HTTP edge itself (a body too large, not JSON). Every error body has the OpenAI shape
 ``{"error": {"message", "type", "param", "code"}}`` so that the official
 clients raise their usual exception classes (``BadRequestError``,
 ``AuthenticationError``, ``PermissionDeniedError``, ``NotFoundError``,
@@ -17,12 +18,22 @@ import logging
 from tether.chat import ChatError, InvalidMessages
 from tether.engine import AdmissionTimeout, EngineError, EngineTimeout
 from tether.store import (
-    DuplicateReward,
+    AlreadyExists,
     IllegalRolloutTransition,
+    InvalidRecord,
     NotFound,
     RolloutClosed,
     StaleAttempt,
     StoreError,
+)
+
+from ._exceptions import (
+    Conflict,
+    Forbidden,
+    GatewayError,
+    InvalidRequest,
+    Unauthenticated,
+    UnknownRollout,
 )
 
 __all__ = ["MAPPED", "ApiError", "error_body", "http_error"]
@@ -59,6 +70,11 @@ class ApiError(Exception):
 
 # tether's error classes → (status, message prefix), most specific first.
 _STATUSES: tuple[tuple[type[Exception], int, str], ...] = (
+    (InvalidRequest, 400, ""),
+    (Unauthenticated, 401, ""),
+    (Forbidden, 403, ""),
+    (UnknownRollout, 404, ""),
+    (Conflict, 409, ""),
     (InvalidMessages, 400, ""),
     (ChatError, 500, "gateway set-up error: "),  # no chat template, unknown parser
     (AdmissionTimeout, 503, ""),  # held while paused: the engine did not fail
@@ -67,8 +83,9 @@ _STATUSES: tuple[tuple[type[Exception], int, str], ...] = (
     (NotFound, 404, ""),
     (RolloutClosed, 401, "rollout has ended: "),
     (StaleAttempt, 409, ""),
-    (DuplicateReward, 409, ""),
+    (AlreadyExists, 409, ""),  # DuplicateReward too; an id taken in a race past the pre-check
     (IllegalRolloutTransition, 409, ""),
+    (InvalidRecord, 400, ""),
     (StoreError, 503, ""),
 )
 
@@ -89,6 +106,8 @@ def http_error(exc: Exception) -> ApiError | None:
         log.error("%s: %s", type(exc).__name__, exc)  # the gateway's set-up or its store
     if isinstance(exc, StoreError) and status == 503:
         return ApiError(503, "trace store unavailable")
+    if isinstance(exc, GatewayError):
+        return ApiError(status, exc.message, param=exc.param, code=exc.code)
     param = "messages" if isinstance(exc, InvalidMessages) else None
     return ApiError(status, f"{prefix}{exc}", param=param)
 

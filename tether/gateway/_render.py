@@ -1,9 +1,14 @@
-"""Engine output → OpenAI response bodies (chat, completions, SSE chunks)."""
+"""Engine output → answers (:func:`choices_from`) → OpenAI response bodies.
+
+The bodies see tokens only through a :data:`TokenText` (``Gateway.token_text``): one
+token id as its text, for the logprobs they list.
+"""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -16,10 +21,14 @@ from tether.engine import GenerateResult, SamplingParams
 
 __all__ = [
     "Choice",
+    "TokenText",
     "chat_body",
     "choices_from",
     "completion_body",
 ]
+
+#: One token id as its text (special tokens included).
+TokenText = Callable[[int], str]
 
 
 @dataclass
@@ -80,14 +89,10 @@ def choices_from(
     return choices
 
 
-def _token_text(tokenizer: Any, token_id: int) -> str:
-    return tokenizer.decode([token_id], skip_special_tokens=False)
-
-
-def _chat_logprobs(tokenizer: Any, choice: Choice, top: int) -> dict[str, Any]:
+def _chat_logprobs(token_text: TokenText, choice: Choice, top: int) -> dict[str, Any]:
     content = []
     for i, (tid, lp) in enumerate(zip(choice.token_ids, choice.logprobs, strict=True)):
-        text = _token_text(tokenizer, tid)
+        text = token_text(tid)
         entry: dict[str, Any] = {
             "token": text,
             "logprob": lp,
@@ -96,7 +101,7 @@ def _chat_logprobs(tokenizer: Any, choice: Choice, top: int) -> dict[str, Any]:
         }
         if top and choice.top_logprobs:
             entry["top_logprobs"] = [
-                {"token": (t := _token_text(tokenizer, k)), "logprob": v, "bytes": list(t.encode())}
+                {"token": (t := token_text(k)), "logprob": v, "bytes": list(t.encode())}
                 for k, v in sorted(choice.top_logprobs[i].items(), key=lambda kv: -kv[1])[:top]
             ]
         content.append(entry)
@@ -113,7 +118,7 @@ def _usage(prompt_len: int, choices: list[Choice]) -> dict[str, int]:
 
 
 def chat_body(
-    tokenizer: Any,
+    token_text: TokenText,
     model: str,
     prompt_len: int,
     choices: list[Choice],
@@ -132,7 +137,7 @@ def chat_body(
             {
                 "index": i,
                 "message": {**c.message, "refusal": None},
-                "logprobs": _chat_logprobs(tokenizer, c, top_logprobs) if logprobs else None,
+                "logprobs": _chat_logprobs(token_text, c, top_logprobs) if logprobs else None,
                 "finish_reason": c.finish_reason,
             }
             for i, c in enumerate(choices)
@@ -142,7 +147,7 @@ def chat_body(
 
 
 def completion_body(
-    tokenizer: Any,
+    token_text: TokenText,
     model: str,
     prompt_len: int,
     choices: list[Choice],
@@ -153,7 +158,7 @@ def completion_body(
     def lp(c: Choice) -> dict[str, Any] | None:
         if logprobs is None:
             return None
-        texts = [_token_text(tokenizer, t) for t in c.token_ids]
+        texts = [token_text(t) for t in c.token_ids]
         offsets, pos = [], 0
         for t in texts:
             offsets.append(pos)
@@ -161,10 +166,7 @@ def completion_body(
         top = None
         if logprobs and c.top_logprobs:
             top = [
-                {
-                    _token_text(tokenizer, k): v
-                    for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:logprobs]
-                }
+                {token_text(k): v for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:logprobs]}
                 for d in c.top_logprobs
             ]
         return {

@@ -2,8 +2,8 @@
 stateless subset of OpenAI's Responses API, served by the chat-completions path.
 
 The body is checked (``_responses_schema``), its items mapped to chat messages
-(``_responses_items``), and the call made by :func:`~._openai_routes.chat_call`
-exactly as a chat completion is made and recorded (same template, same stored
+(``_responses_items``), and the call prepared by :meth:`Gateway.prepare_chat` and
+made exactly as a chat completion is made and recorded (same template, same stored
 call, plus ``"api": "responses"`` and the Responses fields in the recorded
 request). The answer is a ``response`` object or its event stream
 (``_responses_render``). See docs/responses-api.md.
@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
+from tether.records import RolloutStatus
+
 from ._core import Gateway
 from ._deltas import Done
 from ._errors import ApiError, http_error
 from ._http import STREAMED, body_schema, gateway, parse, rollout_attempt
-from ._openai_routes import chat_call, chat_stream, prepare_chat, recording
+from ._record_mode import LEFT, OnEnd, recording
 from ._render import _chat_logprobs, _usage
 from ._responses_items import RESPONSES_PARAM, chat_fields
 from ._responses_render import (
@@ -56,15 +58,10 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         raise ApiError(400, f"{param}: {err.get('msg')}", param=param) from None
 
 
-async def _primed(deltas: AsyncIterator[Any], on_end: Callable[[], None] | None) -> Any:
+async def _primed(deltas: AsyncIterator[Any]) -> Any:
     """``deltas`` with its first piece already taken: a call refused or failed before its
     first token gets an ordinary HTTP error, not a stream."""
-    try:
-        first = await anext(deltas)
-    except BaseException:
-        if on_end is not None:
-            on_end()
-        raise
+    first = await anext(deltas)
 
     async def chained() -> AsyncIterator[Any]:
         yield first
@@ -80,7 +77,7 @@ _LAST = ("response.completed", "response.incomplete")
 def _event_stream(
     stream: AsyncIterator[dict[str, Any]],
     deltas: AsyncIterator[Any],
-    on_end: Callable[[], None] | None,
+    on_end: OnEnd | None,
 ) -> StreamingResponse:
     async def lines() -> AsyncIterator[str]:
         seq = 0
@@ -88,19 +85,22 @@ def _event_stream(
             async for e in stream:
                 seq = e["sequence_number"] + 1
                 if e["type"] in _LAST and on_end is not None:
-                    on_end()  # before the last event: what the agent saw end is committed
+                    # before the last event: what the agent saw end is committed
+                    on_end(RolloutStatus.SUCCEEDED, None)
                 yield f"event: {e['type']}\ndata: {json.dumps(e)}\n\n"
         except Exception as exc:  # after the 200: the error is the stream's last event
             err = http_error(exc)
             if err is None:
                 log.exception("streamed response failed")
             message = "internal error while streaming" if err is None else err.message
+            if on_end is not None:
+                on_end(RolloutStatus.FAILED, message)
             e = {"type": "error", "code": None, "message": message, "param": None}
             yield f"event: error\ndata: {json.dumps({**e, 'sequence_number': seq})}\n\n"
         finally:
             await deltas.aclose()
-            if on_end is not None:
-                on_end()
+            if on_end is not None:  # a stream that ended neither way: the client left
+                on_end(RolloutStatus.CANCELLED, LEFT)
 
     return StreamingResponse(
         lines(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
@@ -112,9 +112,9 @@ async def _responses(
     rollout_id: str,
     attempt: int,
     request: Request,
-    on_end: Callable[[], None] | None = None,
+    on_end: OnEnd | None = None,
 ) -> Any:
-    """``on_end`` runs when the call is over (for a stream: when the stream ends)."""
+    """``on_end`` hears how the call ended (for a stream: when the stream ends)."""
     req: ResponsesRequest = await parse(request, ResponsesRequest)
     chat = chat_request(req)
     meta = ResponseMeta(echo=echo(req))
@@ -125,27 +125,20 @@ async def _responses(
         choice = done.choices[0]
         logprobs = None
         if req.logprobs:
-            logprobs = _chat_logprobs(gw.tokenizer, choice, req.top_logprobs or 0)["content"]
+            logprobs = _chat_logprobs(gw.token_text, choice, req.top_logprobs or 0)["content"]
         output = output_items(meta, choice, logprobs)
         usage = _usage(done.prompt_tokens, done.choices)
         return response_body(meta, output, status=final_status(choice), usage=usage)
 
+    ctx = gw.prepare_chat(rollout_id, attempt, chat, recorded)
     if req.stream:
-        try:
-            call = prepare_chat(gw, rollout_id, attempt, chat, recorded)
-        except BaseException:
-            if on_end is not None:
-                on_end()
-            raise
-        source = chat_stream(gw, rollout_id, attempt, call, tokens=False)
-        deltas = await _primed(source, on_end)
+        source = gw.generate_stream(ctx)
+        deltas = await _primed(source)
         return _event_stream(events(meta, deltas, final), source, on_end)
-    try:
-        choices, prompt_ids = await chat_call(gw, rollout_id, attempt, chat, recorded)
-    finally:
-        if on_end is not None:
-            on_end()
-    return JSONResponse(final(Done(choices, len(prompt_ids))))
+    choices, _ = await gw.generate(ctx)
+    if on_end is not None:
+        on_end(RolloutStatus.SUCCEEDED, None)
+    return JSONResponse(final(Done(choices, len(ctx.prompt_ids))))
 
 
 @router.post(

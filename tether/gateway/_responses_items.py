@@ -17,14 +17,14 @@ model produced and call k+1's prompt extends call k's prompt + completion):
   them (the model's turn was "text, then calls"), or of a new assistant message;
 - ``function_call_output`` → a ``tool`` message with its ``call_id``.
 
-Every refusal is an :class:`ApiError` (400) naming the item and the field.
+Every refusal is an :class:`InvalidRequest` (a 400) naming the item and the field.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._errors import ApiError
+from ._exceptions import InvalidRequest
 from ._responses_schema import ResponsesRequest
 
 __all__ = [
@@ -41,8 +41,8 @@ _TEXT_PARTS = ("input_text", "output_text")
 _FUNCTION_KEYS = {"type", "name", "description", "parameters", "strict"}
 
 
-def _bad(param: str, message: str) -> ApiError:
-    return ApiError(400, f"{param}: {message}", param=param)
+def _bad(param: str, message: str) -> InvalidRequest:
+    return InvalidRequest(f"{param}: {message}", param=param)
 
 
 def _text(content: Any, where: str) -> str:

@@ -155,6 +155,95 @@ class _Streamed:
     done: bool = False
 
 
+class _Events:
+    """The event sequence of one streamed response: numbers events, tracks streamed items."""
+
+    def __init__(self, meta: ResponseMeta) -> None:
+        self.meta = meta
+        self.seq = 0
+        self.streamed: list[_Streamed] = []
+        self.held = ""  # trailing whitespace of the text so far, sent once more text follows
+
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        self.seq += 1
+        return {"type": f"response.{kind}", "sequence_number": self.seq - 1, **fields}
+
+    def added(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        s = _Streamed(len(self.streamed), _empty(item))
+        self.streamed.append(s)
+        out = [self.event("output_item.added", output_index=s.index, item=_pending(item))]
+        if item["type"] == "message":
+            part = {**item["content"][0], "text": "", "logprobs": []}
+            out.append(self.event("content_part.added", **_at(s), content_index=0, part=part))
+        return out
+
+    def delta(self, s: _Streamed, piece: str) -> dict[str, Any]:
+        if s.item["type"] == "message":
+            s.item["content"][0]["text"] += piece
+            return self.event(
+                "output_text.delta", **_at(s), content_index=0, delta=piece, logprobs=[]
+            )
+        s.item["arguments"] += piece
+        return self.event("function_call_arguments.delta", **_at(s), delta=piece)
+
+    def finished(self, s: _Streamed, item: dict[str, Any]) -> list[dict[str, Any]]:
+        s.done = True
+        if item["type"] == "message":
+            part = item["content"][0]
+            out = [
+                self.event(
+                    "output_text.done",
+                    **_at(s),
+                    content_index=0,
+                    text=part["text"],
+                    logprobs=part["logprobs"],
+                ),
+                self.event("content_part.done", **_at(s), content_index=0, part=part),
+            ]
+        else:
+            args = {"name": item["name"], "arguments": item["arguments"]}
+            out = [self.event("function_call_arguments.done", **_at(s), **args)]
+        return [*out, self.event("output_item.done", output_index=s.index, item=item)]
+
+    def opening(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        """Close the items still open, then add ``item``."""
+        open_ = [s for s in self.streamed if not s.done]
+        closed = [e for s in open_ for e in self.finished(s, {**s.item, "status": "completed"})]
+        return [*closed, *self.added(item)]
+
+    def text(self, d: TextDelta) -> list[dict[str, Any]]:
+        text = self.held + d.text
+        said = text.rstrip()
+        self.held = text[len(said) :]
+        if not said:
+            return []
+        out = []
+        last = self.streamed[-1] if self.streamed else None
+        if last is None or last.done or last.item["type"] != "message":
+            index = len(self.streamed)
+            out += self.opening(
+                _message_item(self.meta.item_id("msg", index), "", "in_progress", None)
+            )
+        return [*out, self.delta(self.streamed[-1], said)]
+
+    def tool(self, d: ToolCallDelta) -> list[dict[str, Any]]:
+        out = []
+        if d.id is not None:
+            self.held = ""  # whitespace before a tool call is not part of the message
+            call = {"id": d.id, "function": {"name": d.name or "", "arguments": ""}}
+            index = len(self.streamed)
+            out += self.opening(_call_item(self.meta.item_id("fc", index), call, "in_progress"))
+        last = self.streamed[-1] if self.streamed else None
+        if d.arguments and last is not None and last.item["type"] == "function_call":
+            out.append(self.delta(last, d.arguments))
+        return out
+
+    def done(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        out = _finish(self.streamed, body, self.added, self.delta, self.finished)
+        kind = "completed" if body["status"] == "completed" else "incomplete"
+        return [*out, self.event(kind, response=body)]
+
+
 async def events(
     meta: ResponseMeta,
     deltas: AsyncIterator[TextDelta | ToolCallDelta | Done],
@@ -162,94 +251,19 @@ async def events(
 ) -> AsyncIterator[dict[str, Any]]:
     """The Responses events of a streamed call (module docstring); ``final(done)`` is the
     finished response object, built as a non-streamed call builds it."""
-    seq = 0
-    streamed: list[_Streamed] = []
-
-    def event(kind: str, **fields: Any) -> dict[str, Any]:
-        nonlocal seq
-        seq += 1
-        return {"type": f"response.{kind}", "sequence_number": seq - 1, **fields}
-
-    def added(item: dict[str, Any]) -> list[dict[str, Any]]:
-        s = _Streamed(len(streamed), _empty(item))
-        streamed.append(s)
-        out = [event("output_item.added", output_index=s.index, item=_pending(item))]
-        if item["type"] == "message":
-            part = {**item["content"][0], "text": "", "logprobs": []}
-            out.append(event("content_part.added", **_at(s), content_index=0, part=part))
-        return out
-
-    def delta(s: _Streamed, piece: str) -> dict[str, Any]:
-        if s.item["type"] == "message":
-            s.item["content"][0]["text"] += piece
-            return event("output_text.delta", **_at(s), content_index=0, delta=piece, logprobs=[])
-        s.item["arguments"] += piece
-        return event("function_call_arguments.delta", **_at(s), delta=piece)
-
-    def finished(s: _Streamed, item: dict[str, Any]) -> list[dict[str, Any]]:
-        s.done = True
-        if item["type"] == "message":
-            part = item["content"][0]
-            out = [
-                event(
-                    "output_text.done",
-                    **_at(s),
-                    content_index=0,
-                    text=part["text"],
-                    logprobs=part["logprobs"],
-                ),
-                event("content_part.done", **_at(s), content_index=0, part=part),
-            ]
-        else:
-            out = [
-                event(
-                    "function_call_arguments.done",
-                    **_at(s),
-                    name=item["name"],
-                    arguments=item["arguments"],
-                )
-            ]
-        return [*out, event("output_item.done", output_index=s.index, item=item)]
-
-    def close_open() -> list[dict[str, Any]]:
-        open_ = [s for s in streamed if not s.done]
-        return [e for s in open_ for e in finished(s, {**s.item, "status": "completed"})]
-
-    pending = {**response_body(meta, [], status="in_progress", usage=None)}
-    yield event("created", response=pending)
-    yield event("in_progress", response=pending)
-    held = ""  # trailing whitespace of the text so far, sent once more text follows
+    out = _Events(meta)
+    pending = response_body(meta, [], status="in_progress", usage=None)
+    yield out.event("created", response=pending)
+    yield out.event("in_progress", response=pending)
     async for d in deltas:
         if isinstance(d, Done):
-            body = final(d)
-            for e in _finish(streamed, body, added, delta, finished):
+            for e in out.done(final(d)):
                 yield e
-            kind = "completed" if body["status"] == "completed" else "incomplete"
-            yield event(kind, response=body)
             return
         if d.index != 0:  # a Responses call has one choice
             continue
-        if isinstance(d, TextDelta):
-            text = held + d.text
-            said = text.rstrip()
-            held = text[len(said) :]
-            if not said:
-                continue
-            last = streamed[-1] if streamed else None
-            if last is None or last.done or last.item["type"] != "message":
-                item = _message_item(meta.item_id("msg", len(streamed)), "", "in_progress", None)
-                for e in [*close_open(), *added(item)]:
-                    yield e
-            yield delta(streamed[-1], said)
-        else:
-            if d.id is not None:
-                held = ""  # whitespace before a tool call is not part of the message
-                call = {"id": d.id, "function": {"name": d.name or "", "arguments": ""}}
-                item = _call_item(meta.item_id("fc", len(streamed)), call, "in_progress")
-                for e in [*close_open(), *added(item)]:
-                    yield e
-            if d.arguments and streamed and streamed[-1].item["type"] == "function_call":
-                yield delta(streamed[-1], d.arguments)
+        for e in out.text(d) if isinstance(d, TextDelta) else out.tool(d):
+            yield e
 
 
 def _empty(item: dict[str, Any]) -> dict[str, Any]:

@@ -1,24 +1,28 @@
 """Rollouts at the gateway: open, retry, authorize, finish, reward, read.
 
-:class:`Rollouts` is the half of :class:`~tether.gateway.Gateway` that manages
-rollouts and their tokens (the other half serves model calls); it works on
-the gateway's store, keys and config.
+:class:`RolloutLifecycle` is the half of :class:`~tether.gateway.Gateway` that manages
+rollouts: their tokens, their sampling overrides and the seeds of their calls (the
+other half, ``_calls``, serves model calls). It works on the gateway's store, keys and
+config, and drops a finished rollout's conversation from the render cache.
 """
 
 from __future__ import annotations
 
+import hashlib
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from tether.chat import HistoryCache
+from tether.engine import SamplingParams
 from tether.records import Call, Reward, RewardSource, Rollout, RolloutStatus
 from tether.store import Store
 
 from ._auth import Keys, check_rollout_id, check_rollout_token, hash_token, new_token
 from ._config import GatewayConfig
-from ._errors import ApiError
+from ._exceptions import Conflict, Forbidden, InvalidRequest, UnknownRollout
 
-__all__ = ["OpenedRollout", "Rollouts"]
+__all__ = ["OpenedRollout", "RolloutLifecycle"]
 
 
 @dataclass(frozen=True)
@@ -41,15 +45,56 @@ class OpenedRollout:
         }
 
 
-class Rollouts:
-    """Rollout lifecycle methods of :class:`~tether.gateway.Gateway` (a base class)."""
+class RolloutLifecycle:
+    """Rollouts, their tokens, their sampling overrides and their calls' seeds.
 
-    store: Store
-    keys: Keys
-    config: GatewayConfig
-    default_run_id: str | None
-    _sampling: dict[str, dict[str, float]]
-    _draws: dict[str, tuple[int, bytes, int]]
+    A sampled call whose request carries no ``seed`` gets one derived from
+    ``seed`` (the run's), the rollout's id within its run (the ``{run_id}-``
+    prefix removed), the attempt and the call's index in the attempt (its
+    ``seq`` for an agent that calls one at a time). What a rollout samples then
+    depends neither on the order in which concurrent agents' calls reach the
+    engine nor on the run id, so a rerun or a resumed run with the same seed
+    samples the same tokens from the same weights.
+    """
+
+    def __init__(
+        self, store: Store, keys: Keys, config: GatewayConfig, history: HistoryCache, seed: int
+    ) -> None:
+        self.store = store
+        self.keys = keys
+        self.config = config
+        self.history = history
+        self.seed = seed
+        # Rollouts created without a run id belong to this run (``tether serve`` sets it).
+        self.default_run_id: str | None = None
+        # Per-rollout sampling overrides set by the trainer (e.g. greedy evaluation);
+        # in memory only: they matter while the rollout runs in this process.
+        self._sampling: dict[str, dict[str, float]] = {}
+        # rollout id -> (attempt, base of its derived seeds, calls made so far in the attempt)
+        self._draws: dict[str, tuple[int, bytes, int]] = {}
+
+    def overrides(self, rollout_id: str) -> dict[str, float]:
+        """The sampling overrides of the rollout (``open_rollout(sampling=...)``), or {}."""
+        return self._sampling.get(rollout_id, {})
+
+    def derived_seed(self, rollout_id: str, attempt: int) -> int:
+        """The seed of the attempt's next call (see the class docstring); counts the call."""
+        state = self._draws.get(rollout_id)
+        if state is None or state[0] != attempt:
+            rollout = self.store.get_rollout(rollout_id)
+            run_id = rollout.run_id if rollout is not None else None
+            name = rollout_id.removeprefix(f"{run_id}-") if run_id else rollout_id
+            state = (attempt, f"{self.seed}\0{name}\0{attempt}".encode(), 0)
+        attempt, base, index = state
+        self._draws[rollout_id] = (attempt, base, index + 1)
+        digest = hashlib.blake2b(base + b"\0%d" % index, digest_size=8).digest()
+        return int.from_bytes(digest, "big") >> 2
+
+    def seeded(self, params: SamplingParams, rollout_id: str, attempt: int) -> SamplingParams:
+        """``params`` with the derived seed of the attempt's next call, if it samples unseeded."""
+        if params.seed is None and params.temperature > 0:
+            return replace(params, seed=self.derived_seed(rollout_id, attempt))
+        return params
 
     def open_rollout(
         self,
@@ -72,7 +117,7 @@ class Rollouts:
         """
         rid = check_rollout_id(rollout_id) if rollout_id else f"r-{uuid.uuid4().hex[:16]}"
         if self.store.get_rollout(rid) is not None:
-            raise ApiError(409, f"rollout {rid!r} already exists", param="rollout_id")
+            raise Conflict(f"rollout {rid!r} already exists", param="rollout_id")
         self.store.create_rollout(
             Rollout(
                 id=rid,
@@ -85,8 +130,8 @@ class Rollouts:
         if sampling:
             unknown = set(sampling) - {"temperature", "top_p"}
             if unknown:
-                raise ApiError(
-                    400, f"sampling overrides {sorted(unknown)} are not supported", param="sampling"
+                raise InvalidRequest(
+                    f"sampling overrides {sorted(unknown)} are not supported", param="sampling"
                 )
             self._sampling[rid] = dict(sampling)
         return self._start(rid, queued)
@@ -145,8 +190,9 @@ class Rollouts:
         auth = self.store.rollout_auth(rollout_id)
         if attempt is None:
             if auth is None:
-                raise ApiError(404, f"no rollout {rollout_id!r}")
+                raise UnknownRollout(f"no rollout {rollout_id!r}")
             attempt = auth[1]
+        self.history.forget((rollout_id, attempt))  # its conversation takes no more calls
         if (
             auth is not None
             and auth[0] is RolloutStatus.QUEUED
@@ -181,14 +227,13 @@ class Rollouts:
         An agent's reward (``source`` AGENT) needs ``gateway.allow_agent_rewards``.
         """
         if source is RewardSource.AGENT and not self.config.allow_agent_rewards:
-            raise ApiError(
-                403,
+            raise Forbidden(
                 "this run does not accept rewards from agents (gateway.allow_agent_rewards is off)",
             )
         if attempt is None:
             auth = self.store.rollout_auth(rollout_id)
             if auth is None:
-                raise ApiError(404, f"no rollout {rollout_id!r}")
+                raise UnknownRollout(f"no rollout {rollout_id!r}")
             attempt = auth[1]
         self.store.record_reward(
             Reward(
@@ -219,7 +264,7 @@ class Rollouts:
         try:
             st = RolloutStatus(status) if status else None
         except ValueError:
-            raise ApiError(400, f"unknown status {status!r}", param="status") from None
+            raise InvalidRequest(f"unknown status {status!r}", param="status") from None
         return self.store.list_rollouts(run_id=run_id, status=st, limit=limit)
 
     def rollout(self, rollout_id: str) -> tuple[Rollout, list[Call]]:
@@ -227,5 +272,5 @@ class Rollouts:
         check_rollout_id(rollout_id)
         rollout = self.store.get_rollout(rollout_id)
         if rollout is None:
-            raise ApiError(404, f"no rollout {rollout_id!r}")
+            raise UnknownRollout(f"no rollout {rollout_id!r}")
         return rollout, self.store.calls(rollout_id)

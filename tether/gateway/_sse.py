@@ -19,16 +19,18 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi.responses import StreamingResponse
 
 from tether.engine import TokenDelta
+from tether.records import RolloutStatus
 
 from ._deltas import Done, TextDelta, ToolCallDelta
-from ._errors import error_body, http_error
-from ._render import _token_text, _usage
+from ._errors import ApiError, error_body, http_error
+from ._record_mode import LEFT, OnEnd
+from ._render import TokenText, _usage
 
 __all__ = ["stream_response"]
 
@@ -42,8 +44,10 @@ def _data(obj: Any) -> str:
 class _Chat:
     """Chunks of a chat completion; see the module docstring."""
 
-    def __init__(self, tokenizer: Any, model: str, policy_version: int, logprobs: bool, top: int):
-        self.tokenizer, self.logprobs, self.top = tokenizer, logprobs, top
+    def __init__(
+        self, token_text: TokenText, model: str, policy_version: int, logprobs: bool, top: int
+    ):
+        self.token_text, self.logprobs, self.top = token_text, logprobs, top
         self.base = {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion.chunk",
@@ -69,12 +73,12 @@ class _Chat:
     def token(self, d: TokenDelta) -> None:
         if not self.logprobs:
             return
-        text = _token_text(self.tokenizer, d.token_id)
+        text = self.token_text(d.token_id)
         top = []
         if self.top and d.top_logprobs:
             ranked = sorted(d.top_logprobs.items(), key=lambda kv: -kv[1])[: self.top]
             for k, v in ranked:
-                t = _token_text(self.tokenizer, k)
+                t = self.token_text(k)
                 top.append({"token": t, "logprob": v, "bytes": list(t.encode())})
         entry = {
             "token": text,
@@ -118,8 +122,10 @@ def _choice(index: int, role: str, content: str | None) -> dict[str, Any]:
 class _Completion:
     """Chunks of a text completion (``/v1/completions``)."""
 
-    def __init__(self, tokenizer: Any, model: str, policy_version: int, logprobs: int | None):
-        self.tokenizer, self.logprobs = tokenizer, logprobs
+    def __init__(
+        self, token_text: TokenText, model: str, policy_version: int, logprobs: int | None
+    ):
+        self.token_text, self.logprobs = token_text, logprobs
         self.base = {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
@@ -138,7 +144,7 @@ class _Completion:
         lp = None
         if self.logprobs is not None:
             toks = self.pending.pop(index, [])
-            texts = [_token_text(self.tokenizer, t.token_id) for t in toks]
+            texts = [self.token_text(t.token_id) for t in toks]
             offsets, pos = [], self.offset.get(index, 0)
             for t in texts:
                 offsets.append(pos)
@@ -148,7 +154,7 @@ class _Completion:
             if self.logprobs and any(t.top_logprobs for t in toks):
                 top = [
                     {
-                        _token_text(self.tokenizer, k): v
+                        self.token_text(k): v
                         for k, v in sorted((t.top_logprobs or {}).items(), key=lambda kv: -kv[1])[
                             : self.logprobs
                         ]
@@ -183,7 +189,7 @@ async def _events(
     first: Any,
     rest: AsyncIterator[Any],
     include_usage: bool,
-    on_end: Callable[[], None] | None,
+    on_end: OnEnd | None,
 ) -> AsyncIterator[str]:
     try:
         item = first
@@ -198,7 +204,7 @@ async def _events(
                     yield line
             elif isinstance(item, Done):
                 if on_end is not None:  # before [DONE]: what the agent saw end is committed
-                    on_end()
+                    on_end(RolloutStatus.SUCCEEDED, None)
                 for line in form.done(item, include_usage):
                     yield line
                 yield "data: [DONE]\n\n"
@@ -211,45 +217,42 @@ async def _events(
         err = http_error(exc)
         if err is None:
             log.exception("streamed call failed")
-            yield _data(error_body(500, "internal error while streaming"))
-        else:
-            yield _data(error_body(err.status, err.message, err.param, err.code))
+            err = ApiError(500, "internal error while streaming")
+        if on_end is not None:
+            on_end(RolloutStatus.FAILED, err.message)
+        yield _data(error_body(err.status, err.message, err.param, err.code))
     finally:
         await rest.aclose()
-        if on_end is not None:
-            on_end()
+        if on_end is not None:  # a stream that ended neither way: the client left
+            on_end(RolloutStatus.CANCELLED, LEFT)
 
 
 async def stream_response(
     events: AsyncIterator[Any],
     *,
-    tokenizer: Any,
+    token_text: TokenText,
     model: str,
     policy_version: int,
     chat: bool,
     logprobs: bool | int | None,
     top_logprobs: int = 0,
     include_usage: bool = False,
-    on_end: Callable[[], None] | None = None,
+    on_end: OnEnd | None = None,
 ) -> StreamingResponse:
     """Prime ``events`` (``Gateway.generate_stream(..., tokens=True)``) and stream it as SSE.
 
     ``logprobs``: chat: a bool (``top_logprobs`` per token); completions: the int or None.
-    ``on_end`` runs once the stream is over, whichever way it ended: for a complete
-    stream before its last event, so an agent that saw ``[DONE]`` finds its rollout
-    finished. It must be safe to call twice.
+    ``on_end(status, error)`` reports how the stream ended, once it is over: for a
+    complete stream before its last event, so an agent that saw ``[DONE]`` finds its
+    rollout finished. Only its first report counts. A call refused or failed before its
+    first piece raises here (the caller's to report).
     """
     form: _Chat | _Completion
     if chat:
-        form = _Chat(tokenizer, model, policy_version, bool(logprobs), top_logprobs)
+        form = _Chat(token_text, model, policy_version, bool(logprobs), top_logprobs)
     else:
-        form = _Completion(tokenizer, model, policy_version, logprobs)  # type: ignore[arg-type]
-    try:
-        first = await anext(events)  # errors before the first token are plain HTTP errors
-    except BaseException:
-        if on_end is not None:
-            on_end()
-        raise
+        form = _Completion(token_text, model, policy_version, logprobs)  # type: ignore[arg-type]
+    first = await anext(events)  # errors before the first token are plain HTTP errors
     return StreamingResponse(
         _events(form, first, events, include_usage, on_end),
         media_type="text/event-stream",

@@ -1,5 +1,5 @@
 """A model call streamed as the engine samples it: :func:`stream_call`
-(``Gateway.generate_stream``).
+(``ModelCalls.stream``, ``Gateway.generate_stream``).
 
 It yields, in order:
 
@@ -33,20 +33,14 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from tether.chat import LiveText
-from tether.engine import (
-    EngineFailed,
-    GenerateResult,
-    SamplingParams,
-    TokenDelta,
-    engine_stream,
-)
+from tether.engine import EngineFailed, GenerateResult, TokenDelta, engine_stream
 from tether.records import CallStatus
 
 from ._deltas import Done, TextDelta, ToolCallDelta
-from ._render import choices_from
 
 if TYPE_CHECKING:
-    from ._core import Gateway
+    from ._calls import ModelCalls
+    from ._context import CallContext
 
 __all__ = ["stream_call"]
 
@@ -66,24 +60,15 @@ async def _next(stream: AsyncIterator[Any], deadline: float) -> Any:
 
 
 async def stream_call(
-    gw: Gateway,
-    rollout_id: str,
-    attempt: int,
-    prompt_ids: list[int],
-    params: SamplingParams,
-    request: dict[str, Any],
-    *,
-    parse_tools: bool,
-    max_tool_calls: int | None = None,
-    tokens: bool = False,
+    calls: ModelCalls, ctx: CallContext, *, tokens: bool = False
 ) -> AsyncIterator[Any]:
-    """See the module docstring. Raises what :meth:`Gateway.generate` raises."""
+    """See the module docstring. Raises what :meth:`ModelCalls.generate` raises."""
     t0 = time.perf_counter()
-    params = gw.seeded(params, rollout_id, attempt)
-    parser = gw.parser if parse_tools else None
+    params = ctx.params
+    parser = calls.parser if ctx.parse_tools else None
     live = [
         LiveText(
-            gw.tokenizer,
+            calls.tokenizer,
             stop_token_ids=params.stop_token_ids,
             stop=params.stop,
             parser_name=parser.name if parser is not None else None,
@@ -92,19 +77,9 @@ async def stream_call(
     ]
     sampled: list[tuple[list[int], list[float]]] = [([], []) for _ in range(params.n)]
 
-    def failed(error: str, status: CallStatus = CallStatus.FAILED) -> None:
-        if status is CallStatus.CANCELLED:
-            for ids, lps in sampled:
-                gw._record_failure(
-                    rollout_id, attempt, prompt_ids, params, request, t0, error,
-                    status=status, completion=(ids, lps),
-                )  # fmt: skip
-        else:
-            gw._record_failure(rollout_id, attempt, prompt_ids, params, request, t0, error)
-
-    async with gw.engine_call(failed):
-        deadline = time.monotonic() + gw.config.engine_timeout_s
-        stream = engine_stream(gw.engine, prompt_ids, params)
+    async with calls.admitted(lambda error: calls.recorder.failure(ctx, t0, error)):
+        deadline = time.monotonic() + calls.config.engine_timeout_s
+        stream = engine_stream(calls.engine, list(ctx.prompt_ids), params)
         result: GenerateResult | None = None
         try:
             while result is None:
@@ -121,21 +96,25 @@ async def stream_call(
                 if piece:
                     yield TextDelta(item.index, piece)
         except (asyncio.CancelledError, GeneratorExit):
-            failed("the client left before the stream ended", CallStatus.CANCELLED)
+            for ids, lps in sampled:
+                calls.recorder.failure(
+                    ctx, t0, "the client left before the stream ended",
+                    status=CallStatus.CANCELLED, completion=(ids, lps),
+                )  # fmt: skip
             raise
         finally:
             await stream.aclose()  # cancels the engine request unless it finished
-    choices = choices_from(gw.tokenizer, result, params, parser, max_tool_calls=max_tool_calls)
-    gw.record_choices(
-        rollout_id, attempt, prompt_ids, params, request, result, choices, time.perf_counter() - t0
-    )
+    choices = calls.choices(ctx, result)
+    calls.recorder.choices(ctx, result, choices, time.perf_counter() - t0)
     for i, choice in enumerate(choices):
         rest = live[i].rest(choice.message.get("content"))
         if rest is None:  # not for the known parsers; the Done choices are what was stored
-            log.warning("streamed text of rollout %s is not a prefix of its content", rollout_id)
+            log.warning(
+                "streamed text of rollout %s is not a prefix of its content", ctx.rollout_id
+            )
         elif rest:
             yield TextDelta(i, rest)
         for j, call in enumerate(choice.message.get("tool_calls") or []):
             yield ToolCallDelta(i, j, call["id"], call["function"]["name"], "")
             yield ToolCallDelta(i, j, None, None, call["function"]["arguments"])
-    yield Done(choices, len(prompt_ids))
+    yield Done(choices, len(ctx.prompt_ids))

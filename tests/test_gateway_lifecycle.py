@@ -1,0 +1,130 @@
+"""How rollouts end at the gateway: record-mode outcomes, duplicate ids, history dropped."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import httpx
+import pytest
+
+from tether.engine.testing import FaultyEngine, NullEngine
+from tether.gateway import create_app
+from tether.records import RolloutStatus
+from tether.store import InvalidRecord
+
+from .conftest import ADMIN_KEY
+
+RECORD_KEY = "rec-key-0123"
+CHAT = {"model": "policy", "messages": [{"role": "user", "content": "2+3?"}], "max_tokens": 4}
+RESPONSES = {"model": "policy", "input": "2+3?", "max_output_tokens": 4}
+ROUTES = [("/v1/chat/completions", CHAT), ("/v1/responses", RESPONSES)]
+
+
+def _h(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _client(gw: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(gw)), base_url="http://gw"
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("path", "body"), ROUTES)
+async def test_a_failed_record_mode_call_leaves_its_rollout_failed(
+    make_gateway: Any, path: str, body: dict, stream: bool
+) -> None:
+    gw = make_gateway(FaultyEngine(fault="raise"), record_keys=(RECORD_KEY,))
+    async with _client(gw) as c:
+        r = await c.post(path, json={**body, "stream": stream}, headers=_h(RECORD_KEY))
+    assert r.status_code == 502, r.text
+    (rollout,) = gw.store.list_rollouts()
+    assert rollout.status is RolloutStatus.FAILED
+    assert "injected fault" in (rollout.error or "")
+
+
+@pytest.mark.parametrize(("path", "body"), ROUTES)
+async def test_a_refused_record_mode_call_leaves_its_rollout_failed(
+    make_gateway: Any, path: str, body: dict
+) -> None:
+    gw = make_gateway(NullEngine(token_ids=[40]), record_keys=(RECORD_KEY,), max_n=1)
+    bad = {**body, "temperature": -1}
+    async with _client(gw) as c:
+        r = await c.post(path, json=bad, headers=_h(RECORD_KEY))
+    assert r.status_code == 400, r.text
+    (rollout,) = gw.store.list_rollouts()
+    assert rollout.status is RolloutStatus.FAILED and rollout.error
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("path", "body"), ROUTES)
+async def test_a_record_mode_call_that_answers_leaves_its_rollout_succeeded(
+    make_gateway: Any, path: str, body: dict, stream: bool
+) -> None:
+    gw = make_gateway(NullEngine(token_ids=[40]), record_keys=(RECORD_KEY,))
+    async with _client(gw) as c:
+        r = await c.post(path, json={**body, "stream": stream}, headers=_h(RECORD_KEY))
+    assert r.status_code == 200, r.text
+    (rollout,) = gw.store.list_rollouts()
+    assert rollout.status is RolloutStatus.SUCCEEDED and rollout.error is None
+
+
+async def test_a_duplicate_rollout_id_past_the_precheck_is_a_409(
+    make_gateway: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    gw = make_gateway(NullEngine())
+    gw.open_rollout({}, rollout_id="r-dup")
+    monkeypatch.setattr(gw.store, "get_rollout", lambda rid: None)  # the race: the check passed
+    async with _client(gw) as c:
+        with caplog.at_level(logging.WARNING):
+            r = await c.post(
+                "/admin/rollouts", json={"task": {}, "rollout_id": "r-dup"}, headers=_h(ADMIN_KEY)
+            )
+    assert r.status_code == 409, r.text
+    assert r.json()["error"]["type"] == "conflict_error" and "r-dup" in r.json()["error"]["message"]
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
+
+
+async def test_a_record_the_store_refuses_is_a_400(
+    make_gateway: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gw = make_gateway(NullEngine(token_ids=[40]))
+    opened = gw.open_rollout({}, rollout_id="r-inv")
+
+    def refuse(call: Any) -> int:
+        raise InvalidRecord("logprobs: 2 values for 1 completion token")
+
+    monkeypatch.setattr(gw.store, "record_call", refuse)
+    async with _client(gw) as c:
+        r = await c.post("/rollouts/r-inv/v1/chat/completions", json=CHAT, headers=_h(opened.token))
+    assert r.status_code == 400 and "logprobs" in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize("end", ["finish", "fail", "cancel", "record"])
+async def test_a_finished_rollouts_history_is_forgotten(make_gateway: Any, end: str) -> None:
+    gw = make_gateway(NullEngine(token_ids=[40]), record_keys=(RECORD_KEY,))
+    async with _client(gw) as c:
+        if end == "record":
+            r = await c.post("/v1/chat/completions", json=CHAT, headers=_h(RECORD_KEY))
+        else:
+            opened = gw.open_rollout({}, rollout_id="r-h")
+            r = await c.post(
+                "/rollouts/r-h/v1/chat/completions", json=CHAT, headers=_h(opened.token)
+            )
+        assert r.status_code == 200, r.text
+    if end != "record":  # a record-mode rollout ends with its call
+        assert len(gw.history._entries) == 1
+        status = {"finish": "succeeded", "fail": "failed", "cancel": "cancelled"}[end]
+        gw.finish_rollout("r-h", RolloutStatus(status))
+    assert len(gw.history._entries) == 0
+
+
+def test_a_replaced_config_reaches_both_services(make_gateway: Any) -> None:
+    """A run replaces the config once its port is known: agents get that URL."""
+    gw = make_gateway(NullEngine())
+    gw.config = dataclasses.replace(gw.config, public_url="http://127.0.0.1:5555", max_context=64)
+    assert gw.open_rollout({}).base_url.startswith("http://127.0.0.1:5555/rollouts/")
+    assert gw.max_context == 64

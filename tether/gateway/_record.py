@@ -1,0 +1,96 @@
+"""What a model call leaves in the store: one call per choice, or a failed / cancelled call.
+
+:class:`Recorder` is the only writer of calls; it takes the :class:`~._context.CallContext`
+of the call and what the engine returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from tether.engine import Engine, GenerateResult
+from tether.records import Call, CallStatus
+from tether.store import Store
+
+from ._context import CallContext
+from ._render import Choice
+
+__all__ = ["Recorder"]
+
+log = logging.getLogger(__name__)
+
+
+class Recorder:
+    """Commits calls to ``store``; ``log_prompts`` logs each prompt and answer."""
+
+    def __init__(self, store: Store, engine: Engine, *, log_prompts: bool = False) -> None:
+        self.store = store
+        self.engine = engine
+        self.log_prompts = log_prompts
+
+    def choices(
+        self, ctx: CallContext, result: GenerateResult, choices: list[Choice], latency: float
+    ) -> list[int]:
+        """Commit one call per choice; return their seqs."""
+        seqs = []
+        for choice, completion in zip(choices, result.completions, strict=True):
+            seqs.append(
+                self.store.record_call(
+                    Call(
+                        rollout_id=ctx.rollout_id,
+                        seq=-1,
+                        attempt=ctx.attempt,
+                        prompt_ids=list(ctx.prompt_ids),
+                        completion_ids=list(completion.token_ids),
+                        logprobs=list(completion.logprobs),
+                        policy_version=result.policy_version,
+                        request=ctx.request,
+                        response=choice.message,
+                        finish_reason=choice.finish_reason,
+                        temperature=ctx.params.temperature,
+                        latency_s=latency,
+                        constraint=ctx.params.constraint.label if ctx.params.constraint else None,
+                    )
+                )
+            )
+        if self.log_prompts:
+            log.info(
+                "rollout %s: prompt %r -> %r",
+                ctx.rollout_id,
+                ctx.request.get("messages"),
+                [c.text for c in choices],
+            )
+        return seqs
+
+    def failure(
+        self,
+        ctx: CallContext,
+        t0: float,
+        error: str,
+        *,
+        status: CallStatus = CallStatus.FAILED,
+        completion: tuple[list[int], list[float]] = ([], []),
+    ) -> None:
+        """A call that gave no answer (never a training sample): ``failed`` or ``cancelled``,
+        with the tokens sampled before it stopped."""
+        try:
+            self.store.record_call(
+                Call(
+                    rollout_id=ctx.rollout_id,
+                    seq=-1,
+                    attempt=ctx.attempt,
+                    prompt_ids=list(ctx.prompt_ids),
+                    completion_ids=list(completion[0]),
+                    logprobs=list(completion[1]),
+                    policy_version=self.engine.policy_version,
+                    request=ctx.request,
+                    finish_reason=None,
+                    temperature=ctx.params.temperature,
+                    status=status,
+                    error=error[:500],
+                    latency_s=time.perf_counter() - t0,
+                )
+            )
+        except Exception:  # the rollout may have ended meanwhile; the error still reaches the agent
+            log.warning("could not record the failed call of rollout %s", ctx.rollout_id)
