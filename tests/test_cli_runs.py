@@ -167,3 +167,43 @@ def test_a_config_elsewhere_with_relative_paths_and_no_evals(
     assert "eval @" not in out
     assert "no held-out eval (eval.enabled is false), 1 steps" in out
     assert (elsewhere / "runs" / "moved" / "checkpoints" / "step-000001").is_dir()
+
+
+@pytest.mark.slow
+def test_a_resumed_run_numbers_its_steps_once(starter_dir: Path, tmp_path: Path) -> None:
+    """Stopped after the checkpoint of step 2, resumed to 4: every step number the run writes
+    (metrics, checkpoints, TensorBoard scalars and samples, the progress lines) is 0..3 once."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tiny = _tiny(
+        tmp_path,
+        starter_dir,
+        "checkpoint.every=1",
+        "checkpoint.keep=4",
+        "eval.enabled=false",
+        "tracking.log_samples=true",
+    )
+    first = _tether("train", str(CONFIG), *tiny, "trainer.steps=2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = _tether("train", str(CONFIG), *tiny, "trainer.steps=4", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    lines = [
+        ln.split()[1]
+        for out in (first, resumed)
+        for ln in (out.stdout + out.stderr).splitlines()
+        if ln.startswith("step ")
+    ]
+    assert lines == ["1/2", "2/2", "3/4", "4/4"], lines
+    run_dir = tmp_path / "calc"
+    with Store(run_dir / "traces.sqlite") as store:
+        steps = [m.step for r in store.list_runs() for m in store.metrics(r.id, "reward_mean")]
+        assert steps == [0, 1, 2, 3]
+        ckpts = [c.step for r in store.list_runs() for c in store.checkpoints(r.id)]
+        assert sorted(ckpts) == [1, 2, 3, 4]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        f"step-{s:06d}" for s in (1, 2, 3, 4)
+    ]
+    ea = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"tensors": 0})
+    ea.Reload()
+    assert sorted(e.step for e in ea.Scalars("train/reward_mean")) == [0, 1, 2, 3]
+    assert sorted(e.step for e in ea.Tensors("samples/text_summary")) == [0, 1, 2, 3]

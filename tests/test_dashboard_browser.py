@@ -29,6 +29,8 @@ from tether.run import (
     CheckpointConfig,
     EvalConfig,
     RolloutConfig,
+    RunEvent,
+    Status,
     TasksConfig,
     TrainConfig,
     TrainerConfig,
@@ -69,9 +71,9 @@ class Training:
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._main, daemon=True)
 
-    def _event(self, kind: str, payload: Any) -> None:
-        if kind == "status":
-            self.lines.append(str(payload))
+    def _event(self, event: RunEvent) -> None:
+        if isinstance(event, Status):
+            self.lines.append(event.text)
 
     def _main(self) -> None:
         async def go() -> None:

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from tether._progress import Progress
 from tether.records import Call
-from tether.run import StepReport, batch_diagnostics
+from tether.run import StepDone, StepReport, batch_diagnostics
 from tether.trainer.algorithms import compute_advantages
 from tether.trainer.samples import build_samples
 
@@ -47,7 +47,7 @@ def test_batch_diagnostics_of_a_known_batch() -> None:
 
 def _line(metrics: dict[str, float], step: int = 11, total: int = 40) -> str:
     console = Console(file=io.StringIO(), width=300)
-    Progress(total, console=console, live=False)("step", StepReport(step, metrics))
+    Progress(total, console=console, live=False)(StepDone(StepReport(step, metrics)))
     return console.file.getvalue().rstrip("\n")
 
 
@@ -74,7 +74,7 @@ def test_step_line_shows_entropy_and_zero_variance_share() -> None:
 def test_live_table_has_the_new_columns() -> None:
     console = Console(file=io.StringIO(), width=200)
     progress = Progress(4, console=console, live=False)
-    progress("step", StepReport(0, {**STEP, "entropy": 1.25, "zero_variance_frac": 0.25}))
+    progress(StepDone(StepReport(0, {**STEP, "entropy": 1.25, "zero_variance_frac": 0.25})))
     console.print(progress._render())
     text = console.file.getvalue()
     assert "entropy" in text and "zero-var" in text and "1.25" in text and "25%" in text

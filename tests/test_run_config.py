@@ -199,3 +199,65 @@ def test_a_gateway_section_keeps_the_training_gateway_on_a_free_port(
 
         assert asyncio.run(go()) not in (0, DEFAULT_PORT)
     assert serve_config(None, [], {}).gateway.port is None  # serve resolves it to 8321
+
+
+# -- every size, count and ratio is checked when the config is loaded -----------------------
+
+BAD_VALUES = [
+    ("tasks.train_size=0", r"tasks\.train_size \(0\) must be >= 1; "),
+    ("tasks.val_size=-1", r"tasks\.val_size \(-1\) must be >= 0; "),
+    (
+        "tasks.val_size=0",
+        r"tasks\.val_size \(0\) must be >= 1 with eval\.enabled: .*eval\.enabled=false",
+    ),
+    ("rollout.batch_groups=0", r"rollout\.batch_groups \(0\) must be >= 1; "),
+    ("rollout.n=1", r"rollout\.n \(1\) must be >= 2"),
+    ("model.max_batch_size=0", r"model\.max_batch_size \(0\) must be >= 1; "),
+    (
+        "model.train_dtype=fp16",
+        r"model\.train_dtype \('fp16'\) must be one of 'float32', 'bfloat16'",
+    ),
+    ("model.rollout_dtype=int4", r"model\.rollout_dtype \('int4'\) must be one of 'float32', "),
+    ("checkpoint.keep=0", r"checkpoint\.keep \(0\) must be >= 1; "),
+    ("checkpoint.every=-1", r"checkpoint\.every \(-1\) must be >= 0; "),
+    ("eval.every=-1", r"eval\.every \(-1\) must be >= 0"),
+    ("eval.tasks=0", r"eval\.tasks \(0\) and eval\.samples \(4\) must be >= 1"),
+    ("eval.temperature=-0.5", r"eval\.temperature \(-0\.5\) must be a finite number >= 0"),
+    ("eval.temperature=nan", r"eval\.temperature \(nan\) must be a finite number >= 0"),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), BAD_VALUES)
+def test_a_bad_size_count_or_choice_is_one_line_at_load_time(override: str, message: str) -> None:
+    with pytest.raises(UserError, match=message) as err:
+        load_config(TrainConfig, None, [override])
+    assert "\n" not in str(err.value)
+
+
+def test_val_size_zero_is_fine_without_evals() -> None:
+    cfg = load_config(TrainConfig, None, ["tasks.val_size=0", "eval.enabled=false"])
+    assert cfg.tasks.val_size == 0
+
+
+def test_train_size_zero_through_the_cli_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    config = str(ROOT / "examples/calc/config.yaml")
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tether.cli",
+            "train",
+            config,
+            f"dir={tmp_path}",
+            "tasks.train_size=0",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "tasks.train_size (0) must be >= 1" in r.stderr
+    assert not (tmp_path / "calc").exists()  # refused before anything was made

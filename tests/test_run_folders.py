@@ -290,3 +290,31 @@ def test_the_demo_command_default_is_the_demo_config_default() -> None:
     assert inspect.signature(cli.demo).parameters["steps"].default == DEMO_STEPS
     cfg = demo_config()
     assert cfg.trainer.steps == DEMO_STEPS and cfg.eval.every == DEMO_STEPS // 4
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_looking_at_a_run_folder_writes_nothing_to_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """holds_run (check_new_run, free_name) opens the store read-only: no -wal/-shm made, no
+    migration of a store an older tether wrote, every byte as it was."""
+    from tether.store import _migrations
+
+    current, old = tmp_path / "current", tmp_path / "old"
+    for folder in (current, old):
+        folder.mkdir()
+    with Store(current / "traces.sqlite") as store:
+        store.create_run({"name": "current", "extra": {}})
+    with monkeypatch.context() as m:  # a store an older tether wrote (schema version 1)
+        m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:1])
+        with Store(old / "traces.sqlite") as store:
+            store.create_run({"name": "old", "extra": {}})
+    for folder in (current, old):
+        before = _files(folder)
+        assert holds_run(folder)
+        assert _files(folder) == before, folder.name
+    check_new_run(tmp_path, "elsewhere")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "old"]

@@ -101,7 +101,7 @@ def _drive(out: Path, model: Path, resume: bool) -> None:
             update = run.trainer.update
 
             def update_and_mark(samples: list) -> dict[str, float]:
-                step = run.start_step + len(run.history)
+                step = run.step  # the update in progress
                 # Stand-ins for dropout or data augmentation, so that a resume that
                 # did not restore the RNG states ends in other states than a clean run.
                 torch.rand(())

@@ -5,14 +5,27 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-__all__ = ["NOISY_IMPORTS", "Progress", "plot_curve", "quiet_imports", "quiet_loading"]
+from tether.run import (
+    CheckpointSaved,
+    EvalDone,
+    EvalProgress,
+    EvalStart,
+    Resumed,
+    RunEvent,
+    Status,
+    StepDone,
+)
 
+if TYPE_CHECKING:
+    from tether.run import EvalResult
+
+__all__ = ["NOISY_IMPORTS", "Progress", "plot_curve", "quiet_imports", "quiet_loading"]
 
 #: Loggers that speak when transformers is imported: it imports torchao (when installed)
 #: with any model class, and on a CPU-only torch torchao logs that its CUDA kernels
@@ -40,7 +53,8 @@ def quiet_loading() -> None:
 
 
 class Progress:
-    """Receives the training run's events and keeps a live table on the terminal.
+    """Receives the training run's events (``tether.run.RunEvent``) and keeps a live table
+    on the terminal.
 
     Each step shows ``H``, the mean entropy (nats) of the sampling distribution over
     the trained tokens (falling: the policy sharpens), and ``zero-var``, the share
@@ -90,43 +104,35 @@ class Progress:
             while self._eval[3] <= 3 and done >= start.rollouts * self._eval[3] / 4:
                 self._eval[3] += 1  # one line even when a tick passes several quarters
 
-    def __call__(self, kind: str, payload: Any) -> None:
-        if kind == "status":
-            self._print(str(payload))
-        elif kind == "eval_start":
-            self._eval = [payload, 0, time.monotonic(), 1]
-            self._print(
-                f"evaluating at step {payload.step}: {payload.what} ({payload.rollouts} rollouts)…"
-            )
-        elif kind == "eval_progress":
-            self._eval_tick()
-        elif kind == "step":
-            self.rows.append(payload)
-            self.step_times.append(payload.metrics.get("step_s", 0.0))
-            if not self._live:
-                self.console.print(self._line(payload), highlight=False, soft_wrap=True)
-        elif kind == "eval":
-            self._eval = None
-            self.evals.append(payload)
-            greedy = "-" if payload.greedy is None else f"{payload.greedy:.0%}"
-            msg = (
-                f"eval @ step {payload.step}: sampled success {payload.sampled:.0%}, greedy {greedy} "
-                f"({payload.tasks} held-out tasks, {payload.rollouts} rollouts, {payload.wall_s:.0f} s)"
-            )
-            (self._live.console if self._live else self.console).print(
-                msg, highlight=False, soft_wrap=True
-            )
-        elif kind == "resume":
-            (self._live.console if self._live else self.console).print(
-                f"resumed from {payload.path}: step {payload.step + 1}/{self.total} next",
-                highlight=False,
-            )
-        elif kind == "checkpoint":
-            (self._live.console if self._live else self.console).print(
-                f"checkpoint: {payload}", highlight=False
-            )
+    def __call__(self, event: RunEvent) -> None:
+        match event:
+            case Status(text):
+                self._print(text)
+            case EvalStart() as start:
+                self._eval = [start, 0, time.monotonic(), 1]
+                self._print(
+                    f"evaluating at step {start.step}: {start.what} ({start.rollouts} rollouts)…"
+                )
+            case EvalProgress():
+                self._eval_tick()
+            case StepDone(report):
+                self.rows.append(report)
+                self.step_times.append(report.metrics.get("step_s", 0.0))
+                if not self._live:
+                    self.console.print(self._line(report), highlight=False, soft_wrap=True)
+            case EvalDone(result):
+                self._eval = None
+                self.evals.append(result)
+                self._say(_eval_line(result), soft_wrap=True)
+            case Resumed(at):
+                self._say(f"resumed from {at.path}: step {at.step + 1}/{self.total} next")
+            case CheckpointSaved(_, path):
+                self._say(f"checkpoint: {path}")
         if self._live:
             self._live.update(self._render())
+
+    def _say(self, msg: str, **kw: Any) -> None:
+        (self._live.console if self._live else self.console).print(msg, highlight=False, **kw)
 
     def _eta(self) -> str:
         if not self.step_times:
@@ -182,6 +188,14 @@ class Progress:
             start, done = self._eval[0], self._eval[1]
             footer.add_row(f"evaluating at step {start.step}: {done}/{start.rollouts} rollouts")
         return Group(table, footer)
+
+
+def _eval_line(r: EvalResult) -> str:
+    greedy = "-" if r.greedy is None else f"{r.greedy:.0%}"
+    return (
+        f"eval @ step {r.step}: sampled success {r.sampled:.0%}, greedy {greedy} "
+        f"({r.tasks} held-out tasks, {r.rollouts} rollouts, {r.wall_s:.0f} s)"
+    )
 
 
 def _num(m: dict[str, float], key: str, spec: str) -> str:

@@ -6,6 +6,8 @@ the store and the trainer.
   (``_tasks.py``), held-out evals (``_evaluate.py``), failed-collection
   checks (``_failures.py``), run folders and ``--resume`` (``_rundir.py``),
   what a run derives from its config and its final status (``_setup.py``);
+  the run's parts, built once (``_parts.py``), and the typed events its
+  listener gets (``_events.py``: :data:`RunEvent`);
 - the other training processes of ``trainer.processes`` > 1 or a launcher
   (``_ranks.py``; :func:`serve_rank` is what ranks 1.. run);
 - :mod:`tether.run.config`: the run's composite config, one YAML file.
@@ -46,7 +48,16 @@ if TYPE_CHECKING:
     )
     from tether.run._diagnostics import batch_diagnostics
     from tether.run._evaluate import EvalResult, StepReport
-    from tether.run._events import EvalStart
+    from tether.run._events import (
+        CheckpointSaved,
+        EvalDone,
+        EvalProgress,
+        EvalStart,
+        Resumed,
+        RunEvent,
+        Status,
+        StepDone,
+    )
     from tether.run._failures import check_collection
     from tether.run._loop import TrainingRun
     from tether.run._ranks import RankGroup, rank_from_env, serve_rank
@@ -64,8 +75,11 @@ if TYPE_CHECKING:
 __all__ = [
     "AsyncRollouts",
     "CheckpointConfig",
+    "CheckpointSaved",
     "Collected",
     "EvalConfig",
+    "EvalDone",
+    "EvalProgress",
     "EvalResult",
     "EvalStart",
     "Grader",
@@ -74,9 +88,13 @@ __all__ = [
     "ModelConfig",
     "RankGroup",
     "ResumePoint",
+    "Resumed",
     "RetryPolicy",
     "RolloutConfig",
     "RolloutOutcome",
+    "RunEvent",
+    "Status",
+    "StepDone",
     "StepReport",
     "TasksConfig",
     "TrackingConfig",
@@ -117,7 +135,19 @@ _LAZY = {
         ],
         "tether.run._collect",
     ),
-    "EvalStart": "tether.run._events",
+    **dict.fromkeys(
+        [
+            "CheckpointSaved",
+            "EvalDone",
+            "EvalProgress",
+            "EvalStart",
+            "Resumed",
+            "RunEvent",
+            "Status",
+            "StepDone",
+        ],
+        "tether.run._events",
+    ),
     "batch_diagnostics": "tether.run._diagnostics",
     "check_collection": "tether.run._failures",
     **dict.fromkeys(["EvalResult", "StepReport"], "tether.run._evaluate"),

@@ -41,7 +41,9 @@ from tether.run._collect import (
     Grader,
     RetryPolicy,
     RolloutOutcome,
+    cancel_opened,
     finish_outcome,
+    gather_ended,
     run_attempts,
 )
 from tether.runner import Runner
@@ -129,18 +131,9 @@ class AsyncRollouts:
         gid = f"{self.run_id}-{self.tag}-g{index}"
         try:
             task = self.task_at(index)
-            opened = [
-                self.gw.open_rollout(
-                    task.data,
-                    rollout_id=f"{gid}-{k}",
-                    run_id=self.run_id,
-                    group_id=gid,
-                    task_id=task.id,
-                    queued=True,  # running once the runner starts its agent
-                )
-                for k in range(self.n)
-            ]
-            outcomes = await asyncio.gather(*(self._rollout(index, task, o) for o in opened))
+            opened = self._open(gid, task)
+            # the first rollout to raise cancels its siblings: they end before the group does
+            outcomes = await gather_ended([self._rollout(index, task, o) for o in opened])
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a store or gateway fault: stop the run, loudly
@@ -152,6 +145,26 @@ class AsyncRollouts:
             self.running.pop(index, None)
             self._changed.set()
         self.fill()
+
+    def _open(self, gid: str, task: Task) -> list[OpenedRollout]:
+        """The group's ``n`` rollouts, queued; all cancelled again when one cannot be opened."""
+        opened: list[OpenedRollout] = []
+        try:
+            for k in range(self.n):
+                opened.append(
+                    self.gw.open_rollout(
+                        task.data,
+                        rollout_id=f"{gid}-{k}",
+                        run_id=self.run_id,
+                        group_id=gid,
+                        task_id=task.id,
+                        queued=True,  # running once the runner starts its agent
+                    )
+                )
+        except BaseException:
+            cancel_opened(self.gw, opened, "opening the group's rollouts failed")
+            raise
+        return opened
 
     async def _rollout(self, group: int, task: Task, opened: OpenedRollout) -> RolloutOutcome:
         """Run the rollout's attempts (retried as in sync mode); grade the last one."""

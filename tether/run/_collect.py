@@ -16,6 +16,13 @@ Success: a grader returns the reward as a float, or ``{"reward": float,
 the failing tests now pass, not merely a partial reward). Without that
 flag a usable reward counts as a success when it is above 0, or at least
 ``rollout.success_threshold`` when that is set (:func:`is_success`).
+
+Failures: whatever goes wrong, every rollout a collection opened ends
+``succeeded``, ``failed`` or ``cancelled`` before the error reaches the run.
+A rollout whose runner raises cancels its siblings (:func:`gather_ended`); a
+grader bug (a malformed result) ends its rollout ``failed``, the others are
+still graded, and the first error is raised after all of them ended; a
+failure while opening the rollouts cancels the ones already opened.
 """
 
 from __future__ import annotations
@@ -26,9 +33,9 @@ import importlib
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from tether.errors import UserError
 from tether.gateway import Gateway, OpenedRollout
@@ -40,8 +47,11 @@ __all__ = [
     "Grader",
     "RetryPolicy",
     "RolloutOutcome",
+    "cancel_opened",
     "collect_groups",
+    "finish_all",
     "finish_outcome",
+    "gather_ended",
     "is_success",
     "load_grader",
     "read_grade",
@@ -49,6 +59,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: ``grade(task, final_answer)`` -> the reward, or ``{"reward": float, "success": bool}``.
 Grader = Callable[[dict[str, Any], str | None], float | Mapping[str, Any]]
@@ -211,7 +223,8 @@ async def run_attempts(
     """Run the rollout's attempts until one is final; return that attempt and its result.
 
     Cancelled (the run is stopping): the agent is stopped by the runner, the current
-    attempt ends ``cancelled`` in the store, and no further attempt starts.
+    attempt ends ``cancelled`` in the store, and no further attempt starts. A runner that
+    raises ends the attempt ``failed`` and the error goes on.
     """
     while True:
         try:
@@ -220,6 +233,15 @@ async def run_attempts(
             with contextlib.suppress(Exception):  # it may have been finished meanwhile
                 gw.finish_rollout(
                     o.rollout_id, RolloutStatus.CANCELLED, attempt=o.attempt, error="cancelled"
+                )
+            raise
+        except Exception as exc:  # the runner itself broke: the attempt ends failed, the run stops
+            with contextlib.suppress(Exception):
+                gw.finish_rollout(
+                    o.rollout_id,
+                    RolloutStatus.FAILED,
+                    attempt=o.attempt,
+                    error=f"the runner raised: {exc!r}",
                 )
             raise
         if not policy.retries(result):
@@ -260,7 +282,19 @@ def finish_outcome(
     flag: bool | None = None
     source = RewardSource.GRADER
     if result.ok:
-        raw, flag, source = _reward(result, task.data, grader, gw)
+        try:
+            raw, flag, source = _reward(result, task.data, grader, gw)
+        except Exception as exc:  # a grader bug (UserError) or a store fault: end it, then raise
+            with contextlib.suppress(Exception):
+                gw.finish_rollout(
+                    opened.rollout_id,
+                    RolloutStatus.FAILED,
+                    attempt=opened.attempt,
+                    error=f"grading failed: {exc}",
+                    exit_code=result.exit_code,
+                    output_tail=result.output_tail,
+                )
+            raise
         reward = _clean(raw)
     error = result.error
     if result.ok and reward is None:
@@ -312,26 +346,70 @@ async def collect_groups(
     """
     t0 = time.perf_counter()
     policy = retry or RetryPolicy.of(runner)
-    opened = []
-    for g, task in enumerate(tasks):
-        for i in range(n):
-            o = gw.open_rollout(
-                task.data,
-                rollout_id=f"{run_id}-{tag}-g{g}-{i}",
-                run_id=run_id,
-                group_id=f"{run_id}-{tag}-g{g}",
-                task_id=task.id,
-                sampling=sampling,
-                queued=True,  # running once the runner starts its agent
-            )
-            opened.append((g, task, o))
-    finals = await asyncio.gather(
-        *(run_attempts(gw, runner, o, task, policy, sampling, run_id) for _, task, o in opened)
+    opened: list[tuple[int, Task, OpenedRollout]] = []
+    try:
+        for g, task in enumerate(tasks):
+            for i in range(n):
+                o = gw.open_rollout(
+                    task.data,
+                    rollout_id=f"{run_id}-{tag}-g{g}-{i}",
+                    run_id=run_id,
+                    group_id=f"{run_id}-{tag}-g{g}",
+                    task_id=task.id,
+                    sampling=sampling,
+                    queued=True,  # running once the runner starts its agent
+                )
+                opened.append((g, task, o))
+    except BaseException:
+        cancel_opened(gw, [o for _, _, o in opened], "opening the batch's rollouts failed")
+        raise
+    finals = await gather_ended(
+        [run_attempts(gw, runner, o, task, policy, sampling, run_id) for _, task, o in opened]
     )
-    outcomes = []
-    tokens = 0
-    for (g, task, _), (o, result) in zip(opened, finals, strict=True):
-        outcome = finish_outcome(gw, o, task, result, grader, g, success_threshold)
-        tokens += sum(len(c.completion_ids) for c in outcome.calls)
-        outcomes.append(outcome)
+    graded = [(g, task, o, r) for (g, task, _), (o, r) in zip(opened, finals, strict=True)]
+    outcomes = finish_all(gw, graded, grader, success_threshold)
+    tokens = sum(len(c.completion_ids) for o in outcomes for c in o.calls)
     return Collected(outcomes, time.perf_counter() - t0, tokens)
+
+
+async def gather_ended(aws: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """``asyncio.gather`` of rollouts' attempts, where the first to raise cancels the others
+    (their rollouts end ``cancelled``, see :func:`run_attempts`) and is raised once they ended;
+    cancelling the gather cancels them all the same way."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def finish_all(
+    gw: Gateway,
+    graded: list[tuple[int, Task, OpenedRollout, AttemptResult]],
+    grader: Grader | None,
+    success_threshold: float | None,
+) -> list[RolloutOutcome]:
+    """:func:`finish_outcome` of each (group, task, attempt, result); every rollout ends even
+    when grading one raises (that one ends ``failed``), then the first error is raised."""
+    outcomes: list[RolloutOutcome] = []
+    first: Exception | None = None
+    for g, task, o, result in graded:
+        try:
+            outcomes.append(finish_outcome(gw, o, task, result, grader, g, success_threshold))
+        except Exception as exc:
+            first = first or exc
+    if first is not None:
+        raise first
+    return outcomes
+
+
+def cancel_opened(gw: Gateway, opened: list[OpenedRollout], why: str) -> None:
+    """End rollouts that were opened but will not run as ``cancelled`` (``why`` as the error)."""
+    for o in opened:
+        with contextlib.suppress(Exception):  # one that already ended stays as it ended
+            gw.finish_rollout(
+                o.rollout_id, RolloutStatus.CANCELLED, attempt=o.attempt, error=f"cancelled: {why}"
+            )

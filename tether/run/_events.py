@@ -1,18 +1,81 @@
-"""What the training run tells its on_event listener while an eval runs (see _loop.py)."""
+"""What a training run tells its ``on_event`` listener: one frozen class per kind of event.
+
+:data:`RunEvent` is their union; a listener (the CLI's progress display,
+``tether/_progress.py``) dispatches on the class:
+
+- :class:`Status`: a line about start-up (loading the model, the run folder, the dashboard);
+- :class:`EvalStart`, :class:`EvalProgress` (after each eval attempt), :class:`EvalDone`;
+- :class:`StepDone`: an update's report;
+- :class:`Resumed`: ``--resume`` continued from a checkpoint;
+- :class:`CheckpointSaved`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Counted", "EvalStart"]
+if TYPE_CHECKING:
+    from tether.run._evaluate import EvalResult, StepReport
+    from tether.run._rundir import ResumePoint
+
+__all__ = [
+    "CheckpointSaved",
+    "Counted",
+    "EvalDone",
+    "EvalProgress",
+    "EvalStart",
+    "Resumed",
+    "RunEvent",
+    "Status",
+    "StepDone",
+]
 
 
-@dataclass
+@dataclass(frozen=True)
+class Status:
+    text: str
+
+
+@dataclass(frozen=True)
 class EvalStart:
     step: int
     rollouts: int  # attempts expected (retries add more)
     what: str  # "100 tasks × 4 samples + greedy"
+
+
+@dataclass(frozen=True)
+class EvalProgress:
+    """One more attempt of the running eval ended."""
+
+
+@dataclass(frozen=True)
+class EvalDone:
+    result: EvalResult
+
+
+@dataclass(frozen=True)
+class StepDone:
+    report: StepReport
+
+
+@dataclass(frozen=True)
+class Resumed:
+    at: ResumePoint
+
+
+@dataclass(frozen=True)
+class CheckpointSaved:
+    step: int
+    path: Path
+
+
+RunEvent = Status | EvalStart | EvalProgress | EvalDone | StepDone | Resumed | CheckpointSaved
+
+
+def ignore(event: RunEvent) -> None:
+    """The listener of a run that was given none."""
 
 
 class Counted:

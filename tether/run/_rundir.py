@@ -28,7 +28,7 @@ from typing import Any
 
 from tether.errors import UserError
 from tether.records import Run, RunStatus
-from tether.store import NotFound, Store
+from tether.store import NotFound, Store, StoreError
 from tether.trainer.checkpoint import checkpoint_state, latest_checkpoint
 
 __all__ = ["ResumePoint", "check_new_run", "free_name", "holds_run", "past_metrics", "resume_point"]
@@ -43,13 +43,22 @@ def holds_run(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a training run: a checkpoint, or a training record in its
     store — not an eval's, and not one that failed before its first step (a broken agent
     stopping the run at its first eval leaves nothing to continue, so fixing the agent and
-    training again under the same name works; that record stays in the store)."""
+    training again under the same name works; that record stays in the store).
+
+    It only looks: the store is opened read-only (``peek``: no file is made beside it,
+    nothing migrated). A store it cannot read that way (written by another tether
+    version, or damaged) counts as holding a run: the name is refused, not overwritten.
+    """
     if latest_checkpoint(run_dir / "checkpoints") is not None:
         return True
     db = run_dir / "traces.sqlite"
     if not db.is_file():
         return False
-    with Store(db) as store:
+    try:
+        store = Store(db, peek=True)
+    except StoreError:
+        return True
+    with store:
         return any(
             not _is_eval(r.config) and not _failed_before_training(store, r)
             for r in store.list_runs()

@@ -19,13 +19,13 @@ from tether.configio import dump
 from tether.errors import Interrupted
 from tether.gateway import GatewayConfig, admin_key_file, is_loopback
 from tether.records import RunStatus
-from tether.run._async import AsyncRollouts
+from tether.run._async import AsyncRollouts, Learn
 from tether.run._rundir import ResumePoint
 from tether.run._tasks import tasks_for_step
 from tether.run.config import TrainConfig
 
 if TYPE_CHECKING:
-    from tether.run._loop import TrainingRun
+    from tether.run._parts import RunParts
 
 __all__ = [
     "admin_key_path",
@@ -94,23 +94,25 @@ def resolve_model_path(path: str) -> Path:
     return Path(path)
 
 
-def async_rollouts(run: TrainingRun) -> AsyncRollouts:
-    """Async mode's rollouts for an open ``run``: groups of its train tasks, learned from
-    with ``run.learn``, from the group its start step (``--resume``) is at."""
-    cfg = run.cfg
+def async_rollouts(
+    cfg: TrainConfig, parts: RunParts, learn: Learn, start_step: int
+) -> AsyncRollouts:
+    """Async mode's rollouts over an open run's ``parts``: groups of its train tasks, learned
+    from with ``learn``, from the group its ``start_step`` (``--resume``) is at."""
+    engine = parts.engine
     return AsyncRollouts(
-        run.gateway,
-        run.runner,
-        lambda i: tasks_for_step(run.train_tasks, i, 1, cfg.tasks.seed)[0],
+        parts.gateway,
+        parts.runner,
+        lambda i: tasks_for_step(parts.train_tasks, i, 1, cfg.tasks.seed)[0],
         cfg.rollout.n,
-        grader=run.grader,
-        run_id=run.run_record.id,
+        grader=parts.grader,
+        run_id=parts.run_record.id,
         batch_groups=cfg.rollout.batch_groups,
         max_in_flight=cfg.groups_in_flight,
         max_lag=cfg.trainer.max_policy_lag,
         lag_policy=cfg.trainer.lag_policy,
-        learn=run.learn,
-        version=lambda: run.engine.policy_version,
-        first_group=run.start_step * cfg.rollout.batch_groups,
+        learn=learn,
+        version=lambda: engine.policy_version,
+        first_group=start_step * cfg.rollout.batch_groups,
         success_threshold=cfg.rollout.success_threshold,
     )

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from tether.errors import UserError
 from tether.gateway import GatewayConfig
@@ -41,10 +41,20 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def _positive(section: str, **values: float) -> None:
-    for name, value in values.items():
-        if not value > 0:
-            raise UserError(f"{section}.{name} ({value}) must be > 0")
+def _at_least(least: int, where: str, value: int, fix: str) -> None:
+    """``where (value) must be >= least; fix`` unless ``value >= least``."""
+    if not value >= least:
+        raise UserError(f"{where} ({value}) must be >= {least}; {fix}")
+
+
+def _one_of(where: str, value: object, options: tuple[str, ...]) -> None:
+    """The Literal fields' check for configs built in Python (configio checks loaded ones)."""
+    if value not in options:
+        raise UserError(f"{where} ({value!r}) must be one of {', '.join(map(repr, options))}")
+
+
+TrainDtype = Literal["float32", "bfloat16"]
+RolloutDtype = Literal["float32", "bfloat16", "int8"]
 
 
 @dataclass
@@ -54,22 +64,18 @@ class ModelConfig:
     #: cpu, cuda, cuda:1, ...
     device: str = "cpu"
     #: Autocast dtype of the trainer's forward/backward: float32 or bfloat16 (weights stay fp32).
-    train_dtype: str = "float32"
+    train_dtype: TrainDtype = "float32"
     #: Most sequences the embedded engine decodes at once.
     max_batch_size: int = 64
     #: Weights the embedded engine samples with: float32 (the trainer's own), bfloat16 or
     #: int8 (its own cast / weight-only quantized copy, rebuilt after each update; int8
     #: needs torchao). Pair int8 with trainer.tis_cap (docs/int8.md).
-    rollout_dtype: str = "float32"
+    rollout_dtype: RolloutDtype = "float32"
 
     def __post_init__(self) -> None:
-        if self.train_dtype not in ("float32", "bfloat16"):
-            raise UserError(f"model.train_dtype ({self.train_dtype!r}) must be float32 or bfloat16")
-        if self.rollout_dtype not in ("float32", "bfloat16", "int8"):
-            raise UserError(
-                f"model.rollout_dtype ({self.rollout_dtype!r}) must be float32, bfloat16 or int8"
-            )
-        _positive("model", max_batch_size=self.max_batch_size)
+        _one_of("model.train_dtype", self.train_dtype, ("float32", "bfloat16"))
+        _one_of("model.rollout_dtype", self.rollout_dtype, ("float32", "bfloat16", "int8"))
+        _at_least(1, "model.max_batch_size", self.max_batch_size, "e.g. model.max_batch_size=64")
 
 
 @dataclass
@@ -77,9 +83,15 @@ class TasksConfig:
     #: "calc" (generated arithmetic tasks) or a JSONL file with one task object per line
     #: and a "split" field ("train"/"val") on each; in a config file, relative to its folder.
     source: str = "calc"
+    #: Train tasks used (the first ones; the calc generator makes this many).
     train_size: int = 2000
+    #: Held-out (val) tasks used; 0 only with eval.enabled=false.
     val_size: int = 100
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        _at_least(1, "tasks.train_size", self.train_size, "every update draws its tasks from them")
+        _at_least(0, "tasks.val_size", self.val_size, "0 keeps no held-out tasks")
 
 
 @dataclass
@@ -101,7 +113,7 @@ class RolloutConfig:
             raise UserError(
                 f"rollout.n ({self.n}) must be >= 2: group advantages need 2 samples or more per task"
             )
-        _positive("rollout", batch_groups=self.batch_groups)
+        _at_least(1, "rollout.batch_groups", self.batch_groups, "it is the tasks per update")
         t = self.success_threshold
         if t is not None and (isinstance(t, bool) or not math.isfinite(t)):
             raise UserError(
@@ -131,6 +143,11 @@ class EvalConfig:
                 f"eval.tasks ({self.tasks}) and eval.samples ({self.samples}) must be >= 1; "
                 "to skip held-out evaluation set eval.enabled=false"
             )
+        t = self.temperature
+        if isinstance(t, bool) or not (math.isfinite(t) and t >= 0):
+            raise UserError(
+                f"eval.temperature ({t}) must be a finite number >= 0 (0: greedy); e.g. 1.0"
+            )
 
 
 @dataclass
@@ -139,6 +156,10 @@ class CheckpointConfig:
     every: int = 0
     #: How many checkpoints to keep.
     keep: int = 2
+
+    def __post_init__(self) -> None:
+        _at_least(0, "checkpoint.every", self.every, "0 saves only at the end")
+        _at_least(1, "checkpoint.keep", self.keep, "the newest one is what --resume continues")
 
 
 @dataclass
@@ -174,6 +195,14 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.tracking, TrackingConfig):  # the list form: the sinks
             self.tracking = TrackingConfig(sinks=list(self.tracking))
+        if self.eval.enabled and self.tasks.val_size < 1:
+            raise UserError(
+                f"tasks.val_size ({self.tasks.val_size}) must be >= 1 with eval.enabled: "
+                "the evals run on them; raise it or set eval.enabled=false"
+            )
+        self._check_async()
+
+    def _check_async(self) -> None:
         t, b = self.trainer, self.rollout.batch_groups
         if t.mode != "async":
             return

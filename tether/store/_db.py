@@ -13,7 +13,12 @@ it does not wait for the writer.
 A read-only database (``read_only=True``: the dashboard, over a file a
 training run is writing) opens no writer at all: its connections are opened
 ``mode=ro``, it never migrates, and it refuses a file whose schema version is
-not the one this tether writes.
+not the one this tether writes. With ``peek`` as well (a one-off look, such as
+whether a run folder holds a run) it creates no file either: a WAL file that no
+connection holds has no ``-wal`` beside it, and a ``mode=ro`` reader would make
+an empty ``-wal`` and ``-shm`` and leave them; it is then opened
+``immutable=1`` instead (nothing is being written to it). When a ``-wal`` is
+there, those files exist already and the plain read-only open is used.
 """
 
 from __future__ import annotations
@@ -37,7 +42,12 @@ class Database:
     """The connections of one :class:`~tether.store.Store`."""
 
     def __init__(
-        self, path: str | Path, synchronous: str, busy_timeout_s: float, read_only: bool = False
+        self,
+        path: str | Path,
+        synchronous: str,
+        busy_timeout_s: float,
+        read_only: bool = False,
+        peek: bool = False,
     ) -> None:
         mode = str(synchronous).upper()
         if mode not in SYNCHRONOUS:
@@ -49,7 +59,9 @@ class Database:
         if not busy_timeout_s > 0:
             raise UserError(f"busy_timeout_s ({busy_timeout_s}) must be > 0")
         self.path = str(path)
-        self.read_only = read_only
+        self.read_only = read_only or peek
+        #: immutable=1: a peek at a file that no connection holds (no -wal beside it)
+        self._immutable = peek and not Path(f"{path}-wal").exists()
         self.synchronous = mode
         self._busy_ms = int(busy_timeout_s * 1000)
         self._lock = threading.Lock()
@@ -58,7 +70,7 @@ class Database:
         self._readers: list[sqlite3.Connection] = []
         self._closed = False
         self.migrations_run = 0
-        if read_only:
+        if self.read_only:
             self._open_read_only()
             return
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
@@ -95,7 +107,8 @@ class Database:
             )
 
     def _connect(self, *, query_only: bool = False) -> sqlite3.Connection:
-        target = Path(self.path).resolve().as_uri() + "?mode=ro" if self.read_only else self.path
+        query = "?mode=ro&immutable=1" if self._immutable else "?mode=ro"
+        target = Path(self.path).resolve().as_uri() + query if self.read_only else self.path
         conn = sqlite3.connect(
             target,
             uri=self.read_only,

@@ -114,6 +114,8 @@ class Store(RunLog, Browse):
     ``read_only=True`` opens an existing file for reading only (no writer
     connection, no migration; every write raises :class:`StoreError`): what a
     viewer such as ``tether dashboard`` uses on a store a run is writing.
+    ``peek=True`` is a read-only open for a one-off look that creates no file
+    beside the store (no ``-wal``/``-shm``; see ``_db.py``).
     """
 
     def __init__(
@@ -123,8 +125,9 @@ class Store(RunLog, Browse):
         synchronous: str = "NORMAL",
         busy_timeout_s: float = 10.0,
         read_only: bool = False,
+        peek: bool = False,
     ) -> None:
-        self._db = Database(path, synchronous, busy_timeout_s, read_only)
+        self._db = Database(path, synchronous, busy_timeout_s, read_only, peek)
 
     def __enter__(self) -> Store:
         return self

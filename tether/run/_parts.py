@@ -1,0 +1,322 @@
+"""The parts of a training run, built once, in order, and torn down in reverse.
+
+:func:`open_parts` builds the training processes (``trainer.processes`` > 1),
+the tokenizer and the trainer, the engine, the store and the run's record,
+the tracking sinks, the tasks and the grader, the gateway with its dashboard
+and server, and the agent runner, in that order, into one :class:`RunParts`.
+Each part's close goes on the caller's :class:`contextlib.AsyncExitStack` as
+soon as the part exists, so closing the stack tears down what was built, in
+reverse: the runner before the server (an agent that outlived its gateway
+would fail as "unreachable" and be retried), the server before the engine,
+the store last but the model. A close that raises is logged and the others
+still run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tether.dashboard import Catalog
+from tether.engine import Engine, TransformersEngine
+from tether.gateway import Gateway, GatewayConfig, LoopServer, create_app
+from tether.records import Run, Task
+from tether.run._collect import Grader, load_grader
+from tether.run._events import RunEvent, Status
+from tether.run._ranks import RankGroup
+from tether.run._rundir import ResumePoint
+from tether.run._setup import end_status, gateway_config, record_config, resolve_model_path
+from tether.run._tasks import load_tasks
+from tether.run._ui import mount_ui, ui_line
+from tether.run.config import TrainConfig
+from tether.runner import Runner, make_runner
+from tether.store import AlreadyExists, Store
+from tether.tracking import Tracking, open_tracking
+from tether.trainer import PolicyTrainer
+from tether.trainer.distributed import world_from_env
+from tether.trainer.errors import TrainerError
+
+__all__ = ["PartsView", "RunParts", "open_parts"]
+
+log = logging.getLogger(__name__)
+
+Say = Callable[[RunEvent], None]
+
+
+@dataclass(frozen=True)
+class RunParts:
+    """Everything an open training run uses (see the module docstring for the order)."""
+
+    ranks: RankGroup | None  # the other training processes; None alone
+    model_path: Path
+    tokenizer: Any
+    trainer: PolicyTrainer
+    engine: Engine
+    store: Store
+    #: The run's config as its store record and checkpoints hold it (``extra`` gains
+    #: ``command``, ``resumed_from``, ``resumed_at``); the TrainConfig itself is never changed.
+    record_config: dict[str, Any]
+    run_record: Run
+    #: The id of the run's first store record: the same across --resume, and the ``run``
+    #: its checkpoints carry (pruning only touches this run's checkpoints).
+    lineage: str
+    tracking: Tracking
+    train_tasks: list[Task]
+    val_tasks: list[Task]
+    grader: Grader | None
+    gateway: Gateway
+    #: The gateway's effective config: the admin key made when none was given, the
+    #: server's URL, async mode's hold timeout (``cfg.gateway`` is left as given).
+    gateway_config: GatewayConfig
+    ui: Catalog  # the dashboard at /ui
+    server: LoopServer
+    runner: Runner
+
+
+class PartsView:
+    """The parts of an open run as its attributes (``run.store``, ``run.engine``, ...)."""
+
+    _parts: RunParts | None
+    _model_path: Path | None
+
+    @property
+    def parts(self) -> RunParts:
+        if self._parts is None:
+            raise TrainerError("the run is not open: use it as `async with TrainingRun(cfg)`")
+        return self._parts
+
+    @property
+    def ranks(self) -> RankGroup | None:
+        return self._parts.ranks if self._parts else None
+
+    @property
+    def model_path(self) -> Path | None:
+        return self._parts.model_path if self._parts else self._model_path
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.parts.tokenizer
+
+    @property
+    def trainer(self) -> PolicyTrainer:
+        return self.parts.trainer
+
+    @property
+    def engine(self) -> Engine:
+        return self.parts.engine
+
+    @property
+    def store(self) -> Store:
+        return self.parts.store
+
+    @property
+    def run_record(self) -> Run:
+        return self.parts.run_record
+
+    @property
+    def tracking(self) -> Tracking:
+        return self.parts.tracking
+
+    @property
+    def train_tasks(self) -> list[Task]:
+        return self.parts.train_tasks
+
+    @property
+    def val_tasks(self) -> list[Task]:
+        return self.parts.val_tasks
+
+    @property
+    def gateway(self) -> Gateway:
+        return self.parts.gateway
+
+    @property
+    def gateway_config(self) -> GatewayConfig:
+        return self.parts.gateway_config
+
+    @property
+    def server(self) -> LoopServer:
+        return self.parts.server
+
+    @property
+    def runner(self) -> Runner:
+        return self.parts.runner
+
+
+def _close(stack: AsyncExitStack, close: Callable[[], Awaitable[object] | object]) -> None:
+    """Put ``close`` on ``stack``; its error is logged, so teardown reaches every part."""
+
+    async def quietly() -> None:
+        try:
+            done = close()
+            if asyncio.iscoroutine(done) or isinstance(done, asyncio.Future):
+                await done
+        except Exception:
+            log.exception("error while shutting down")
+
+    stack.push_async_callback(quietly)
+
+
+def _on_exit(stack: AsyncExitStack, close: Callable[[bool], object]) -> None:
+    """Like :func:`_close`, with whether the run failed (an exception is ending it)."""
+
+    async def quietly(exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            done = close(exc_type is not None)
+            if asyncio.iscoroutine(done):
+                await done
+        except Exception:
+            log.exception("error while shutting down")
+
+    stack.push_async_exit(quietly)
+
+
+async def open_parts(
+    cfg: TrainConfig,
+    stack: AsyncExitStack,
+    say: Say,
+    *,
+    command: str,
+    model_path: Path | None,
+    engine: Engine | None,
+    resume: ResumePoint | None,
+) -> RunParts:
+    """Build the run's parts (their closes on ``stack``); ``engine`` replaces the embedded one."""
+    ranks = None
+    if command == "train" and (cfg.trainer.processes > 1 or world_from_env() > 1):
+        say(Status("starting the training processes"))
+        ranks = RankGroup.start(cfg.trainer, cfg.model.device)
+        group = ranks
+        _on_exit(stack, lambda failed: asyncio.to_thread(group.close, not failed))
+    model = await _model(cfg, stack, say, ranks, model_path, engine)
+    records = _records(cfg, stack, say, command, resume)
+    serving = await _serve(cfg, stack, say, model["engine"], model["tokenizer"], records["store"])
+    parts = RunParts(ranks=ranks, **model, **records, **serving)
+    trainer = parts.trainer
+    _close(stack, trainer.stop)  # first at teardown: an update on its thread ends soon
+    return parts
+
+
+async def _model(
+    cfg: TrainConfig,
+    stack: AsyncExitStack,
+    say: Say,
+    ranks: RankGroup | None,
+    model_path: Path | None,
+    engine: Engine | None,
+) -> dict[str, Any]:
+    """The tokenizer, the trainer and the engine (one copy of the weights when they can share)."""
+    from tether.starter import load_model, load_tokenizer
+
+    say(Status(f"loading the model {model_path or cfg.model.path}"))
+    path = model_path or resolve_model_path(cfg.model.path)
+    tokenizer = load_tokenizer(path)
+    policy = load_model(path, dtype=torch.float32, device=cfg.model.device)
+    trainer = PolicyTrainer(
+        policy,
+        cfg.trainer,
+        device=cfg.model.device,
+        train_dtype=cfg.model.train_dtype,
+        pad_id=tokenizer.pad_token_id or 0,
+        ranks=ranks.ranks if ranks else None,
+    )
+    if ranks is not None:
+        ranks.hello(trainer, path, cfg.model.train_dtype)
+    share = engine is None and trainer.can_share_weights()  # one copy, not two
+    if engine is None:
+        m = cfg.model
+        engine = TransformersEngine(
+            trainer.model if share else load_model(path, dtype=torch.float32, device=m.device),
+            tokenizer,
+            device=m.device,
+            max_batch_size=m.max_batch_size,
+            seed=cfg.trainer.seed,
+            rollout_dtype=None if m.rollout_dtype == "float32" else m.rollout_dtype,
+        )
+    _close(stack, engine.close)  # the run owns the engine, a given one too
+    if share:
+        trainer.share_weights(engine.weights_lock)
+    if cfg.model.rollout_dtype != "float32" and not cfg.trainer.tis_cap:
+        log.warning(
+            "model.rollout_dtype %s without trainer.tis_cap: the PPO ratio is taken against "
+            "the rounded engine's logprobs; set trainer.tis_cap=2 to correct (docs/int8.md)",
+            cfg.model.rollout_dtype,
+        )
+    return {"model_path": path, "tokenizer": tokenizer, "trainer": trainer, "engine": engine}
+
+
+def _records(
+    cfg: TrainConfig, stack: AsyncExitStack, say: Say, command: str, resume: ResumePoint | None
+) -> dict[str, Any]:
+    """The store, the run's record (its final status set at teardown), tracking, the tasks."""
+    run_dir = Path(cfg.dir) / cfg.name
+    store = Store(run_dir / "traces.sqlite")
+    _close(stack, store.close)
+    say(Status(f"run folder {run_dir}  traces {run_dir / 'traces.sqlite'}"))
+    config = record_config(cfg, command, resume)
+    record = store.create_run(config, run_id=f"{cfg.name}-{secrets.token_hex(4)}")
+
+    def set_status(exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            store.set_run_status(record.id, end_status(exc_type))
+        except Exception:
+            log.exception("error while shutting down")
+
+    stack.push(set_status)
+    tracking = Tracking([])
+    if command == "train":
+        tracking = open_tracking(cfg.tracking, run_dir, record.id, record.config)
+        _on_exit(stack, lambda failed: tracking.close(failed=failed))
+    train_tasks, val_tasks = load_tasks(cfg.tasks)
+    try:  # the run's task set, so its rollouts' task_ids resolve to their task
+        store.add_tasks(train_tasks + val_tasks, run_id=record.id)
+    except AlreadyExists as e:  # two tasks share an id: the run itself is unaffected
+        log.warning("tasks not stored: %s; give each task in tasks.source its own id", e)
+    return {
+        "store": store,
+        "record_config": config,
+        "run_record": record,
+        "lineage": (resume.run if resume else None) or record.id,
+        "tracking": tracking,
+        "train_tasks": train_tasks,
+        "val_tasks": val_tasks,
+        "grader": load_grader(cfg.rollout.grader),
+    }
+
+
+async def _serve(
+    cfg: TrainConfig, stack: AsyncExitStack, say: Say, engine: Engine, tokenizer: Any, store: Store
+) -> dict[str, Any]:
+    """The gateway, its dashboard and its server, and the runner that starts the agents."""
+    gcfg = gateway_config(cfg)
+    gcfg.check_bind()
+    say(Status("starting the gateway and the agent runner"))
+    gateway = Gateway(engine, tokenizer, store, gcfg, seed=cfg.trainer.seed)
+    app = create_app(gateway)
+    assert gcfg.admin_key, "gateway_config always sets an admin key"
+    ui = mount_ui(app, Path(cfg.dir) / cfg.name, cfg.name, gcfg.admin_key, tokenizer)
+    _close(stack, ui.close)
+    server = await LoopServer(app, gcfg.host, gcfg.port or 0).start()
+    _close(stack, server.stop)
+    if not gcfg.public_url:  # port 0: the URL is known once the server listens
+        gcfg = gateway.config = dataclasses.replace(gcfg, public_url=server.url)
+    say(Status(ui_line(cfg, server.url)))
+    runner = make_runner(cfg.agent)
+    _close(stack, runner.close)
+    # rollouts wait as "queued" until the runner starts their agent
+    runner.on_start = lambda launch: gateway.mark_running(launch.rollout_id, launch.attempt)
+    return {
+        "gateway": gateway,
+        "gateway_config": gcfg,
+        "ui": ui,
+        "server": server,
+        "runner": runner,
+    }
