@@ -79,7 +79,7 @@ def engine_speed(model_path: Path, concurrency: int, max_tokens: int) -> dict[st
 
 
 async def one_run(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dict:
-    from tether._cli_train import demo_config
+    from tether.cli._train_run import demo_config
     from tether.engine import weight_bytes
     from tether.run import EvalConfig, TrainingRun
 

@@ -266,7 +266,7 @@ def test_the_demo_replaces_its_own_previous_run_and_says_so(tmp_path: Path) -> N
 
     from rich.console import Console
 
-    from tether._cli_train import demo_config, replace_demo_run
+    from tether.cli._train_run import demo_config, replace_demo_run
 
     cfg = demo_config(seed=3)
     run_dir = tmp_path / cfg.name
@@ -281,12 +281,13 @@ def test_the_demo_replaces_its_own_previous_run_and_says_so(tmp_path: Path) -> N
 
 
 def test_the_demo_command_default_is_the_demo_config_default() -> None:
-    """`tether demo` (cli.py keeps its import light) and demo_config agree on the length."""
+    """`tether demo` (tether/cli/_train.py keeps its import light) and demo_config agree on
+    the length."""
     import inspect
 
-    from tether import cli
-    from tether._cli_train import DEMO_STEPS, demo_config
+    from tether.cli._train import demo
+    from tether.cli._train_run import DEMO_STEPS, demo_config
 
-    assert inspect.signature(cli.demo).parameters["steps"].default == DEMO_STEPS
+    assert inspect.signature(demo).parameters["steps"].default == DEMO_STEPS
     cfg = demo_config()
     assert cfg.trainer.steps == DEMO_STEPS and cfg.eval.every == DEMO_STEPS // 4

@@ -161,7 +161,7 @@ def _record_keys(given: list[str] | tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _load_engine(model: str | None, *, device: str, max_batch_size: int):
-    from tether._progress import quiet_loading
+    from tether.cli._progress import quiet_loading
     from tether.engine import TransformersEngine
     from tether.starter import build_starter, load_tokenizer
 
