@@ -50,7 +50,9 @@ def tok() -> PreTrainedTokenizerFast:
 @pytest.fixture(scope="module")
 def starter_tok(tmp_path_factory: pytest.TempPathFactory):
     starter = pytest.importorskip("tether.starter")
-    return starter.load_tokenizer(starter.build_starter(cache_dir=tmp_path_factory.mktemp("s")))
+    from tether.models import load_tokenizer
+
+    return load_tokenizer(starter.build_starter(cache_dir=tmp_path_factory.mktemp("s")))
 
 
 @pytest.fixture(scope="module", params=["tiny", "starter"])
@@ -383,14 +385,15 @@ def test_stream_reassembles(tok: PreTrainedTokenizerFast, text: str) -> None:
 
 def test_starter_calc_turn_is_prefix_stable(starter_tok) -> None:
     """prompt₂ extends prompt₁ + completion₁ token for token, through parse and re-render."""
-    from tether.starter import calc, stop_token_ids
+    from tether.engine import end_of_turn_ids
+    from tether.starter import calc
 
     msgs = [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": "3+4?"}]
     prompt1 = render_prompt(starter_tok, msgs, [calc.CALCULATOR_TOOL])
     text = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "3 + 4"}}\n</tool_call>'
     completion = [*starter_tok.encode(text, add_special_tokens=False), starter_tok.eos_token_id]
     decoded = chat.decode_completion(
-        starter_tok, completion, stop_token_ids=stop_token_ids(starter_tok)
+        starter_tok, completion, stop_token_ids=list(end_of_turn_ids(starter_tok))
     )
     parsed = get_parser("hermes").parse(decoded)
     assert parsed.content is None and parsed.tool_calls[0]["function"]["name"] == "calculator"

@@ -20,8 +20,9 @@ SOURCES = sorted((ROOT / "tether").rglob("*.py"))
 # The components table (README "Layout"), as data: component -> the components it may import.
 # Shared leaves: ``errors`` (the exception root), ``configio`` (config files), ``_hf`` (the one
 # transformers/peft compatibility module: torch/transformers/peft only), ``_memory``, ``_lazy``
-# (lazy package exports), ``_exit`` (leaving a process without the interpreter's teardown).
-LEAVES = {"errors", "configio", "_hf", "_memory", "_lazy", "_exit"}
+# (lazy package exports), ``_exit`` (leaving a process without the interpreter's teardown),
+# ``models`` (finding and loading any model folder or hub id: transformers, errors).
+LEAVES = {"errors", "configio", "_hf", "_memory", "_lazy", "_exit", "models"}
 KNOWS: dict[str, set[str]] = {
     "records": set(),
     "errors": set(),
@@ -30,13 +31,14 @@ KNOWS: dict[str, set[str]] = {
     "_memory": set(),
     "_lazy": set(),
     "_exit": set(),
+    "models": {"errors", "_lazy"},  # and transformers, huggingface_hub, torch
     "store": {"records", "errors"},
-    "engine": {"records", "errors", "_hf", "_lazy"},
+    "engine": {"records", "errors", "_hf", "_lazy", "models"},
     "chat": {"errors"},
     "gateway": {"engine", "chat", "store", "records", "errors", "configio", "_lazy"},
     "runner": {"records", "store", "errors", "configio", "_lazy"},
     "trainer": {"records", "errors", "_hf", "_lazy"},  # and torch, transformers/peft
-    "starter": {"engine", "chat", "errors", "_hf", "_lazy"},  # and transformers
+    "starter": {"engine", "chat", "errors", "_hf", "_lazy", "models"},  # and transformers
     # reads stores (read-only) and shows samples as the trainer builds them; FastAPI, Jinja2
     "dashboard": {"records", "store", "trainer", "errors", "_lazy"},
     # watching a run: sinks, export, report. It reads the store; the trainer's public
@@ -54,10 +56,6 @@ KNOWS: dict[str, set[str]] = {
 
 # Imports that cross the table on purpose: (importing module, imported component) -> why.
 EXCEPTIONS = {
-    ("tether.engine._transformers", "starter"): (
-        "TransformersEngine('starter') resolves the starter model's folder and tokenizer "
-        "(imported inside the function, on first use)"
-    ),
     ("tether.trainer.checkpoint", "store"): (
         "a checkpoint saves the run config with the store's secret-redaction rule"
     ),

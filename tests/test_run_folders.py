@@ -64,7 +64,7 @@ def test_a_new_one_step_run_keeps_its_checkpoint_beside_an_older_runs_higher_ste
     starter_dir: Path, tokenizer: Any, tmp_path: Path
 ) -> None:
     """The bug: keep=1 kept the highest step of the folder, deleting the new run's step-1."""
-    from tether.starter import load_model
+    from tether.models import load_model
     from tether.trainer import PolicyTrainer
     from tether.trainer.config import TrainerConfig
 

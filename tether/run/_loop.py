@@ -138,7 +138,7 @@ class TrainingRun:
             raise
 
     async def _open(self) -> TrainingRun:
-        from tether.starter import load_model, load_tokenizer
+        from tether.models import load_model, load_tokenizer
 
         cfg = self.cfg
         resume = (  # before the slow part: "nothing to resume" is a one-line error at once

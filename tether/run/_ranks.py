@@ -197,7 +197,7 @@ def serve_rank(timeout_s: float, device: str = "cpu") -> int:
 
 
 def _serve(ranks: Ranks) -> None:
-    from tether.starter import load_model
+    from tether.models import load_model
 
     trainer: PolicyTrainer | None = None
     while True:
