@@ -32,9 +32,9 @@ KNOWS: dict[str, set[str]] = {
     "_lazy": set(),
     "_exit": set(),
     "models": {"errors", "_lazy"},  # and transformers, huggingface_hub, torch
-    "store": {"records", "errors"},
+    "store": {"records", "errors", "_lazy"},
     "engine": {"records", "errors", "_hf", "_lazy", "models"},
-    "chat": {"errors"},
+    "chat": {"errors", "_lazy"},
     "gateway": {"engine", "chat", "store", "records", "errors", "configio", "_lazy"},
     "runner": {"records", "store", "errors", "configio", "_lazy"},
     "trainer": {"records", "errors", "_hf", "_lazy"},  # and torch, transformers/peft

@@ -23,62 +23,69 @@ Model output never raises: text a parser cannot read comes back as content.
 
 from __future__ import annotations
 
-from tether.chat._errors import (
-    ChatError,
-    InvalidMessages,
-    MissingChatTemplate,
-    TemplateRenderError,
-    UnknownParser,
-    UnsupportedContent,
-)
-from tether.chat._history import HistoryCache
-from tether.chat._incremental import LiveText, live_prefix
-from tether.chat._parsers import (
-    CallIds,
-    ParsedMessage,
-    ToolCallParser,
-    finish_reason_for,
-    get_parser,
-    parser_names,
-    random_call_id,
-    register_parser,
-)
-from tether.chat._prompt import PromptEncoder, turn_token
-from tether.chat._render import (
-    decode_completion,
-    normalize_messages,
-    normalize_tools,
-    render_prompt,
-    render_text,
-)
-from tether.chat._stream import assemble_chunks, stream_chunks, usage_chunk
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "CallIds",
-    "ChatError",
-    "HistoryCache",
-    "InvalidMessages",
-    "LiveText",
-    "MissingChatTemplate",
-    "ParsedMessage",
-    "PromptEncoder",
-    "TemplateRenderError",
-    "ToolCallParser",
-    "UnknownParser",
-    "UnsupportedContent",
-    "assemble_chunks",
-    "decode_completion",
-    "finish_reason_for",
-    "get_parser",
-    "live_prefix",
-    "normalize_messages",
-    "normalize_tools",
-    "parser_names",
-    "random_call_id",
-    "register_parser",
-    "render_prompt",
-    "render_text",
-    "stream_chunks",
-    "turn_token",
-    "usage_chunk",
-]
+from tether._lazy import lazy_exports
+
+#: The package's face: each name and the module it lives in, imported on first use
+#: (none needs more than the tokenizers the caller already has).
+_EXPORTS = {
+    "CallIds": "._parsers",
+    "ChatError": "._errors",
+    "HistoryCache": "._history",
+    "InvalidMessages": "._errors",
+    "LiveText": "._incremental",
+    "MissingChatTemplate": "._errors",
+    "ParsedMessage": "._parsers",
+    "PromptEncoder": "._prompt",
+    "TemplateRenderError": "._errors",
+    "ToolCallParser": "._parsers",
+    "UnknownParser": "._errors",
+    "UnsupportedContent": "._errors",
+    "assemble_chunks": "._stream",
+    "decode_completion": "._render",
+    "finish_reason_for": "._parsers",
+    "get_parser": "._parsers",
+    "live_prefix": "._incremental",
+    "normalize_messages": "._render",
+    "normalize_tools": "._render",
+    "parser_names": "._parsers",
+    "random_call_id": "._parsers",
+    "register_parser": "._parsers",
+    "render_prompt": "._render",
+    "render_text": "._render",
+    "stream_chunks": "._stream",
+    "turn_token": "._prompt",
+    "usage_chunk": "._stream",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+    from ._errors import ChatError as ChatError
+    from ._errors import InvalidMessages as InvalidMessages
+    from ._errors import MissingChatTemplate as MissingChatTemplate
+    from ._errors import TemplateRenderError as TemplateRenderError
+    from ._errors import UnknownParser as UnknownParser
+    from ._errors import UnsupportedContent as UnsupportedContent
+    from ._history import HistoryCache as HistoryCache
+    from ._incremental import LiveText as LiveText
+    from ._incremental import live_prefix as live_prefix
+    from ._parsers import CallIds as CallIds
+    from ._parsers import ParsedMessage as ParsedMessage
+    from ._parsers import ToolCallParser as ToolCallParser
+    from ._parsers import finish_reason_for as finish_reason_for
+    from ._parsers import get_parser as get_parser
+    from ._parsers import parser_names as parser_names
+    from ._parsers import random_call_id as random_call_id
+    from ._parsers import register_parser as register_parser
+    from ._prompt import PromptEncoder as PromptEncoder
+    from ._prompt import turn_token as turn_token
+    from ._render import decode_completion as decode_completion
+    from ._render import normalize_messages as normalize_messages
+    from ._render import normalize_tools as normalize_tools
+    from ._render import render_prompt as render_prompt
+    from ._render import render_text as render_text
+    from ._stream import assemble_chunks as assemble_chunks
+    from ._stream import stream_chunks as stream_chunks
+    from ._stream import usage_chunk as usage_chunk

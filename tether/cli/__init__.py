@@ -15,10 +15,12 @@
 
 from __future__ import annotations
 
-from tether.cli._app import app, main
+from typing import TYPE_CHECKING
 
-# Each command module registers its commands on `app` when imported; this order is the
-# order of `tether --help`.
+from tether._lazy import lazy_exports
+
+# Each command module registers its commands on the app when imported; this order is
+# the order of `tether --help`.
 # isort: off
 from tether.cli import _serve  # noqa: F401
 from tether.cli import _train  # noqa: F401
@@ -28,4 +30,14 @@ from tether.cli import _rollouts  # noqa: F401
 
 # isort: on
 
-__all__ = ["app", "main"]
+#: The package's face: each name and the module it lives in.
+_EXPORTS = {
+    "app": "._app",
+    "main": "._app",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+    from ._app import app as app
+    from ._app import main as main
