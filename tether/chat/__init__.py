@@ -3,8 +3,8 @@
 The gateway renders the prompt itself (:func:`render_prompt`), so the ids it
 records are exactly what the model saw, and parses the completion text back
 into an OpenAI assistant message (:func:`get_parser`), streamed or not
-(:func:`stream_chunks`; :class:`LiveText` releases a completion's content
-token by token while it is generated). :class:`PromptEncoder` encodes a growing
+(:class:`LiveText` releases a completion's content token by token while it
+is generated). :class:`PromptEncoder` encodes a growing
 conversation's prompt text reusing the ids of the prefix it has seen;
 :class:`HistoryCache` renders and encodes only a conversation's new turns.
 
@@ -30,7 +30,6 @@ from tether._lazy import lazy_exports
 #: The package's face: each name and the module it lives in, imported on first use
 #: (none needs more than the tokenizers the caller already has).
 _EXPORTS = {
-    "CallIds": "._parsers",
     "ChatError": "._errors",
     "HistoryCache": "._history",
     "InvalidMessages": "._errors",
@@ -42,21 +41,13 @@ _EXPORTS = {
     "ToolCallParser": "._parsers",
     "UnknownParser": "._errors",
     "UnsupportedContent": "._errors",
-    "assemble_chunks": "._stream",
     "decode_completion": "._render",
     "finish_reason_for": "._parsers",
     "get_parser": "._parsers",
-    "live_prefix": "._incremental",
-    "normalize_messages": "._render",
-    "normalize_tools": "._render",
     "parser_names": "._parsers",
-    "random_call_id": "._parsers",
     "register_parser": "._parsers",
     "render_prompt": "._render",
     "render_text": "._render",
-    "stream_chunks": "._stream",
-    "turn_token": "._prompt",
-    "usage_chunk": "._stream",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
@@ -70,22 +61,13 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._errors import UnsupportedContent as UnsupportedContent
     from ._history import HistoryCache as HistoryCache
     from ._incremental import LiveText as LiveText
-    from ._incremental import live_prefix as live_prefix
-    from ._parsers import CallIds as CallIds
     from ._parsers import ParsedMessage as ParsedMessage
     from ._parsers import ToolCallParser as ToolCallParser
     from ._parsers import finish_reason_for as finish_reason_for
     from ._parsers import get_parser as get_parser
     from ._parsers import parser_names as parser_names
-    from ._parsers import random_call_id as random_call_id
     from ._parsers import register_parser as register_parser
     from ._prompt import PromptEncoder as PromptEncoder
-    from ._prompt import turn_token as turn_token
     from ._render import decode_completion as decode_completion
-    from ._render import normalize_messages as normalize_messages
-    from ._render import normalize_tools as normalize_tools
     from ._render import render_prompt as render_prompt
     from ._render import render_text as render_text
-    from ._stream import assemble_chunks as assemble_chunks
-    from ._stream import stream_chunks as stream_chunks
-    from ._stream import usage_chunk as usage_chunk

@@ -35,14 +35,12 @@ _EXPORTS = {
     "AgentLoadError": "._base",
     "Attempt": "._base",
     "AttemptResult": "._base",
-    "INFRA_FAULTS": "._base",
     "InProcessRunner": "._inprocess",
     "KubernetesConfig": "._remote_config",
     "Launch": "._base",
     "MODES": "._config",
     "PoolRunner": "._pool",
     "ProcessRunner": "._process",
-    "RUNNERS": "._config",
     "RayConfig": "._remote_config",
     "Runner": "._base",
     "RunnerBase": "._template",
@@ -51,19 +49,14 @@ _EXPORTS = {
     "RunnerError": "._base",
     "WorkerError": "._base",
     "agent_env": "._base",
-    "job_manifest": "._k8s_manifest",
-    "job_name": "._k8s_manifest",
     "kill_live_groups": "._child",
-    "label_value": "._k8s_manifest",
     "load_callable": "._worker",
     "make_runner": "._factory",
-    "rebase": "._base",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
-    from ._base import INFRA_FAULTS as INFRA_FAULTS
     from ._base import AgentLoadError as AgentLoadError
     from ._base import Attempt as Attempt
     from ._base import AttemptResult as AttemptResult
@@ -73,16 +66,11 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._base import RunnerError as RunnerError
     from ._base import WorkerError as WorkerError
     from ._base import agent_env as agent_env
-    from ._base import rebase as rebase
     from ._child import kill_live_groups as kill_live_groups
     from ._config import MODES as MODES
-    from ._config import RUNNERS as RUNNERS
     from ._config import RunnerConfig as RunnerConfig
     from ._factory import make_runner as make_runner
     from ._inprocess import InProcessRunner as InProcessRunner
-    from ._k8s_manifest import job_manifest as job_manifest
-    from ._k8s_manifest import job_name as job_name
-    from ._k8s_manifest import label_value as label_value
     from ._pool import PoolRunner as PoolRunner
     from ._process import ProcessRunner as ProcessRunner
     from ._remote_config import KubernetesConfig as KubernetesConfig

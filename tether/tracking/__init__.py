@@ -26,20 +26,11 @@ from tether._lazy import lazy_exports
 _EXPORTS = {
     "CALL_FIELDS": "._export",
     "EXPORT_FORMATS": "._export",
-    "MlflowSink": "._sinks",
     "ROW_FIELDS": "._export",
-    "SAMPLE_FIELDS": "._export",
-    "SINKS": ".config",
-    "Sink": "._sinks",
-    "SinkSpec": "._sinks",
     "StepSamples": "._steps",
-    "TensorBoardSink": "._sinks",
     "Tracking": "._hub",
     "TrackingConfig": ".config",
-    "WandbSink": "._sinks",
     "export_attempts": "._export",
-    "flatten_config": "._sinks",
-    "metric_tag": "._sinks",
     "normalize_tracking": ".config",
     "open_tracking": "._hub",
     "run_tensorboard": "._tensorboard",
@@ -56,24 +47,15 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._export import CALL_FIELDS as CALL_FIELDS
     from ._export import EXPORT_FORMATS as EXPORT_FORMATS
     from ._export import ROW_FIELDS as ROW_FIELDS
-    from ._export import SAMPLE_FIELDS as SAMPLE_FIELDS
     from ._export import export_attempts as export_attempts
     from ._export import write_rows as write_rows
     from ._hub import Tracking as Tracking
     from ._hub import open_tracking as open_tracking
     from ._hub import sample_rows as sample_rows
     from ._report import write_report as write_report
-    from ._sinks import MlflowSink as MlflowSink
-    from ._sinks import Sink as Sink
-    from ._sinks import SinkSpec as SinkSpec
-    from ._sinks import TensorBoardSink as TensorBoardSink
-    from ._sinks import WandbSink as WandbSink
-    from ._sinks import flatten_config as flatten_config
-    from ._sinks import metric_tag as metric_tag
     from ._steps import StepSamples as StepSamples
     from ._steps import step_samples as step_samples
     from ._steps import training_sample_rows as training_sample_rows
     from ._tensorboard import run_tensorboard as run_tensorboard
-    from .config import SINKS as SINKS
     from .config import TrackingConfig as TrackingConfig
     from .config import normalize_tracking as normalize_tracking
