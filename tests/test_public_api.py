@@ -124,3 +124,10 @@ def test_the_checks_see_a_drifted_table() -> None:
     assert _table("tether.store")["Store"] == "tether.store._store"
     assert _type_checking_imports("tether.store")["Store"] == "tether.store._store"
     assert _absolute("tether.store", "_codec", 1) != _table("tether.store")["Store"]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_dir_shows_the_face_not_the_inits_own_imports(package: str) -> None:
+    shown = {n for n in dir(importlib.import_module(package)) if not n.startswith("_")}
+    assert set(importlib.import_module(package).__all__) <= shown
+    assert not shown & {"TYPE_CHECKING", "lazy_exports", "annotations"}
