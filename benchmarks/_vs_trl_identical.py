@@ -71,8 +71,8 @@ def _own_logprobs(model: Any, prompt: list[int], completion: list[int]) -> list[
 
 
 def _tether(path: str, rows: list[dict], n: int, lr: float) -> dict[str, Any]:
+    from tether.models import load_model
     from tether.records import Call
-    from tether.starter import load_model
     from tether.trainer import PolicyTrainer, TrainerConfig, build_samples
     from tether.trainer.algorithms import compute_advantages
 
@@ -121,7 +121,7 @@ def _trl(path: str, rows: list[dict], n: int, lr: float, out: str) -> dict[str, 
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
-    from tether.starter import load_model, load_tokenizer
+    from tether.models import load_model, load_tokenizer
 
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"  # rollout_func is marked experimental
     model = load_model(path, dtype=torch.float32)
@@ -211,7 +211,7 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def run_identical(model_path: str, grade: Any, lr: float, out: str) -> None:
     """Print the comparison (the module docstring says what and how)."""
-    from tether.starter import load_tokenizer
+    from tether.models import load_tokenizer
 
     rows = _batch(load_tokenizer(model_path), grade, _messages)
     n = len(REPLIES)

@@ -52,7 +52,7 @@ def run_trl(args: argparse.Namespace) -> dict:
     from vs_trl import evaluate, grade, messages, prompt_text, task_sequence, tools, val_tasks
 
     from tether.chat import render_prompt
-    from tether.starter import load_model, load_tokenizer
+    from tether.models import load_model, load_tokenizer
 
     torch.manual_seed(args.seed)
     tokenizer = load_tokenizer(args.model)

@@ -30,7 +30,8 @@ from tether.engine import SamplingParams, TransformersEngine
 def build_model(device: str) -> tuple[Any, str]:
     """The starter model (untrained weights are as fast as trained ones), else a look-alike."""
     try:
-        from tether.starter import build_starter, load_model
+        from tether.models import load_model
+        from tether.starter import build_starter
 
         return load_model(build_starter(), dtype=torch.float32, device=device), "tether.starter"
     except Exception as exc:  # the starter is optional here

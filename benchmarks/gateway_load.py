@@ -93,7 +93,7 @@ def serve(kind: str, starter: str, store_path: str) -> None:
     """Run the gateway (or the echo app) until SIGTERM; print ``PORT <n>`` once it listens."""
     from tether.engine.testing import NullEngine
     from tether.gateway import Gateway, GatewayConfig, LoopServer, create_app
-    from tether.starter import load_tokenizer
+    from tether.models import load_tokenizer
     from tether.store import Store
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")

@@ -78,7 +78,7 @@ def serve(starter: str, store_path: str) -> None:
     process's event loop.
     """
     from tether.gateway import Gateway, GatewayConfig, LoopServer, create_app
-    from tether.starter import load_tokenizer
+    from tether.models import load_tokenizer
     from tether.store import Store
 
     async def main() -> None:
@@ -302,7 +302,7 @@ def count_stored(store_path: Path, rollouts: list[str]) -> int:
 
 async def run(args: argparse.Namespace, starter: Path, tmp: Path) -> int:
     from tether.chat import render_prompt
-    from tether.starter import load_tokenizer
+    from tether.models import load_tokenizer
 
     tokenizer = load_tokenizer(starter)
     key = secrets.token_urlsafe(24)

@@ -47,7 +47,7 @@ VARIANTS = {"fp32": ("float32", 0.0), "int8": ("int8", 0.0), "int8+TIS": ("int8"
 def engine_speed(model_path: Path, concurrency: int, max_tokens: int) -> dict[str, Any]:
     """tokens/s per dtype (two interleaved rounds each) and served weight bytes."""
     from tether.engine import SamplingParams, TransformersEngine, weight_bytes
-    from tether.starter import load_model
+    from tether.models import load_model
 
     params = SamplingParams(max_tokens=max_tokens, temperature=1.0, ignore_eos=True, seed=1)
     prompts = [[3 + (7 * i + j) % 1500 for j in range(48)] for i in range(concurrency)]
@@ -79,7 +79,7 @@ def engine_speed(model_path: Path, concurrency: int, max_tokens: int) -> dict[st
 
 
 async def one_run(args: argparse.Namespace, variant: str, seed: int, out: Path) -> dict:
-    from tether._cli_train import demo_config
+    from tether.cli._train_run import demo_config
     from tether.engine import weight_bytes
     from tether.run import EvalConfig, TrainingRun
 

@@ -31,7 +31,8 @@ from tether.engine import SamplingParams, TransformersEngine
 def load(shape: str, device: str) -> tuple[Any, str]:
     if shape != "starter":
         return random_model(shape, device), f"random {shape}-shaped Qwen2 (fp32 weights)"
-    from tether.starter import build_starter, load_model
+    from tether.models import load_model
+    from tether.starter import build_starter
 
     return load_model(build_starter(warm=True), device=device), "the warm starter model"
 

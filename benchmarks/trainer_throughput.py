@@ -92,7 +92,8 @@ def _batch(tokenizer, n_rollouts: int = 64):
 def child(name: str, updates: int) -> None:
     import torch
 
-    from tether.starter import build_starter, load_model, load_tokenizer
+    from tether.models import load_model, load_tokenizer
+    from tether.starter import build_starter
     from tether.trainer import PolicyTrainer
     from tether.trainer.config import TrainerConfig
 

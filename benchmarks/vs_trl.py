@@ -313,7 +313,8 @@ def main() -> int:
         ) from None
     from _vs_trl_report import content_hash, mean_sd, table
 
-    from tether.starter import build_starter, load_model, load_tokenizer
+    from tether.models import load_model, load_tokenizer
+    from tether.starter import build_starter
 
     args.model = str(Path(args.model or build_starter(warm=True)).resolve())
     if args.identical:

@@ -32,7 +32,7 @@ def starter_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tokenizer(starter_dir: Path) -> Any:
     try:
-        from tether.starter import load_tokenizer
+        from tether.models import load_tokenizer
     except ModuleNotFoundError as exc:  # no torch (dev/py310.sh): what load_tokenizer does
         if exc.name != "torch":
             raise
@@ -46,7 +46,7 @@ def tokenizer(starter_dir: Path) -> Any:
 def model(starter_dir: Path) -> Any:
     """The starter model, loaded once per test module (a module may define its own
     ``model``); tests that train must load their own copy."""
-    from tether.starter import load_model
+    from tether.models import load_model
 
     return load_model(starter_dir)
 

@@ -16,16 +16,14 @@ from tether.errors import UserError
 from tether.gateway import Gateway, GatewayConfig, LoopServer, create_app
 from tether.records import Call, RolloutStatus, Split, Task
 from tether.run import (
-    AsyncRollouts,
     EvalConfig,
-    Group,
     RolloutConfig,
     RolloutOutcome,
     TasksConfig,
     TrainConfig,
     TrainerConfig,
-    group_lag,
 )
+from tether.run._async import AsyncRollouts, Group, group_lag
 from tether.runner import RunnerConfig, make_runner
 from tether.store import Store
 

@@ -12,16 +12,17 @@ from transformers import PreTrainedTokenizerFast
 
 import tether.chat as chat
 from tether.chat import (
-    CallIds,
     ChatError,
     InvalidMessages,
     ParsedMessage,
-    assemble_chunks,
     get_parser,
     render_prompt,
     render_text,
-    stream_chunks,
 )
+from tether.chat._parsers import CallIds, random_call_id
+from tether.chat._prompt import turn_token
+from tether.chat._render import normalize_messages
+from tether.chat._stream import assemble_chunks, stream_chunks, usage_chunk
 from tether.chat.testing import tiny_chat_tokenizer
 
 PARAMS = {"type": "object", "properties": {"expression": {"type": "string"}}}
@@ -50,7 +51,9 @@ def tok() -> PreTrainedTokenizerFast:
 @pytest.fixture(scope="module")
 def starter_tok(tmp_path_factory: pytest.TempPathFactory):
     starter = pytest.importorskip("tether.starter")
-    return starter.load_tokenizer(starter.build_starter(cache_dir=tmp_path_factory.mktemp("s")))
+    from tether.models import load_tokenizer
+
+    return load_tokenizer(starter.build_starter(cache_dir=tmp_path_factory.mktemp("s")))
 
 
 @pytest.fixture(scope="module", params=["tiny", "starter"])
@@ -81,7 +84,7 @@ def test_render_full_conversation(tok: PreTrainedTokenizerFast) -> None:
 def test_ids_match_transformers_and_decode_back(tok: PreTrainedTokenizerFast) -> None:
     ids = render_prompt(tok, CONVERSATION, TOOLS)
     text = render_text(tok, CONVERSATION, TOOLS)
-    msgs = chat.normalize_messages(CONVERSATION)
+    msgs = normalize_messages(CONVERSATION)
     ref = tok.apply_chat_template(msgs, tools=TOOLS, add_generation_prompt=True, tokenize=True)
     assert ids == list(getattr(ref, "input_ids", ref))
     assert tok.decode(ids, skip_special_tokens=False) == text
@@ -109,7 +112,7 @@ def test_content_parts_developer_and_pydantic_messages(tok: PreTrainedTokenizerF
         {"role": "assistant", "content": "", "tool_calls": [CALL]},
     ]
     assert render_text(tok, parts) == render_text(tok, plain)
-    assert chat.normalize_messages(parts)[2] == {
+    assert normalize_messages(parts)[2] == {
         "role": "assistant",
         "content": "",
         "tool_calls": [
@@ -120,7 +123,7 @@ def test_content_parts_developer_and_pydantic_messages(tok: PreTrainedTokenizerF
 
 def test_normalize_keeps_input_and_odd_arguments() -> None:
     original = json.loads(json.dumps(CONVERSATION))
-    chat.normalize_messages(original)
+    normalize_messages(original)
     assert original == CONVERSATION
     odd = [{"role": "assistant", "content": "x", "tool_calls": [dict(CALL)]}]
     for sent, expected in [
@@ -130,7 +133,7 @@ def test_normalize_keeps_input_and_odd_arguments() -> None:
         ('{"a": 1}', {"a": 1}),
     ]:
         odd[0]["tool_calls"][0] = {**CALL, "function": {"name": "f", "arguments": sent}}
-        assert chat.normalize_messages(odd)[0]["tool_calls"][0]["function"]["arguments"] == expected
+        assert normalize_messages(odd)[0]["tool_calls"][0]["function"]["arguments"] == expected
 
 
 BAD_MESSAGES = {
@@ -259,7 +262,7 @@ def test_registry_ids_and_finish_reason(monkeypatch: pytest.MonkeyPatch) -> None
         chat.register_parser(get_parser("none"))
     chat.register_parser(_parsers.PlainParser(), replace=True)
     assert CallIds(Random(1))() == CallIds(Random(1))() != CallIds(Random(2))()
-    ids = {chat.random_call_id() for _ in range(100)}
+    ids = {random_call_id() for _ in range(100)}
     assert len(ids) == 100 and all(i.startswith("call_") and len(i) == 29 for i in ids)
     call = ParsedMessage(content=None, tool_calls=[{"id": "c", "type": "function", "function": {}}])
     assert chat.finish_reason_for(call, "stop") == "tool_calls"
@@ -374,7 +377,7 @@ def test_stream_reassembles(tok: PreTrainedTokenizerFast, text: str) -> None:
         assert len(chunks) == len(pieces) + 2  # content follows the token boundaries
     choices = assemble_chunks(chunks)
     assert choices == [{"index": 1, "message": parsed.to_message(), "finish_reason": reason}]
-    usage = chat.usage_chunk(**meta, usage={"total_tokens": 3})
+    usage = usage_chunk(**meta, usage={"total_tokens": 3})
     assert usage["choices"] == [] and usage["usage"] == {"total_tokens": 3}
 
 
@@ -383,14 +386,15 @@ def test_stream_reassembles(tok: PreTrainedTokenizerFast, text: str) -> None:
 
 def test_starter_calc_turn_is_prefix_stable(starter_tok) -> None:
     """prompt₂ extends prompt₁ + completion₁ token for token, through parse and re-render."""
-    from tether.starter import calc, stop_token_ids
+    from tether.engine import end_of_turn_ids
+    from tether.starter import calc
 
     msgs = [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": "3+4?"}]
     prompt1 = render_prompt(starter_tok, msgs, [calc.CALCULATOR_TOOL])
     text = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "3 + 4"}}\n</tool_call>'
     completion = [*starter_tok.encode(text, add_special_tokens=False), starter_tok.eos_token_id]
     decoded = chat.decode_completion(
-        starter_tok, completion, stop_token_ids=stop_token_ids(starter_tok)
+        starter_tok, completion, stop_token_ids=list(end_of_turn_ids(starter_tok))
     )
     parsed = get_parser("hermes").parse(decoded)
     assert parsed.content is None and parsed.tool_calls[0]["function"]["name"] == "calculator"
@@ -419,4 +423,4 @@ def test_prompt_encoder_never_cuts_a_slow_tokenizer() -> None:
     class Slow:
         is_fast = False
 
-    assert chat.turn_token(Slow()) is None
+    assert turn_token(Slow()) is None

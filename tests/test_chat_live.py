@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from tether.chat import LiveText, decode_completion, get_parser, live_prefix
+from tether.chat import LiveText, decode_completion, get_parser
+from tether.chat._incremental import live_prefix
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>'
 LLAMA = '{"name": "calculator", "parameters": {"expression": "%s"}}'

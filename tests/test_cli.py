@@ -142,7 +142,7 @@ def test_demo_shows_warmup_progress_lines_only_while_building() -> None:
 
     from rich.console import Console
 
-    from tether._cli_train import _echo_logs
+    from tether.cli._train_run import _echo_logs
 
     out = io.StringIO()
     console = Console(file=out, width=200)

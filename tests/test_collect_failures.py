@@ -16,7 +16,8 @@ import pytest
 from tether.engine.testing import FakeEngine
 from tether.errors import UserError
 from tether.records import RolloutStatus, Split, Task
-from tether.run import AsyncRollouts, collect_groups
+from tether.run import collect_groups
+from tether.run._async import AsyncRollouts
 from tether.runner import AttemptResult, Launch
 from tether.trainer.errors import TrainerError
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from tether._progress import Progress
+from tether.cli._progress import Progress
 from tether.records import Call
 from tether.run import StepDone, StepReport, batch_diagnostics
 from tether.trainer.algorithms import compute_advantages

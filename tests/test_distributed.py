@@ -120,7 +120,7 @@ def _samples(n: int) -> list[Any]:
 
 
 def _trainer(model_dir: Path, fields: dict[str, Any], ranks: Any = None) -> Any:
-    from tether.starter import load_model
+    from tether.models import load_model
     from tether.trainer import LoraConfig, PolicyTrainer, TrainerConfig
 
     torch.manual_seed(0)

@@ -413,7 +413,7 @@ async def test_cuda_logprobs_token_exact(model):
 
 def test_from_pretrained_keeps_the_starter_tokenizer(starter_dir) -> None:
     """AutoTokenizer would load a starter folder as Qwen2Tokenizer and split numbers by digit."""
-    from tether.starter import load_tokenizer
+    from tether.models import load_tokenizer
 
     engine = TransformersEngine.from_pretrained(str(starter_dir))
     try:

@@ -22,7 +22,7 @@ from rich.console import Console
 
 from tests.helpers import TETHER
 from tests.tracking_run import Tracked
-from tether._cli_track import run_export
+from tether.cli._track_run import run_export
 from tether.errors import UserError
 from tether.store import Store
 from tether.tracking import CALL_FIELDS, ROW_FIELDS, step_samples, write_report

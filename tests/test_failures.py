@@ -19,7 +19,9 @@ import pytest
 
 from tether.errors import UserError
 from tether.records import Call, RolloutStatus
-from tether.run import RolloutConfig, RolloutOutcome, check_collection, is_success, read_grade
+from tether.run import RolloutConfig, RolloutOutcome
+from tether.run._collect import is_success, read_grade
+from tether.run._failures import check_collection
 from tether.trainer.errors import AgentsFailing, TrainerError
 
 ROOT = Path(__file__).resolve().parents[1]

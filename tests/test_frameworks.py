@@ -28,9 +28,9 @@ import pytest
 from tether.chat import render_prompt
 from tether.engine import TransformersEngine
 from tether.engine.testing import ScriptedEngine
+from tether.models import load_model
 from tether.records import Call, RewardSource, Rollout, RolloutStatus
 from tether.runner import AttemptResult, Launch, ProcessRunner, RunnerConfig
-from tether.starter import load_model
 from tether.starter.calc import CALCULATOR_TOOL, grade
 
 from .helpers import LiveGateway

@@ -20,8 +20,8 @@ from tether.engine import TransformersEngine
 from tether.engine.testing import NullEngine
 from tether.errors import UserError
 from tether.gateway import Gateway, GatewayConfig, create_app
+from tether.models import load_tokenizer
 from tether.records import RolloutStatus
-from tether.starter import load_tokenizer
 from tether.store import Store
 
 from .conftest import ADMIN_KEY

@@ -13,9 +13,9 @@ import torch
 
 from tether.engine import SamplingParams, TransformersEngine, rollout_copy, weight_bytes
 from tether.errors import UserError
+from tether.models import load_model
 from tether.records import Call
 from tether.run.config import ModelConfig
-from tether.starter import load_model
 from tether.trainer import PolicyTrainer
 from tether.trainer.config import TrainerConfig
 from tether.trainer.samples import build_samples

@@ -267,7 +267,7 @@ def test_second_ctrl_c_exits_at_once_and_kills_agents_that_ignore_sigterm(
 
 @pytest.mark.slow
 def test_one_ctrl_c_is_bounded_even_when_agents_ignore_sigterm(train, tmp_path: Path) -> None:
-    from tether._interrupt import SHUTDOWN_GRACE_S
+    from tether.cli._interrupt import SHUTDOWN_GRACE_S
 
     agent = tmp_path / "stubborn.py"
     agent.write_text(STUBBORN_AGENT)

@@ -48,7 +48,7 @@ def model_folder(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any) -> Pa
 def test_the_folder_keeps_the_tokenizer_it_was_saved_with(model_folder: Path, tokenizer) -> None:
     """AutoTokenizer alone would build a Qwen2Tokenizer from the config's model_type and
     split numbers differently; load_tokenizer keeps the folder's tokenizer.json."""
-    from tether.starter import load_tokenizer
+    from tether.models import load_tokenizer
 
     text = 'What is 12 * (3 + 4)? <tool_call>{"a": 1}</tool_call>'
     loaded = load_tokenizer(model_folder)

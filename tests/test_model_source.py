@@ -143,6 +143,6 @@ def test_a_folder_without_config_and_a_train_run_with_a_typo(tmp_path: Path) -> 
 
 
 def test_a_local_folder_is_used_as_is(starter_dir: Path) -> None:
-    from tether.starter import model_source
+    from tether.models import model_source
 
     assert model_source(str(starter_dir)) == str(starter_dir)

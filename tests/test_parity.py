@@ -45,8 +45,8 @@ import pytest
 import torch
 
 from tether.chat import render_prompt
+from tether.models import load_model, load_tokenizer
 from tether.records import Call
-from tether.starter import load_model, load_tokenizer
 from tether.starter.calc import SYSTEM_PROMPT
 from tether.trainer import PolicyTrainer, TrainerConfig, build_samples
 from tether.trainer.algorithms import compute_advantages

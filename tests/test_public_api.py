@@ -1,41 +1,34 @@
-"""Every package's face: ``__all__`` lists exactly what the package shows.
+"""Every package's face: one table, ``_EXPORTS``, lists exactly what the package shows.
 
-One rule for every package (in the spirit of httpx's ``test_exports``), read from the
-package's ``__init__.py`` with :mod:`ast` so that lazily imported names count too:
+A package's ``__init__.py`` names each export once, in ``_EXPORTS`` (name → the
+module it lives in). ``__all__`` and the lazy loader (:mod:`tether._lazy`) come
+from it; the imports under ``TYPE_CHECKING`` repeat it for type checkers, which
+cannot read a table, and are checked here to name the same names from the same
+modules. (In the spirit of httpx's ``test_exports``.)
 
-- every name in ``__all__`` can be imported from the package;
-- every public name the ``__init__`` brings in from its own modules (directly, under
-  ``TYPE_CHECKING`` for a lazy ``__getattr__``, or defined there) is in ``__all__``;
-- ``__all__`` has no duplicates.
+- ``__all__`` is the table's names, in order, without duplicates;
+- every name resolves, to the object of that name in its module;
+- the ``TYPE_CHECKING`` imports are the table, pair for pair;
+- the ``__init__`` shows no other public name (it defines nothing public of its own).
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PACKAGES = [
-    "tether.chat",
-    "tether.dashboard",
-    "tether.engine",
-    "tether.gateway",
-    "tether.runner",
-    "tether.run",
-    "tether.trainer",
-    "tether.store",
-    "tether.starter",
-    "tether.tracking",
-]
+PACKAGES = sorted(f"tether.{p.parent.name}" for p in (ROOT / "tether").glob("*/__init__.py"))
 # Public top-level modules that name their exports too.
 MODULES = ["tether.records", "tether.errors", "tether.configio"]
 
 # Names an ``__init__`` may define or import without exporting them.
-NOT_EXPORTS = {"annotations", "TYPE_CHECKING", "Any"}
+NOT_EXPORTS = {"annotations", "TYPE_CHECKING", "Any", "lazy_exports"}
 
 
 def _source(name: str) -> Path:
@@ -43,14 +36,29 @@ def _source(name: str) -> Path:
     return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
+def _absolute(package: str, module: str, level: int) -> str:
+    return package + "." + module if level else module
+
+
+def _type_checking_imports(package: str) -> dict[str, str]:
+    """name → absolute module of the imports under ``if TYPE_CHECKING:``."""
+    found: dict[str, str] = {}
+    for node in ast.parse(_source(package).read_text()).body:
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            for imp in node.body:
+                assert isinstance(imp, ast.ImportFrom), f"{package}: only imports there"
+                for a in imp.names:
+                    found[a.asname or a.name] = _absolute(package, imp.module or "", imp.level)
+    return found
+
+
 def _own_names(name: str) -> set[str]:
-    """Public names the module defines, or imports from within its own package."""
+    """Public names the module defines or imports (anywhere in its top level)."""
     tree = ast.parse(_source(name).read_text())
     own: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            local = node.level > 0 or (node.module or "").startswith(name + ".")
-            if local:
+            if node.level > 0 or (node.module or "").startswith(name + "."):
                 own.update(a.asname or a.name for a in node.names)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             if node in tree.body:
@@ -65,6 +73,32 @@ def _own_names(name: str) -> set[str]:
 
 def _is_typevar(value: ast.expr | None) -> bool:
     return isinstance(value, ast.Call) and getattr(value.func, "id", "") == "TypeVar"
+
+
+def _table(package: str) -> dict[str, str]:
+    """The package's ``_EXPORTS``, its modules made absolute."""
+    module = importlib.import_module(package)
+    assert hasattr(module, "_EXPORTS"), f"{package} has no _EXPORTS table"
+    return {k: importlib.util.resolve_name(v, package) for k, v in module._EXPORTS.items()}
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_all_is_the_table(package: str) -> None:
+    module = importlib.import_module(package)
+    assert list(module.__all__) == list(module._EXPORTS), f"{package}: __all__ != _EXPORTS"
+    assert len(set(module.__all__)) == len(module.__all__), f"{package}.__all__ has duplicates"
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_name_resolves_to_its_module(package: str) -> None:
+    module = importlib.import_module(package)
+    for name, home in _table(package).items():
+        assert getattr(module, name) is getattr(importlib.import_module(home), name), name
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_type_checking_imports_are_the_table(package: str) -> None:
+    assert _type_checking_imports(package) == _table(package)
 
 
 @pytest.mark.parametrize("name", PACKAGES + MODULES)
@@ -83,3 +117,17 @@ def test_unknown_names_raise_attribute_error(name: str) -> None:
     module = importlib.import_module(name)
     with pytest.raises(AttributeError):
         getattr(module, "no_such_name")  # noqa: B009
+
+
+def test_the_checks_see_a_drifted_table() -> None:
+    """A name imported for type checkers from another module than the table's is seen."""
+    assert _table("tether.store")["Store"] == "tether.store._store"
+    assert _type_checking_imports("tether.store")["Store"] == "tether.store._store"
+    assert _absolute("tether.store", "_codec", 1) != _table("tether.store")["Store"]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_dir_shows_the_face_not_the_inits_own_imports(package: str) -> None:
+    shown = {n for n in dir(importlib.import_module(package)) if not n.startswith("_")}
+    assert set(importlib.import_module(package).__all__) <= shown
+    assert not shown & {"TYPE_CHECKING", "lazy_exports", "annotations"}

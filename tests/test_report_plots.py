@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tether._progress import _curve_figure
+from tether.cli._progress import _curve_figure
 from tether.tracking._report import _figure
 
 plt = pytest.importorskip("matplotlib.pyplot")

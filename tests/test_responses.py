@@ -40,8 +40,8 @@ from tether.gateway._responses_render import (
     response_body,
 )
 from tether.gateway._responses_schema import ResponsesRequest
+from tether.models import load_tokenizer
 from tether.records import RolloutStatus
-from tether.starter import load_tokenizer
 from tether.store import Store
 
 from .conftest import ADMIN_KEY

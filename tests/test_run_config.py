@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tether._cli_serve import ServeConfig, serve_config
+from tether.cli._serve_run import ServeConfig, serve_config
 from tether.configio import build, dump, load_config
 from tether.errors import Interrupted, UserError
 from tether.gateway import DEFAULT_PORT

@@ -12,14 +12,8 @@ import pytest
 from tether.configio import load_config
 from tether.errors import UserError
 from tether.records import RunStatus
-from tether.run import (
-    TrainConfig,
-    check_new_run,
-    free_name,
-    holds_run,
-    past_metrics,
-    resume_point,
-)
+from tether.run import TrainConfig, check_new_run, holds_run
+from tether.run._rundir import free_name, past_metrics, resume_point
 from tether.store import Store
 from tether.trainer.checkpoint import (
     checkpoint_state,
@@ -64,7 +58,7 @@ def test_a_new_one_step_run_keeps_its_checkpoint_beside_an_older_runs_higher_ste
     starter_dir: Path, tokenizer: Any, tmp_path: Path
 ) -> None:
     """The bug: keep=1 kept the highest step of the folder, deleting the new run's step-1."""
-    from tether.starter import load_model
+    from tether.models import load_model
     from tether.trainer import PolicyTrainer
     from tether.trainer.config import TrainerConfig
 
@@ -266,7 +260,7 @@ def test_the_demo_replaces_its_own_previous_run_and_says_so(tmp_path: Path) -> N
 
     from rich.console import Console
 
-    from tether._cli_train import demo_config, replace_demo_run
+    from tether.cli._train_run import demo_config, replace_demo_run
 
     cfg = demo_config(seed=3)
     run_dir = tmp_path / cfg.name
@@ -281,13 +275,14 @@ def test_the_demo_replaces_its_own_previous_run_and_says_so(tmp_path: Path) -> N
 
 
 def test_the_demo_command_default_is_the_demo_config_default() -> None:
-    """`tether demo` (cli.py keeps its import light) and demo_config agree on the length."""
+    """`tether demo` (tether/cli/_train.py keeps its import light) and demo_config agree on
+    the length."""
     import inspect
 
-    from tether import cli
-    from tether._cli_train import DEMO_STEPS, demo_config
+    from tether.cli._train import demo
+    from tether.cli._train_run import DEMO_STEPS, demo_config
 
-    assert inspect.signature(cli.demo).parameters["steps"].default == DEMO_STEPS
+    assert inspect.signature(demo).parameters["steps"].default == DEMO_STEPS
     cfg = demo_config()
     assert cfg.trainer.steps == DEMO_STEPS and cfg.eval.every == DEMO_STEPS // 4
 

@@ -24,12 +24,10 @@ from tether.runner import (
     Launch,
     RunnerConfig,
     RunnerConfigError,
-    job_manifest,
-    job_name,
-    label_value,
     make_runner,
-    rebase,
 )
+from tether.runner._base import rebase
+from tether.runner._k8s_manifest import job_manifest, job_name, label_value
 
 pytest.importorskip("kubernetes")
 

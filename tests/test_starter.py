@@ -14,20 +14,19 @@ import pytest
 import torch
 
 import tether.starter as starter
+from tether.models import load_model, load_tokenizer
 from tether.starter import (
-    MARKER_FILE,
     Recipe,
     WarmupRecipe,
     build_starter,
     calc,
     is_starter,
-    load_model,
-    load_tokenizer,
     starter_path,
 )
+from tether.starter._build import MARKER_FILE
 from tether.starter._evaluate import parse_tool_calls, run_episodes
-from tether.starter._model import ModelRecipe, build_model, count_parameters
-from tether.starter._template import ADDED_TOKENS, ENDOFTEXT, IM_END, IM_START
+from tether.starter._model import ModelRecipe, build_model, count_parameters, stop_token_ids
+from tether.starter._template import ADDED_TOKENS, CHAT_TEMPLATE, ENDOFTEXT, IM_END, IM_START
 from tether.starter._tokenizer import build_tokenizer
 from tether.starter._warmup import encode_transcript, plan
 
@@ -104,7 +103,7 @@ def test_special_and_added_tokens_are_single_ids(tokenizer) -> None:
         ids = tokenizer.encode(token, add_special_tokens=False)
         assert len(ids) == 1 and tokenizer.convert_ids_to_tokens(ids) == [token]
     assert tokenizer.eos_token == IM_END and tokenizer.pad_token == ENDOFTEXT
-    assert starter.stop_token_ids(tokenizer) == [
+    assert stop_token_ids(tokenizer) == [
         tokenizer.convert_tokens_to_ids(IM_END),
         tokenizer.convert_tokens_to_ids(ENDOFTEXT),
     ]
@@ -136,7 +135,7 @@ def test_reloaded_tokenizer_matches_the_built_one(base_path: Path, tokenizer) ->
         assert tokenizer.encode(text) == fresh.encode(text), text
     messages = calc.transcript(calc.make_problems(1, "val")[0], "clean", _rng())
     assert render(tokenizer, messages) == render(fresh, messages)
-    assert tokenizer.chat_template == fresh.chat_template == starter.CHAT_TEMPLATE
+    assert tokenizer.chat_template == fresh.chat_template == CHAT_TEMPLATE
     # tokenizing inside apply_chat_template gives the same ids as render + encode
     direct = tokenizer.apply_chat_template(messages, tools=[calc.CALCULATOR_TOOL], tokenize=True)
     assert direct["input_ids"] == render(tokenizer, messages)
@@ -275,7 +274,7 @@ def test_generate_stops_at_im_end(base_path: Path, tokenizer) -> None:
     )
     out = model.generate(prompt, max_new_tokens=5, do_sample=False)
     assert out.shape[1] <= prompt.shape[1] + 5
-    assert model.generation_config.eos_token_id == starter.stop_token_ids(tokenizer)
+    assert model.generation_config.eos_token_id == stop_token_ids(tokenizer)
     assert not math.isnan(float(out.float().mean()))
 
 

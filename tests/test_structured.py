@@ -371,7 +371,7 @@ def test_streamed_structured_output_parses(live: LiveGateway, model: Any) -> Non
 def eager_caller(starter_dir: Any, tokenizer: Any, tmp_path_factory: pytest.TempPathFactory):
     """A gateway over the starter with its LM head biased towards ``<tool_call>``: the
     model opens a tool call at once, then writes whatever its random weights say."""
-    from tether.starter import load_model
+    from tether.models import load_model
 
     model = load_model(starter_dir)
     head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=True)

@@ -27,7 +27,8 @@ from tests.tracking_run import Tracked, tiny_config, train_tiny
 from tether.configio import load_config
 from tether.errors import UserError
 from tether.run import TrackingConfig, TrainConfig
-from tether.tracking import MlflowSink, Tracking, flatten_config, metric_tag, open_tracking
+from tether.tracking import Tracking, open_tracking
+from tether.tracking._sinks import MlflowSink, flatten_config, metric_tag
 
 SINK_LOGGER = "tether.tracking._hub"
 

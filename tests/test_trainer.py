@@ -14,6 +14,7 @@ import torch
 
 from tether.configio import load_config
 from tether.errors import UserError
+from tether.models import load_model
 from tether.records import Call, Split, Task
 from tether.run import (
     CheckpointConfig,
@@ -26,7 +27,6 @@ from tether.run import (
     tasks_for_step,
 )
 from tether.runner import RunnerConfig
-from tether.starter import load_model
 from tether.trainer import PolicyTrainer
 from tether.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from tether.trainer.samples import build_samples

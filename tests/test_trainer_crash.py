@@ -80,8 +80,8 @@ def _config(out: Path, model: Path, resume: bool) -> Any:
 def _drive(out: Path, model: Path, resume: bool) -> None:
     """The subprocess: one real training run (resumed from its latest checkpoint with ``resume``)."""
     from tether.engine import TransformersEngine
+    from tether.models import load_model, load_tokenizer
     from tether.run import TrainingRun
-    from tether.starter import load_model, load_tokenizer
 
     torch.set_num_threads(1)
     cfg = _config(out, model, resume)
@@ -246,7 +246,7 @@ def test_unseeded_calls_get_seeds_from_run_seed_rollout_attempt_and_seq(
 
     from tether.engine import TransformersEngine
     from tether.gateway import BackgroundServer, Gateway, GatewayConfig, create_app
-    from tether.starter import load_model
+    from tether.models import load_model
     from tether.store import Store
 
     engine = TransformersEngine(load_model(starter_dir), tokenizer, seed=0)

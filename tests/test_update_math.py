@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
+from tether.models import load_model
 from tether.records import Call
-from tether.starter import load_model
 from tether.trainer import PolicyTrainer
 from tether.trainer.config import TrainerConfig
 from tether.trainer.samples import build_samples

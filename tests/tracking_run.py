@@ -61,7 +61,7 @@ def train_tiny(
     starter_dir: Path, cfg: TrainConfig, samples: list[list[Any]] | None = None
 ) -> tuple[Any, str]:
     """``tether train``'s code path (run_train) on ``cfg``; returns (evals, printed text)."""
-    from tether import _cli_train
+    from tether.cli import _train_run
     from tether.trainer import PolicyTrainer
 
     real_update = PolicyTrainer.update
@@ -76,7 +76,7 @@ def train_tiny(
         mp.setattr(PolicyTrainer, "update", spy)
         # run_train loads the starter from cfg.model.path: point it at the test cache
         cfg.model.path = str(starter_dir)
-        evals = _cli_train.run_train(cfg, Console(file=buf, width=200))
+        evals = _train_run.run_train(cfg, Console(file=buf, width=200))
     return evals, buf.getvalue()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any
 
 __all__ = ["lazy_exports"]
@@ -33,6 +34,14 @@ def lazy_exports(
         return value
 
     def __dir__() -> list[str]:
-        return sorted(set(vars(sys.modules[package])) | set(exports))
+        # the face, the submodules and the dunders; not what the __init__ imports for
+        # itself (TYPE_CHECKING, lazy_exports, annotations)
+        own = vars(sys.modules[package])
+        shown = {n for n, v in own.items() if n.startswith("_") or _submodule(v, package)}
+        return sorted(shown | set(exports))
 
     return __getattr__, __dir__
+
+
+def _submodule(value: Any, package: str) -> bool:
+    return isinstance(value, ModuleType) and value.__name__.startswith(package + ".")

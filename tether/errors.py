@@ -33,7 +33,7 @@ class UserError(TetherError, ValueError):
 class Interrupted(BaseException):
     """The command was stopped by a signal. A BaseException, like ``KeyboardInterrupt``,
     so that no ``except Exception`` on the way out swallows it. Raised by the CLI's
-    ``tether._interrupt.Interrupts``; defined here so that :mod:`tether.run` can name it
+    ``tether.cli._interrupt.Interrupts``; defined here so that :mod:`tether.run` can name it
     without importing the CLI layer."""
 
     def __init__(self, signum: int) -> None:

@@ -3,8 +3,8 @@
 The gateway renders the prompt itself (:func:`render_prompt`), so the ids it
 records are exactly what the model saw, and parses the completion text back
 into an OpenAI assistant message (:func:`get_parser`), streamed or not
-(:func:`stream_chunks`; :class:`LiveText` releases a completion's content
-token by token while it is generated). :class:`PromptEncoder` encodes a growing
+(:class:`LiveText` releases a completion's content token by token while it
+is generated). :class:`PromptEncoder` encodes a growing
 conversation's prompt text reusing the ids of the prefix it has seen;
 :class:`HistoryCache` renders and encodes only a conversation's new turns.
 
@@ -23,62 +23,51 @@ Model output never raises: text a parser cannot read comes back as content.
 
 from __future__ import annotations
 
-from tether.chat._errors import (
-    ChatError,
-    InvalidMessages,
-    MissingChatTemplate,
-    TemplateRenderError,
-    UnknownParser,
-    UnsupportedContent,
-)
-from tether.chat._history import HistoryCache
-from tether.chat._incremental import LiveText, live_prefix
-from tether.chat._parsers import (
-    CallIds,
-    ParsedMessage,
-    ToolCallParser,
-    finish_reason_for,
-    get_parser,
-    parser_names,
-    random_call_id,
-    register_parser,
-)
-from tether.chat._prompt import PromptEncoder, turn_token
-from tether.chat._render import (
-    decode_completion,
-    normalize_messages,
-    normalize_tools,
-    render_prompt,
-    render_text,
-)
-from tether.chat._stream import assemble_chunks, stream_chunks, usage_chunk
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "CallIds",
-    "ChatError",
-    "HistoryCache",
-    "InvalidMessages",
-    "LiveText",
-    "MissingChatTemplate",
-    "ParsedMessage",
-    "PromptEncoder",
-    "TemplateRenderError",
-    "ToolCallParser",
-    "UnknownParser",
-    "UnsupportedContent",
-    "assemble_chunks",
-    "decode_completion",
-    "finish_reason_for",
-    "get_parser",
-    "live_prefix",
-    "normalize_messages",
-    "normalize_tools",
-    "parser_names",
-    "random_call_id",
-    "register_parser",
-    "render_prompt",
-    "render_text",
-    "stream_chunks",
-    "turn_token",
-    "usage_chunk",
-]
+from tether._lazy import lazy_exports
+
+#: The package's face: each name and the module it lives in, imported on first use
+#: (none needs more than the tokenizers the caller already has).
+_EXPORTS = {
+    "ChatError": "._errors",
+    "HistoryCache": "._history",
+    "InvalidMessages": "._errors",
+    "LiveText": "._incremental",
+    "MissingChatTemplate": "._errors",
+    "ParsedMessage": "._parsers",
+    "PromptEncoder": "._prompt",
+    "TemplateRenderError": "._errors",
+    "ToolCallParser": "._parsers",
+    "UnknownParser": "._errors",
+    "UnsupportedContent": "._errors",
+    "decode_completion": "._render",
+    "finish_reason_for": "._parsers",
+    "get_parser": "._parsers",
+    "parser_names": "._parsers",
+    "register_parser": "._parsers",
+    "render_prompt": "._render",
+    "render_text": "._render",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+    from ._errors import ChatError as ChatError
+    from ._errors import InvalidMessages as InvalidMessages
+    from ._errors import MissingChatTemplate as MissingChatTemplate
+    from ._errors import TemplateRenderError as TemplateRenderError
+    from ._errors import UnknownParser as UnknownParser
+    from ._errors import UnsupportedContent as UnsupportedContent
+    from ._history import HistoryCache as HistoryCache
+    from ._incremental import LiveText as LiveText
+    from ._parsers import ParsedMessage as ParsedMessage
+    from ._parsers import ToolCallParser as ToolCallParser
+    from ._parsers import finish_reason_for as finish_reason_for
+    from ._parsers import get_parser as get_parser
+    from ._parsers import parser_names as parser_names
+    from ._parsers import register_parser as register_parser
+    from ._prompt import PromptEncoder as PromptEncoder
+    from ._render import decode_completion as decode_completion
+    from ._render import render_prompt as render_prompt
+    from ._render import render_text as render_text

@@ -22,29 +22,26 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tether._lazy import lazy_exports
-from tether.dashboard._catalog import STORE_FILE, Catalog
 
-if TYPE_CHECKING:
-    from tether.dashboard._app import PREFIX, create_dashboard, create_server_app, mount_dashboard
-
-__all__ = [
-    "DEFAULT_PORT",
-    "PREFIX",
-    "STORE_FILE",
-    "Catalog",
-    "create_dashboard",
-    "create_server_app",
-    "mount_dashboard",
-]
-
-#: ``tether dashboard``'s port when ``--port`` is not given (the gateway's is 8321).
-DEFAULT_PORT = 8322
-
-_LAZY = {
-    "PREFIX": "tether.dashboard._app",
-    "create_dashboard": "tether.dashboard._app",
-    "create_server_app": "tether.dashboard._app",
-    "mount_dashboard": "tether.dashboard._app",
+#: The package's face: each name and the module it lives in, imported on first use
+#: (the app needs FastAPI and Jinja2; the catalog does not).
+_EXPORTS = {
+    "Catalog": "._catalog",
+    "DEFAULT_PORT": "._catalog",
+    "PREFIX": "._app",
+    "STORE_FILE": "._catalog",
+    "create_dashboard": "._app",
+    "create_server_app": "._app",
+    "mount_dashboard": "._app",
 }
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+    from ._app import PREFIX as PREFIX
+    from ._app import create_dashboard as create_dashboard
+    from ._app import create_server_app as create_server_app
+    from ._app import mount_dashboard as mount_dashboard
+    from ._catalog import DEFAULT_PORT as DEFAULT_PORT
+    from ._catalog import STORE_FILE as STORE_FILE
+    from ._catalog import Catalog as Catalog

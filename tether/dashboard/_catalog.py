@@ -14,9 +14,11 @@ from pathlib import Path
 
 from tether.store import Store, StoreError
 
-__all__ = ["STORE_FILE", "Catalog"]
+__all__ = ["DEFAULT_PORT", "STORE_FILE", "Catalog"]
 
 STORE_FILE = "traces.sqlite"
+#: ``tether dashboard``'s port when ``--port`` is not given (the gateway's is 8321).
+DEFAULT_PORT = 8322
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 

@@ -25,60 +25,54 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tether._lazy import lazy_exports
-from tether.engine._constraint import (
-    Constraint,
-    ConstraintError,
-    MissingStructuredExtra,
-    UnsupportedConstraint,
-    json_schema_format,
-)
-from tether.engine._gate import AdmissionGate, AdmissionTimeout
-from tether.engine._protocol import (
-    Completion,
-    Engine,
-    EngineError,
-    EngineFailed,
-    EngineTimeout,
-    GenerateResult,
-    SamplingParams,
-)
-from tether.engine._stream import TokenDelta, engine_stream
-from tether.engine._turns import end_of_turn_ids
 
-if TYPE_CHECKING:
-    from tether.engine._rollout_copy import rollout_copy, weight_bytes
-    from tether.engine._transformers import TransformersEngine
-    from tether.engine._worker import EngineStats
-
-__all__ = [
-    "AdmissionGate",
-    "AdmissionTimeout",
-    "Completion",
-    "Constraint",
-    "ConstraintError",
-    "Engine",
-    "EngineError",
-    "EngineFailed",
-    "EngineStats",
-    "EngineTimeout",
-    "GenerateResult",
-    "MissingStructuredExtra",
-    "SamplingParams",
-    "TokenDelta",
-    "TransformersEngine",
-    "UnsupportedConstraint",
-    "end_of_turn_ids",
-    "engine_stream",
-    "json_schema_format",
-    "rollout_copy",
-    "weight_bytes",
-]
-
-
-_LAZY = {
-    "TransformersEngine": "tether.engine._transformers",
-    "EngineStats": "tether.engine._worker",
-    "rollout_copy": "tether.engine._rollout_copy",
-    "weight_bytes": "tether.engine._rollout_copy",
+#: The package's face: each name and the module it lives in, imported on first use
+#: (importing tether.engine does not import torch).
+_EXPORTS = {
+    "AdmissionGate": "._gate",
+    "AdmissionTimeout": "._gate",
+    "Completion": "._protocol",
+    "Constraint": "._constraint",
+    "ConstraintError": "._constraint",
+    "Engine": "._protocol",
+    "EngineError": "._protocol",
+    "EngineFailed": "._protocol",
+    "EngineStats": "._worker",
+    "EngineTimeout": "._protocol",
+    "GenerateResult": "._protocol",
+    "MissingStructuredExtra": "._constraint",
+    "SamplingParams": "._protocol",
+    "TokenDelta": "._stream",
+    "TransformersEngine": "._transformers",
+    "UnsupportedConstraint": "._constraint",
+    "end_of_turn_ids": "._turns",
+    "engine_stream": "._stream",
+    "json_schema_format": "._constraint",
+    "rollout_copy": "._rollout_copy",
+    "weight_bytes": "._rollout_copy",
 }
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+    from ._constraint import Constraint as Constraint
+    from ._constraint import ConstraintError as ConstraintError
+    from ._constraint import MissingStructuredExtra as MissingStructuredExtra
+    from ._constraint import UnsupportedConstraint as UnsupportedConstraint
+    from ._constraint import json_schema_format as json_schema_format
+    from ._gate import AdmissionGate as AdmissionGate
+    from ._gate import AdmissionTimeout as AdmissionTimeout
+    from ._protocol import Completion as Completion
+    from ._protocol import Engine as Engine
+    from ._protocol import EngineError as EngineError
+    from ._protocol import EngineFailed as EngineFailed
+    from ._protocol import EngineTimeout as EngineTimeout
+    from ._protocol import GenerateResult as GenerateResult
+    from ._protocol import SamplingParams as SamplingParams
+    from ._rollout_copy import rollout_copy as rollout_copy
+    from ._rollout_copy import weight_bytes as weight_bytes
+    from ._stream import TokenDelta as TokenDelta
+    from ._stream import engine_stream as engine_stream
+    from ._transformers import TransformersEngine as TransformersEngine
+    from ._turns import end_of_turn_ids as end_of_turn_ids
+    from ._worker import EngineStats as EngineStats

@@ -1,8 +1,10 @@
 """The engine contract: token ids in, token ids and logprobs out.
 
 The gateway owns tokenization; an engine never sees text except to check
-stop strings. Every engine (embedded transformers, remote vLLM, the null and
-scripted engines for tests) implements :class:`Engine`.
+stop strings. Every engine implements :class:`Engine`: today the embedded
+transformers engine and the fake engines for tests (:mod:`tether.engine.testing`).
+There is no remote engine yet; a vLLM (or SGLang) server engine would implement
+this same contract (issue 23; docs/gpu.md, "What it would take to plug vLLM in").
 """
 
 from __future__ import annotations

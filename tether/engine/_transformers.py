@@ -116,7 +116,7 @@ class TransformersEngine:
         """Load with ``AutoModelForCausalLM.from_pretrained`` (and its tokenizer unless given)."""
         from transformers import AutoModelForCausalLM
 
-        from tether.starter import model_source
+        from tether.models import load_tokenizer, model_source
 
         # a local folder first; a misspelled or unreachable hub id is one fast line
         path_or_id = model_source(str(path_or_id))
@@ -124,10 +124,8 @@ class TransformersEngine:
             path_or_id, **({"dtype": dtype} if dtype else {})
         )
         if tokenizer is True:
-            # tether.starter.load_tokenizer is AutoTokenizer for ordinary models, and
-            # keeps a starter folder's own pre-tokenizer (AutoTokenizer would swap it).
-            from tether.starter import load_tokenizer
-
+            # AutoTokenizer for ordinary models; a plain tokenizer.json (the starter's)
+            # as it is (AutoTokenizer would swap its pre-tokenizer)
             tokenizer = load_tokenizer(path_or_id)
         return cls(model, tokenizer or None, dtype=dtype, **kwargs)
 

@@ -21,55 +21,49 @@ from typing import TYPE_CHECKING
 
 from tether._lazy import lazy_exports
 
-from ._config import DEFAULT_PORT, GatewayConfig, is_loopback
-from ._constrain import constraint_for
-from ._core import Gateway, OpenedRollout
-from ._errors import ApiError
-from ._exceptions import (
-    Conflict,
-    ContextLengthExceeded,
-    Forbidden,
-    GatewayError,
-    InvalidRequest,
-    Unauthenticated,
-    UnknownRollout,
-)
-from ._keyfile import admin_key_file
-
-if TYPE_CHECKING:
-    from ._app import create_app
-    from ._server import BackgroundServer, LoopServer, bind_socket, make_server
-
-__all__ = [
-    "DEFAULT_PORT",
-    "ApiError",
-    "BackgroundServer",
-    "Conflict",
-    "ContextLengthExceeded",
-    "Forbidden",
-    "Gateway",
-    "GatewayConfig",
-    "GatewayError",
-    "InvalidRequest",
-    "LoopServer",
-    "OpenedRollout",
-    "Unauthenticated",
-    "UnknownRollout",
-    "admin_key_file",
-    "bind_socket",
-    "constraint_for",
-    "create_app",
-    "is_loopback",
-    "make_server",
-]
-
-_LAZY = {
-    "create_app": "._app",
+#: The package's face: each name and the module it lives in, imported on first use
+#: (GatewayConfig and Gateway without FastAPI or uvicorn).
+_EXPORTS = {
     "BackgroundServer": "._server",
+    "Conflict": "._exceptions",
+    "ContextLengthExceeded": "._exceptions",
+    "DEFAULT_PORT": "._config",
+    "Forbidden": "._exceptions",
+    "Gateway": "._core",
+    "GatewayConfig": "._config",
+    "GatewayError": "._exceptions",
+    "InvalidRequest": "._exceptions",
     "LoopServer": "._server",
-    "make_server": "._server",
+    "OpenedRollout": "._core",
+    "Unauthenticated": "._exceptions",
+    "UnknownRollout": "._exceptions",
+    "admin_key_file": "._keyfile",
     "bind_socket": "._server",
+    "constraint_for": "._constrain",
+    "create_app": "._app",
+    "is_loopback": "._config",
+    "make_server": "._server",
 }
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+    from ._app import create_app as create_app
+    from ._config import DEFAULT_PORT as DEFAULT_PORT
+    from ._config import GatewayConfig as GatewayConfig
+    from ._config import is_loopback as is_loopback
+    from ._constrain import constraint_for as constraint_for
+    from ._core import Gateway as Gateway
+    from ._core import OpenedRollout as OpenedRollout
+    from ._exceptions import Conflict as Conflict
+    from ._exceptions import ContextLengthExceeded as ContextLengthExceeded
+    from ._exceptions import Forbidden as Forbidden
+    from ._exceptions import GatewayError as GatewayError
+    from ._exceptions import InvalidRequest as InvalidRequest
+    from ._exceptions import Unauthenticated as Unauthenticated
+    from ._exceptions import UnknownRollout as UnknownRollout
+    from ._keyfile import admin_key_file as admin_key_file
+    from ._server import BackgroundServer as BackgroundServer
+    from ._server import LoopServer as LoopServer
+    from ._server import bind_socket as bind_socket
+    from ._server import make_server as make_server

@@ -7,7 +7,7 @@ by uvicorn's own means. uvicorn's ``Server.serve()`` installs handlers with
 says; a server that shares the loop of a training run must not, or Ctrl-C
 stops the gateway instead of the run (every rollout then fails as
 unreachable). :class:`LoopServer` therefore serves with :class:`_QuietServer`,
-which leaves signals to the program (``tether/_interrupt.py``).
+which leaves signals to the program (``tether/cli/_interrupt.py``).
 """
 
 from __future__ import annotations

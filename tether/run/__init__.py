@@ -22,144 +22,78 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tether._lazy import lazy_exports
-from tether.run.config import (
-    CheckpointConfig,
-    EvalConfig,
-    LoraConfig,
-    ModelConfig,
-    RolloutConfig,
-    TasksConfig,
-    TrackingConfig,
-    TrainConfig,
-    TrainerConfig,
-)
 
-if TYPE_CHECKING:
-    from tether.run._async import AsyncRollouts, Group, group_lag
-    from tether.run._collect import (
-        Collected,
-        Grader,
-        RetryPolicy,
-        RolloutOutcome,
-        collect_groups,
-        is_success,
-        load_grader,
-        read_grade,
-    )
-    from tether.run._diagnostics import batch_diagnostics
-    from tether.run._evaluate import EvalResult, StepReport
-    from tether.run._events import (
-        CheckpointSaved,
-        EvalDone,
-        EvalProgress,
-        EvalStart,
-        Resumed,
-        RunEvent,
-        Status,
-        StepDone,
-    )
-    from tether.run._failures import check_collection
-    from tether.run._loop import TrainingRun
-    from tether.run._ranks import RankGroup, rank_from_env, serve_rank
-    from tether.run._rundir import (
-        ResumePoint,
-        check_new_run,
-        free_name,
-        holds_run,
-        past_metrics,
-        resume_point,
-    )
-    from tether.run._setup import end_status
-    from tether.run._tasks import load_tasks, tasks_for_step
-
-__all__ = [
-    "AsyncRollouts",
-    "CheckpointConfig",
-    "CheckpointSaved",
-    "Collected",
-    "EvalConfig",
-    "EvalDone",
-    "EvalProgress",
-    "EvalResult",
-    "EvalStart",
-    "Grader",
-    "Group",
-    "LoraConfig",
-    "ModelConfig",
-    "RankGroup",
-    "ResumePoint",
-    "Resumed",
-    "RetryPolicy",
-    "RolloutConfig",
-    "RolloutOutcome",
-    "RunEvent",
-    "Status",
-    "StepDone",
-    "StepReport",
-    "TasksConfig",
-    "TrackingConfig",
-    "TrainConfig",
-    "TrainerConfig",
-    "TrainingRun",
-    "batch_diagnostics",
-    "check_collection",
-    "check_new_run",
-    "collect_groups",
-    "end_status",
-    "free_name",
-    "group_lag",
-    "holds_run",
-    "is_success",
-    "load_grader",
-    "load_tasks",
-    "past_metrics",
-    "rank_from_env",
-    "read_grade",
-    "resume_point",
-    "serve_rank",
-    "tasks_for_step",
-]
-
-_LAZY = {
-    **dict.fromkeys(["AsyncRollouts", "Group", "group_lag"], "tether.run._async"),
-    **dict.fromkeys(
-        [
-            "Collected",
-            "Grader",
-            "RetryPolicy",
-            "RolloutOutcome",
-            "collect_groups",
-            "is_success",
-            "load_grader",
-            "read_grade",
-        ],
-        "tether.run._collect",
-    ),
-    **dict.fromkeys(
-        [
-            "CheckpointSaved",
-            "EvalDone",
-            "EvalProgress",
-            "EvalStart",
-            "Resumed",
-            "RunEvent",
-            "Status",
-            "StepDone",
-        ],
-        "tether.run._events",
-    ),
-    "batch_diagnostics": "tether.run._diagnostics",
-    "check_collection": "tether.run._failures",
-    **dict.fromkeys(["EvalResult", "StepReport"], "tether.run._evaluate"),
-    "TrainingRun": "tether.run._loop",
-    **dict.fromkeys(["RankGroup", "rank_from_env", "serve_rank"], "tether.run._ranks"),
-    "end_status": "tether.run._setup",
-    **dict.fromkeys(
-        ["ResumePoint", "check_new_run", "free_name", "holds_run", "past_metrics", "resume_point"],
-        "tether.run._rundir",
-    ),
-    **dict.fromkeys(["load_tasks", "tasks_for_step"], "tether.run._tasks"),
+#: The package's face: what a user (or the CLI) imports, each name and the module it
+#: lives in, imported on first use (the configs load neither FastAPI, uvicorn nor torch).
+_EXPORTS = {
+    "CheckpointConfig": ".config",
+    "CheckpointSaved": "._events",
+    "EvalConfig": ".config",
+    "EvalDone": "._events",
+    "EvalProgress": "._events",
+    "EvalResult": "._evaluate",
+    "EvalStart": "._events",
+    "Grader": "._collect",
+    "LoraConfig": ".config",
+    "ModelConfig": ".config",
+    "RankGroup": "._ranks",
+    "Resumed": "._events",
+    "RetryPolicy": "._collect",
+    "RolloutConfig": ".config",
+    "RolloutOutcome": "._collect",
+    "RunEvent": "._events",
+    "Status": "._events",
+    "StepDone": "._events",
+    "StepReport": "._evaluate",
+    "TasksConfig": ".config",
+    "TrackingConfig": ".config",
+    "TrainConfig": ".config",
+    "TrainerConfig": ".config",
+    "TrainingRun": "._loop",
+    "batch_diagnostics": "._diagnostics",
+    "check_new_run": "._rundir",
+    "collect_groups": "._collect",
+    "end_status": "._setup",
+    "holds_run": "._rundir",
+    "load_tasks": "._tasks",
+    "rank_from_env": "._ranks",
+    "serve_rank": "._ranks",
+    "tasks_for_step": "._tasks",
 }
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+    from ._collect import Grader as Grader
+    from ._collect import RetryPolicy as RetryPolicy
+    from ._collect import RolloutOutcome as RolloutOutcome
+    from ._collect import collect_groups as collect_groups
+    from ._diagnostics import batch_diagnostics as batch_diagnostics
+    from ._evaluate import EvalResult as EvalResult
+    from ._evaluate import StepReport as StepReport
+    from ._events import CheckpointSaved as CheckpointSaved
+    from ._events import EvalDone as EvalDone
+    from ._events import EvalProgress as EvalProgress
+    from ._events import EvalStart as EvalStart
+    from ._events import Resumed as Resumed
+    from ._events import RunEvent as RunEvent
+    from ._events import Status as Status
+    from ._events import StepDone as StepDone
+    from ._loop import TrainingRun as TrainingRun
+    from ._ranks import RankGroup as RankGroup
+    from ._ranks import rank_from_env as rank_from_env
+    from ._ranks import serve_rank as serve_rank
+    from ._rundir import check_new_run as check_new_run
+    from ._rundir import holds_run as holds_run
+    from ._setup import end_status as end_status
+    from ._tasks import load_tasks as load_tasks
+    from ._tasks import tasks_for_step as tasks_for_step
+    from .config import CheckpointConfig as CheckpointConfig
+    from .config import EvalConfig as EvalConfig
+    from .config import LoraConfig as LoraConfig
+    from .config import ModelConfig as ModelConfig
+    from .config import RolloutConfig as RolloutConfig
+    from .config import TasksConfig as TasksConfig
+    from .config import TrackingConfig as TrackingConfig
+    from .config import TrainConfig as TrainConfig
+    from .config import TrainerConfig as TrainerConfig

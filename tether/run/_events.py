@@ -1,7 +1,7 @@
 """What a training run tells its ``on_event`` listener: one frozen class per kind of event.
 
 :data:`RunEvent` is their union; a listener (the CLI's progress display,
-``tether/_progress.py``) dispatches on the class:
+``tether/cli/_progress.py``) dispatches on the class:
 
 - :class:`Status`: a line about start-up (loading the model, the run folder, the dashboard);
 - :class:`EvalStart`, :class:`EvalProgress` (after each eval attempt), :class:`EvalDone`;

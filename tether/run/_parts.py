@@ -214,7 +214,7 @@ async def _model(
     engine: Engine | None,
 ) -> dict[str, Any]:
     """The tokenizer, the trainer and the engine (one copy of the weights when they can share)."""
-    from tether.starter import load_model, load_tokenizer
+    from tether.models import load_model, load_tokenizer
 
     say(Status(f"loading the model {model_path or cfg.model.path}"))
     path = model_path or resolve_model_path(cfg.model.path)

@@ -11,7 +11,7 @@ every rank but 0 ends up in :func:`serve_rank` too.
 The ranks it starts die with it: each asks the kernel for SIGKILL when its
 parent goes (``PR_SET_PDEATHSIG``, Linux), and sits in its own session, so a
 Ctrl-C at the terminal reaches only rank 0, which stops the run as it always
-does (``tether/_interrupt.py``) and then tells them to stop, or, if it is
+does (``tether/cli/_interrupt.py``) and then tells them to stop, or, if it is
 forced out, takes them with it.
 
 Rank 0 → the others, in order: ``hello`` (the model folder and the trainer's
@@ -197,7 +197,7 @@ def serve_rank(timeout_s: float, device: str = "cpu") -> int:
 
 
 def _serve(ranks: Ranks) -> None:
-    from tether.starter import load_model
+    from tether.models import load_model
 
     trainer: PolicyTrainer | None = None
     while True:

@@ -25,72 +25,55 @@ starts nothing and registers no exit hook.
 
 from __future__ import annotations
 
-import typing as _typing
+from typing import TYPE_CHECKING
 
 from tether._lazy import lazy_exports
 
-from ._base import (
-    INFRA_FAULTS,
-    AgentLoadError,
-    Attempt,
-    AttemptResult,
-    Launch,
-    Runner,
-    RunnerConfigError,
-    RunnerError,
-    WorkerError,
-    agent_env,
-    rebase,
-)
-from ._config import MODES, RUNNERS, RunnerConfig
-from ._factory import make_runner
-from ._k8s_manifest import job_manifest, job_name, label_value
-from ._remote_config import KubernetesConfig, RayConfig
-from ._template import RunnerBase
-from ._worker import load_callable
-
-if _typing.TYPE_CHECKING:
-    from ._child import kill_live_groups
-    from ._inprocess import InProcessRunner
-    from ._pool import PoolRunner
-    from ._process import ProcessRunner
-
-#: Public names whose modules are imported on first use (they start processes).
-_LAZY = {
+#: The package's face: each name and the module it lives in, imported on first use
+#: (a runner class starts processes and registers exit hooks: not on import).
+_EXPORTS = {
+    "AgentLoadError": "._base",
+    "Attempt": "._base",
+    "AttemptResult": "._base",
     "InProcessRunner": "._inprocess",
+    "KubernetesConfig": "._remote_config",
+    "Launch": "._base",
+    "MODES": "._config",
     "PoolRunner": "._pool",
     "ProcessRunner": "._process",
+    "RayConfig": "._remote_config",
+    "Runner": "._base",
+    "RunnerBase": "._template",
+    "RunnerConfig": "._config",
+    "RunnerConfigError": "._base",
+    "RunnerError": "._base",
+    "WorkerError": "._base",
+    "agent_env": "._base",
     "kill_live_groups": "._child",
+    "load_callable": "._worker",
+    "make_runner": "._factory",
 }
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = [
-    "INFRA_FAULTS",
-    "MODES",
-    "RUNNERS",
-    "AgentLoadError",
-    "Attempt",
-    "AttemptResult",
-    "InProcessRunner",
-    "KubernetesConfig",
-    "Launch",
-    "PoolRunner",
-    "ProcessRunner",
-    "RayConfig",
-    "Runner",
-    "RunnerBase",
-    "RunnerConfig",
-    "RunnerConfigError",
-    "RunnerError",
-    "WorkerError",
-    "agent_env",
-    "job_manifest",
-    "job_name",
-    "kill_live_groups",
-    "label_value",
-    "load_callable",
-    "make_runner",
-    "rebase",
-]
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+    from ._base import AgentLoadError as AgentLoadError
+    from ._base import Attempt as Attempt
+    from ._base import AttemptResult as AttemptResult
+    from ._base import Launch as Launch
+    from ._base import Runner as Runner
+    from ._base import RunnerConfigError as RunnerConfigError
+    from ._base import RunnerError as RunnerError
+    from ._base import WorkerError as WorkerError
+    from ._base import agent_env as agent_env
+    from ._child import kill_live_groups as kill_live_groups
+    from ._config import MODES as MODES
+    from ._config import RunnerConfig as RunnerConfig
+    from ._factory import make_runner as make_runner
+    from ._inprocess import InProcessRunner as InProcessRunner
+    from ._pool import PoolRunner as PoolRunner
+    from ._process import ProcessRunner as ProcessRunner
+    from ._remote_config import KubernetesConfig as KubernetesConfig
+    from ._remote_config import RayConfig as RayConfig
+    from ._template import RunnerBase as RunnerBase
+    from ._worker import load_callable as load_callable

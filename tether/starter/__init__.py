@@ -6,13 +6,15 @@ tool-call tokens, a ~2M-parameter Qwen2 model, and (``warm=True``) a short
 supervised warm-up on synthetic calculator-agent transcripts. The folders
 are ordinary Hugging Face folders, cached by recipe hash::
 
-    from tether.starter import build_starter, load_model, load_tokenizer
+    from tether.models import load_model, load_tokenizer
+    from tether.starter import build_starter
 
     path = build_starter(warm=True)        # ~/.cache/tether/starter/warm-<hash>
-    tokenizer = load_tokenizer(path)       # use this, not AutoTokenizer (see load_tokenizer)
+    tokenizer = load_tokenizer(path)       # use this, not AutoTokenizer
     model = load_model(path)
 
-The calc task (prompt, tool, tasks, grader) is :mod:`tether.starter.calc`.
+The calc task (prompt, tool, tasks, grader) is :mod:`tether.starter.calc`. Loading
+any model folder, this one too, is :mod:`tether.models`.
 """
 
 from __future__ import annotations
@@ -21,70 +23,32 @@ from typing import TYPE_CHECKING
 
 from tether._lazy import lazy_exports
 
-# Exports load lazily: `tether.starter.calc` (used by agents, graders and an MCP
-# server) must not pull in torch and transformers.
+#: The package's face: each name and the module it lives in, imported on first use
+#: (`tether.starter.calc`, used by agents, graders and an MCP server, must not pull in
+#: torch and transformers).
 _EXPORTS = {
-    "CHAT_TEMPLATE": "tether.starter._template",
-    "MARKER_FILE": "tether.starter._build",
-    "CalcError": "tether.starter._errors",
-    "ModelNotFound": "tether.starter._errors",
-    "ModelRecipe": "tether.starter._model",
-    "Recipe": "tether.starter._build",
-    "StarterError": "tether.starter._errors",
-    "TokenizerRecipe": "tether.starter._tokenizer",
-    "WarmupRecipe": "tether.starter._warmup",
-    "build_starter": "tether.starter._build",
-    "cache_root": "tether.starter._build",
-    "cached_snapshot": "tether.starter._source",
-    "is_starter": "tether.starter._build",
-    "load_model": "tether.starter._build",
-    "load_tokenizer": "tether.starter._build",
-    "model_source": "tether.starter._source",
-    "read_info": "tether.starter._build",
-    "starter_path": "tether.starter._build",
-    "stop_token_ids": "tether.starter._model",
+    "CalcError": "._errors",
+    "ModelRecipe": "._model",
+    "Recipe": "._build",
+    "StarterError": "._errors",
+    "TokenizerRecipe": "._tokenizer",
+    "WarmupRecipe": "._warmup",
+    "build_starter": "._build",
+    "is_starter": "._build",
+    "read_info": "._build",
+    "starter_path": "._build",
 }
-
-__all__ = [
-    "CHAT_TEMPLATE",
-    "MARKER_FILE",
-    "CalcError",
-    "ModelNotFound",
-    "ModelRecipe",
-    "Recipe",
-    "StarterError",
-    "TokenizerRecipe",
-    "WarmupRecipe",
-    "build_starter",
-    "cache_root",
-    "cached_snapshot",
-    "is_starter",
-    "load_model",
-    "load_tokenizer",
-    "model_source",
-    "read_info",
-    "starter_path",
-    "stop_token_ids",
-]
-
-if TYPE_CHECKING:
-    from tether.starter._build import (
-        MARKER_FILE,
-        Recipe,
-        build_starter,
-        cache_root,
-        is_starter,
-        load_model,
-        load_tokenizer,
-        read_info,
-        starter_path,
-    )
-    from tether.starter._errors import CalcError, ModelNotFound, StarterError
-    from tether.starter._model import ModelRecipe, stop_token_ids
-    from tether.starter._source import cached_snapshot, model_source
-    from tether.starter._template import CHAT_TEMPLATE
-    from tether.starter._tokenizer import TokenizerRecipe
-    from tether.starter._warmup import WarmupRecipe
-
-
+__all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+    from ._build import Recipe as Recipe
+    from ._build import build_starter as build_starter
+    from ._build import is_starter as is_starter
+    from ._build import read_info as read_info
+    from ._build import starter_path as starter_path
+    from ._errors import CalcError as CalcError
+    from ._errors import StarterError as StarterError
+    from ._model import ModelRecipe as ModelRecipe
+    from ._tokenizer import TokenizerRecipe as TokenizerRecipe
+    from ._warmup import WarmupRecipe as WarmupRecipe

@@ -9,8 +9,9 @@ import time
 
 import torch
 
+from tether.models import load_model, load_tokenizer
 from tether.starter import calc
-from tether.starter._build import build_starter, load_model, load_tokenizer, read_info
+from tether.starter._build import build_starter, read_info
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,12 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
+from tether.models import load_model, load_tokenizer
 from tether.starter import _tokenizer, calc
 from tether.starter._errors import StarterError
 from tether.starter._model import ModelRecipe, build_model, count_parameters, stop_token_ids
-from tether.starter._source import model_source
 from tether.starter._template import CHAT_TEMPLATE
 from tether.starter._tokenizer import PRETOKENIZE_PATTERN, TokenizerRecipe, build_tokenizer
 from tether.starter._warmup import WarmupRecipe
@@ -43,8 +42,6 @@ __all__ = [
     "build_starter",
     "cache_root",
     "is_starter",
-    "load_model",
-    "load_tokenizer",
     "starter_path",
 ]
 
@@ -246,47 +243,6 @@ def clean_stale(root: Path) -> list[Path]:
             logger.info("removed %s, left by a build that was killed", tmp)
             removed.append(tmp)
     return removed
-
-
-def load_tokenizer(path: str | os.PathLike[str]) -> Any:
-    """Load a tokenizer from a starter folder, or any local folder or hub id.
-
-    A starter folder loads through ``PreTrainedTokenizerFast``: ``AutoTokenizer``
-    would pick ``Qwen2Tokenizer`` from ``model_type: qwen2`` and silently
-    replace the starter's pre-tokenizer (transformers 5).
-    """
-    if is_starter(path):
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
-        if tokenizer.chat_template is None:
-            raise StarterError(f"starter tokenizer at {path} has no chat template; rebuild it")
-        return tokenizer
-    source = model_source(str(path), "tokenizer")
-    if _generic_tokenizer(source):  # e.g. the starter tokenizer saved beside another model
-        return PreTrainedTokenizerFast.from_pretrained(source)
-    return AutoTokenizer.from_pretrained(source)
-
-
-def _generic_tokenizer(folder: str) -> bool:
-    """Whether a local folder's tokenizer is a plain ``tokenizer.json`` (its config names
-    the generic class): ``AutoTokenizer`` would then build the class of the model's
-    ``model_type`` instead (``Qwen2Tokenizer`` for a qwen2 config), with another
-    pre-tokenizer, and tokenize differently."""
-    try:
-        config = json.loads((Path(folder) / "tokenizer_config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    generic = config.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast")
-    return generic and (Path(folder) / "tokenizer.json").is_file()
-
-
-def load_model(
-    path: str | os.PathLike[str],
-    dtype: torch.dtype = torch.float32,
-    device: str | torch.device = "cpu",
-) -> torch.nn.Module:
-    """Load a causal LM from a starter folder (or any model folder or hub id), in eval mode."""
-    model = AutoModelForCausalLM.from_pretrained(model_source(str(path)), dtype=dtype)
-    return model.to(device).eval()
 
 
 def read_info(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -3,16 +3,17 @@
 ::
 
     TetherError
-    └── StarterError         building or loading the starter model failed
-        ├── CalcError        a calculator expression was refused (also a ValueError)
-        └── ModelNotFound    a model is neither a local folder nor on the Hub (also a UserError)
+    └── StarterError         building the starter model failed
+        └── CalcError        a calculator expression was refused (also a ValueError)
+
+A model that cannot be found or loaded is :mod:`tether.models`' ``ModelNotFound``.
 """
 
 from __future__ import annotations
 
-from tether.errors import TetherError, UserError
+from tether.errors import TetherError
 
-__all__ = ["CalcError", "ModelNotFound", "StarterError"]
+__all__ = ["CalcError", "StarterError"]
 
 
 class StarterError(TetherError):
@@ -21,7 +22,3 @@ class StarterError(TetherError):
 
 class CalcError(StarterError, ValueError):
     """``safe_eval`` refused an expression; the message says why."""
-
-
-class ModelNotFound(StarterError, UserError):
-    """``model.path`` / ``--model`` names no local folder and nothing the Hub can serve."""

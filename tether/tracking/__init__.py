@@ -20,88 +20,42 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tether._lazy import lazy_exports
-from tether.tracking.config import SINKS, TrackingConfig, normalize_tracking
 
-if TYPE_CHECKING:
-    from tether.tracking._export import (
-        CALL_FIELDS,
-        EXPORT_FORMATS,
-        ROW_FIELDS,
-        SAMPLE_FIELDS,
-        export_attempts,
-        write_rows,
-    )
-    from tether.tracking._hub import Tracking, open_tracking, sample_rows
-    from tether.tracking._report import write_report
-    from tether.tracking._sinks import (
-        MlflowSink,
-        Sink,
-        SinkSpec,
-        TensorBoardSink,
-        WandbSink,
-        flatten_config,
-        metric_tag,
-    )
-    from tether.tracking._steps import StepSamples, step_samples, training_sample_rows
-    from tether.tracking._tensorboard import run_tensorboard
-
-__all__ = [
-    "CALL_FIELDS",
-    "EXPORT_FORMATS",
-    "ROW_FIELDS",
-    "SAMPLE_FIELDS",
-    "SINKS",
-    "MlflowSink",
-    "Sink",
-    "SinkSpec",
-    "StepSamples",
-    "TensorBoardSink",
-    "Tracking",
-    "TrackingConfig",
-    "WandbSink",
-    "export_attempts",
-    "flatten_config",
-    "metric_tag",
-    "normalize_tracking",
-    "open_tracking",
-    "run_tensorboard",
-    "sample_rows",
-    "step_samples",
-    "training_sample_rows",
-    "write_report",
-    "write_rows",
-]
-
-_LAZY = {
-    **dict.fromkeys(["Tracking", "open_tracking", "sample_rows"], "tether.tracking._hub"),
-    **dict.fromkeys(
-        [
-            "CALL_FIELDS",
-            "EXPORT_FORMATS",
-            "ROW_FIELDS",
-            "SAMPLE_FIELDS",
-            "export_attempts",
-            "write_rows",
-        ],
-        "tether.tracking._export",
-    ),
-    **dict.fromkeys(
-        [
-            "MlflowSink",
-            "Sink",
-            "SinkSpec",
-            "TensorBoardSink",
-            "WandbSink",
-            "flatten_config",
-            "metric_tag",
-        ],
-        "tether.tracking._sinks",
-    ),
-    **dict.fromkeys(
-        ["StepSamples", "step_samples", "training_sample_rows"], "tether.tracking._steps"
-    ),
-    "write_report": "tether.tracking._report",
-    "run_tensorboard": "tether.tracking._tensorboard",
+#: The package's face: each name and the module it lives in, imported on first use
+#: (neither torch nor any sink's package loads on import).
+_EXPORTS = {
+    "CALL_FIELDS": "._export",
+    "EXPORT_FORMATS": "._export",
+    "ROW_FIELDS": "._export",
+    "StepSamples": "._steps",
+    "Tracking": "._hub",
+    "TrackingConfig": ".config",
+    "export_attempts": "._export",
+    "normalize_tracking": ".config",
+    "open_tracking": "._hub",
+    "run_tensorboard": "._tensorboard",
+    "sample_rows": "._hub",
+    "step_samples": "._steps",
+    "training_sample_rows": "._steps",
+    "write_report": "._report",
+    "write_rows": "._export",
 }
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+    from ._export import CALL_FIELDS as CALL_FIELDS
+    from ._export import EXPORT_FORMATS as EXPORT_FORMATS
+    from ._export import ROW_FIELDS as ROW_FIELDS
+    from ._export import export_attempts as export_attempts
+    from ._export import write_rows as write_rows
+    from ._hub import Tracking as Tracking
+    from ._hub import open_tracking as open_tracking
+    from ._hub import sample_rows as sample_rows
+    from ._report import write_report as write_report
+    from ._steps import StepSamples as StepSamples
+    from ._steps import step_samples as step_samples
+    from ._steps import training_sample_rows as training_sample_rows
+    from ._tensorboard import run_tensorboard as run_tensorboard
+    from .config import TrackingConfig as TrackingConfig
+    from .config import normalize_tracking as normalize_tracking

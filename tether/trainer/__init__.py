@@ -17,41 +17,36 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tether._lazy import lazy_exports
-from tether.trainer.config import LoraConfig, TrainerConfig
-from tether.trainer.errors import (
-    AgentsFailing,
-    CheckpointConflict,
-    PolicyCollapsed,
-    RankFailed,
-    TrainerError,
-)
 
-if TYPE_CHECKING:
-    from tether.trainer._update import PolicyTrainer, UpdateStopped
-    from tether.trainer.samples import Sample, SampleStats, build_samples
-
-__all__ = [
-    "AgentsFailing",
-    "CheckpointConflict",
-    "LoraConfig",
-    "PolicyCollapsed",
-    "PolicyTrainer",
-    "RankFailed",
-    "Sample",
-    "SampleStats",
-    "TrainerConfig",
-    "TrainerError",
-    "UpdateStopped",
-    "build_samples",
-]
-
-_LAZY = {
-    "PolicyTrainer": "tether.trainer._update",
-    "UpdateStopped": "tether.trainer._update",
-    "Sample": "tether.trainer.samples",
-    "SampleStats": "tether.trainer.samples",
-    "build_samples": "tether.trainer.samples",
+#: The package's face: each name and the module it lives in, imported on first use
+#: (the names that need torch load when used, so importing the config stays light).
+_EXPORTS = {
+    "AgentsFailing": ".errors",
+    "CheckpointConflict": ".errors",
+    "LoraConfig": ".config",
+    "PolicyCollapsed": ".errors",
+    "PolicyTrainer": "._update",
+    "RankFailed": ".errors",
+    "Sample": ".samples",
+    "SampleStats": ".samples",
+    "TrainerConfig": ".config",
+    "TrainerError": ".errors",
+    "UpdateStopped": "._update",
+    "build_samples": ".samples",
 }
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+    from ._update import PolicyTrainer as PolicyTrainer
+    from ._update import UpdateStopped as UpdateStopped
+    from .config import LoraConfig as LoraConfig
+    from .config import TrainerConfig as TrainerConfig
+    from .errors import AgentsFailing as AgentsFailing
+    from .errors import CheckpointConflict as CheckpointConflict
+    from .errors import PolicyCollapsed as PolicyCollapsed
+    from .errors import RankFailed as RankFailed
+    from .errors import TrainerError as TrainerError
+    from .samples import Sample as Sample
+    from .samples import SampleStats as SampleStats
+    from .samples import build_samples as build_samples

@@ -91,7 +91,8 @@ def run_tokenizer(store: Any, rollout_id: str) -> tuple[Any, str]:
         model = model.get("path")
     if not model:
         return None, f"run {r.run_id}'s config names no model"
-    from tether.starter import cached_snapshot, is_starter, load_tokenizer, starter_path
+    from tether.models import cached_snapshot, load_tokenizer
+    from tether.starter import is_starter, starter_path
 
     if model == "starter":  # as tether.run resolves it, without building it
         folder = starter_path(warm=True)

@@ -17,7 +17,7 @@ import logging
 import os
 from pathlib import Path
 
-from tether.starter._errors import ModelNotFound
+from tether.models._errors import ModelNotFound
 
 __all__ = ["cached_snapshot", "model_source"]
 

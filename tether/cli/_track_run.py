@@ -1,6 +1,6 @@
 """``tether export`` and ``tether report``: a run's store as rows, samples or an HTML page.
 
-RUN resolves as for ``tether rollouts list`` (``_cli_stores.py``): a run name
+RUN resolves as for ``tether rollouts list`` (``_stores.py``): a run name
 under ``runs/``, a run folder, or ``--store FILE``. Files go to the run
 folder unless ``--out`` says where.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tether._cli_stores import store_path
+from tether.cli._stores import store_path
 from tether.errors import UserError
 
 __all__ = ["run_export", "run_report"]

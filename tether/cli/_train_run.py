@@ -11,8 +11,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tether._interrupt import Interrupts
-from tether._progress import Progress, plot_curve, quiet_loading
+from tether.cli._interrupt import Interrupts
+from tether.cli._progress import Progress, plot_curve, quiet_loading
 from tether.errors import UserError
 from tether.run import (
     CheckpointConfig,

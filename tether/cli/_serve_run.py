@@ -66,7 +66,7 @@ def serve_config(config: str | None, overrides: list[str], flags: dict[str, Any]
 def run_serve(cfg: ServeConfig, console: Console) -> None:
     """Serve ``cfg.model`` behind the gateway until stopped; every call goes to the store."""
     if cfg.model:  # a misspelled or unreachable model fails here, before torch loads
-        from tether.starter import model_source
+        from tether.models import model_source
 
         model_source(cfg.model)
     from tether.dashboard import PREFIX, Catalog, mount_dashboard
@@ -161,9 +161,10 @@ def _record_keys(given: list[str] | tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _load_engine(model: str | None, *, device: str, max_batch_size: int):
-    from tether._progress import quiet_loading
+    from tether.cli._progress import quiet_loading
     from tether.engine import TransformersEngine
-    from tether.starter import build_starter, load_tokenizer
+    from tether.models import load_tokenizer
+    from tether.starter import build_starter
 
     quiet_loading()
 

@@ -71,7 +71,7 @@ def tokenizer_finder() -> Any:
             return None
         with lock:
             if folder not in cache:
-                from tether.starter import load_tokenizer
+                from tether.models import load_tokenizer
 
                 try:
                     cache[folder] = load_tokenizer(folder)

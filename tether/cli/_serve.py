@@ -1,0 +1,70 @@
+"""``tether serve``: its flags (the config and the run: ``_serve_run.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tether.cli._app import DEFAULT_STORE, app, console, setup_logging
+
+
+@app.command()
+def serve(
+    config: Annotated[
+        str | None, typer.Argument(help="YAML config (optional): model, store, gateway.*.")
+    ] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="dotted.key=value overrides, e.g. gateway.log_prompts=true"),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Model folder or hub id; the starter model if omitted.")
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Address to bind (127.0.0.1); others need an admin key.")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port to listen on (8321; 0: a free one, printed).")
+    ] = None,
+    store: Annotated[
+        Path | None, typer.Option(help=f"SQLite trace store file ({DEFAULT_STORE}).")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N.")] = None,
+    max_batch_size: Annotated[
+        int | None, typer.Option(help="Most sequences the engine decodes at once (64).")
+    ] = None,
+    tool_parser: Annotated[
+        str | None, typer.Option(help="Tool-call format of the model: hermes, llama3_json.")
+    ] = None,
+    allow_agent_rewards: Annotated[
+        bool | None, typer.Option(help="Let agents post their own reward.")
+    ] = None,
+    record_key: Annotated[
+        list[str] | None,
+        typer.Option(
+            envvar="TETHER_RECORD_KEYS",
+            metavar="KEY",
+            help="A key for record mode (POST /v1/chat/completions); repeat for more.",
+        ),
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+) -> None:
+    """Serve a model behind the gateway and record every call."""
+    setup_logging(log_level)
+    from tether.cli._serve_run import run_serve, serve_config
+
+    flags = {
+        "model": model,
+        "host": host,
+        "port": port,
+        "store": None if store is None else str(store),
+        "device": device,
+        "max_batch_size": max_batch_size,
+        "tool_parser": tool_parser,
+        "allow_agent_rewards": allow_agent_rewards,
+        "record_keys": record_key or None,
+    }
+    cfg = serve_config(config, list(overrides or []), flags)
+    run_serve(cfg, console)
