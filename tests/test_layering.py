@@ -151,9 +151,12 @@ TEST_OWNERS = {
     "test_async": "run",
     "test_collect_failures": "run",
     "test_failures": "run",
+    "test_report_plots": "cli",  # the reward curve of `tether demo` and `tether report`'s charts
 }
 # Tests that reach into another package's internals, each with why (and what would end it).
 TEST_CROSSINGS = {
+    ("test_report_plots", "tether.tracking._report"): "the report's chart figure, drawn "
+    "without a run (one legend rule for the CLI's curve and the report's charts)",
     ("test_run_config", "tether.cli._serve_run"): "ServeConfig, `tether serve`'s config "
     "file (belongs in a test_cli_* file)",
     ("test_run_folders", "tether.cli._train"): "the demo command's default steps (belongs "
