@@ -81,7 +81,7 @@ class Progress:
             self._live.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         if self._live:
             self._live.update(self._render())
             self._live.__exit__(*exc)

@@ -13,13 +13,12 @@ from rich.console import Console
 
 from tether.cli._stores import store_path
 from tether.errors import UserError
+from tether.store import Store
 
 __all__ = ["run_export", "run_report"]
 
 
-def _open(run: str, store: Path | None) -> tuple[Path, object]:
-    from tether.store import Store
-
+def _open(run: str, store: Path | None) -> tuple[Path, Store]:
     path = store_path(store, run)
     return path, Store(path)
 

@@ -138,8 +138,8 @@ def events(store: Store, run: Run) -> list[dict[str, Any]]:
         by_step[m.step][m.name] = m.value
     out: list[dict[str, Any]] = []
     streak = 0
-    trainer = run.config.get("trainer") if isinstance(run.config.get("trainer"), dict) else {}
-    patience = int(trainer.get("collapse_patience") or 0)
+    trainer = run.config.get("trainer")
+    patience = int((trainer if isinstance(trainer, dict) else {}).get("collapse_patience") or 0)
     for step in sorted(by_step):
         m = by_step[step]
         if "eval/sampled_success" in m:

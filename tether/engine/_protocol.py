@@ -10,7 +10,7 @@ this same contract (issue 23; docs/gpu.md, "What it would take to plug vLLM in")
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -144,7 +144,7 @@ class Engine(Protocol):
 
     def generate_stream(
         self, prompt_ids: list[int], params: SamplingParams
-    ) -> AsyncIterator[TokenDelta | GenerateResult]:
+    ) -> AsyncGenerator[TokenDelta | GenerateResult, None]:
         """Like :meth:`generate`, token by token: a :class:`~tether.engine.TokenDelta` per
         sampled token as it is sampled, then the :class:`GenerateResult`.
 

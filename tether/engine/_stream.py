@@ -15,7 +15,7 @@ the gateway falls back to it for an engine without ``generate_stream``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +53,7 @@ def deltas_of(result: GenerateResult) -> list[TokenDelta]:
 
 async def stream_via_generate(
     engine: Any, prompt_ids: list[int], params: SamplingParams
-) -> AsyncIterator[TokenDelta | GenerateResult]:
+) -> AsyncGenerator[TokenDelta | GenerateResult, None]:
     """``engine.generate``, then its tokens as deltas and the result (no early tokens)."""
     result = await engine.generate(prompt_ids, params)
     for delta in deltas_of(result):
@@ -63,7 +63,7 @@ async def stream_via_generate(
 
 def engine_stream(
     engine: Any, prompt_ids: list[int], params: SamplingParams
-) -> AsyncIterator[TokenDelta | GenerateResult]:
+) -> AsyncGenerator[TokenDelta | GenerateResult, None]:
     """``engine.generate_stream(...)``, or :func:`stream_via_generate` for an engine without it."""
     method = getattr(engine, "generate_stream", None)
     if method is None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from functools import partial
 from typing import Any
 
@@ -75,7 +75,7 @@ class TransformersEngine:
         self._rollout_dtype = rollout_dtype
         # with a rollout dtype, the full-precision weights the copy is rebuilt from
         self._source = model if rollout_dtype else None
-        self.model = rollout_copy(model, rollout_dtype) if rollout_dtype else model
+        self.model: Any = rollout_copy(model, rollout_dtype) if rollout_dtype else model
         self.model.eval()
         self.tokenizer = tokenizer
         self.stream_interval_s = float(stream_interval_s)
@@ -160,7 +160,7 @@ class TransformersEngine:
 
     async def generate_stream(
         self, prompt_ids: list[int], params: SamplingParams
-    ) -> AsyncIterator[TokenDelta | GenerateResult]:
+    ) -> AsyncGenerator[TokenDelta | GenerateResult, None]:
         """Each token as the worker samples it, then the result; closing the iterator early
         cancels the request (its rows leave the batch at the worker's next step)."""
         self._check(prompt_ids, params)
@@ -246,7 +246,7 @@ class TransformersEngine:
             raise UserError(f"state_dict has keys the model lacks: {unexpected[:5]}")
         with torch.no_grad():
             target.load_state_dict(state_dict, strict=False)
-        if self._source is not None:  # re-quantize (or re-cast) the served copy
+        if self._source is not None and self._rollout_dtype:  # re-quantize (or re-cast) the copy
             with self._worker.weights_lock:  # a trainer sharing the source writes under it
                 self._worker.model = self.model = rollout_copy(self._source, self._rollout_dtype)
         if self._worker.prefix is not None:

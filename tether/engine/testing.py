@@ -23,7 +23,7 @@ is False, which the gateway checks first).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -102,7 +102,7 @@ class FakeEngine:
 
     def generate_stream(
         self, prompt_ids: list[int], params: SamplingParams
-    ) -> AsyncIterator[TokenDelta | GenerateResult]:
+    ) -> AsyncGenerator[TokenDelta | GenerateResult, None]:
         """:meth:`generate`, then its tokens as deltas and the result (all at the end)."""
         return stream_via_generate(self, prompt_ids, params)
 
@@ -303,7 +303,7 @@ class FaultyEngine(FakeEngine):
 
     async def generate_stream(
         self, prompt_ids: list[int], params: SamplingParams
-    ) -> AsyncIterator[TokenDelta | GenerateResult]:
+    ) -> AsyncGenerator[TokenDelta | GenerateResult, None]:
         index = len(self.calls)
         if self.fault != "break" or (self.on_calls is not None and index not in self.on_calls):
             async for item in stream_via_generate(self, prompt_ids, params):

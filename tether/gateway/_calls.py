@@ -14,7 +14,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from tether.chat import HistoryCache, PromptEncoder, get_parser, render_text
@@ -217,7 +217,7 @@ class ModelCalls:
         choices = self.choices(ctx, result)
         return choices, self.recorder.choices(ctx, result, choices, time.perf_counter() - t0)
 
-    def stream(self, ctx: CallContext, *, tokens: bool = False) -> AsyncIterator[Any]:
+    def stream(self, ctx: CallContext, *, tokens: bool = False) -> AsyncGenerator[Any, None]:
         """:meth:`generate`, streamed (``_streaming.stream_call``)."""
         return stream_call(self, ctx, tokens=tokens)
 

@@ -144,11 +144,11 @@ def _json_format(schema: Any, strict: bool, param: str) -> dict[str, Any]:
         raise _bad(f"{param}: {exc}", param) from None
 
 
-def _response_format(rf: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str | None]:
-    """(the JSON format, its label), or (None, None) for text / no response_format."""
+def _response_format(rf: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
+    """(the JSON format, its label), or (None, "text") for text / no response_format."""
     kind = (rf or {}).get("type", "text")
     if kind == "text":
-        return None, None
+        return None, "text"
     if kind == "json_object":
         return _json_format({"type": "object"}, False, "response_format"), "json_object"
     if kind != "json_schema":

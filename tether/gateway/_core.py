@@ -14,7 +14,7 @@ and the store's, engine's and chat layer's; only ``_errors`` maps them to status
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from tether.engine import Engine
@@ -147,7 +147,9 @@ class Gateway:
         return the choices and their seqs; an engine failure is a failed call, raised."""
         return await self.calls.generate(self._seeded(ctx))
 
-    def generate_stream(self, ctx: CallContext, *, tokens: bool = False) -> AsyncIterator[Any]:
+    def generate_stream(
+        self, ctx: CallContext, *, tokens: bool = False
+    ) -> AsyncGenerator[Any, None]:
         """:meth:`generate`, streamed: ``TextDelta`` / ``ToolCallDelta`` pieces as the engine
         samples tokens, then ``Done`` once the calls are committed (``_streaming``);
         ``tokens=True`` adds each sampled ``TokenDelta``."""

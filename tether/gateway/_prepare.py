@@ -6,6 +6,7 @@ Pure functions of the request and the gateway's limits; each refusal is an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -39,7 +40,7 @@ def sampling_params(
     max_tokens: int | None,
     top_logprobs: int,
     override: dict[str, float],
-    stop_ids: list[int],
+    stop_ids: Sequence[int],
 ) -> SamplingParams:
     """Check the caps and build the engine's sampling parameters; ``override`` (the
     rollout's, e.g. greedy evaluation) wins over the request's temperature and top_p."""
@@ -63,7 +64,7 @@ def sampling_params(
         max_tokens=max_tokens or cfg.default_max_tokens,
         n=req.n,
         stop=req.stop_list(),
-        stop_token_ids=stop_ids,
+        stop_token_ids=tuple(stop_ids),
         seed=req.seed,
         top_logprobs=top_logprobs,
     )

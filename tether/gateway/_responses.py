@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -58,7 +58,7 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         raise ApiError(400, f"{param}: {err.get('msg')}", param=param) from None
 
 
-async def _primed(deltas: AsyncIterator[Any]) -> Any:
+async def _primed(deltas: AsyncGenerator[Any, None]) -> Any:
     """``deltas`` with its first piece already taken: a call refused or failed before its
     first token gets an ordinary HTTP error, not a stream."""
     first = await anext(deltas)
@@ -76,7 +76,7 @@ _LAST = ("response.completed", "response.incomplete")
 
 def _event_stream(
     stream: AsyncIterator[dict[str, Any]],
-    deltas: AsyncIterator[Any],
+    deltas: AsyncGenerator[Any, None],
     on_end: OnEnd | None,
 ) -> StreamingResponse:
     async def lines() -> AsyncIterator[str]:

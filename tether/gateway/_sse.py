@@ -19,7 +19,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi.responses import StreamingResponse
@@ -187,7 +187,7 @@ class _Completion:
 async def _events(
     form: _Chat | _Completion,
     first: Any,
-    rest: AsyncIterator[Any],
+    rest: AsyncGenerator[Any, None],
     include_usage: bool,
     on_end: OnEnd | None,
 ) -> AsyncIterator[str]:
@@ -228,7 +228,7 @@ async def _events(
 
 
 async def stream_response(
-    events: AsyncIterator[Any],
+    events: AsyncGenerator[Any, None],
     *,
     token_text: TokenText,
     model: str,

@@ -29,7 +29,7 @@ import asyncio
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from tether.chat import LiveText
@@ -61,7 +61,7 @@ async def _next(stream: AsyncIterator[Any], deadline: float) -> Any:
 
 async def stream_call(
     calls: ModelCalls, ctx: CallContext, *, tokens: bool = False
-) -> AsyncIterator[Any]:
+) -> AsyncGenerator[Any, None]:
     """See the module docstring. Raises what :meth:`ModelCalls.generate` raises."""
     t0 = time.perf_counter()
     params = ctx.params

@@ -13,11 +13,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tether.models._source import model_source
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["load_model", "load_tokenizer"]
 
@@ -47,9 +50,9 @@ def load_model(
     path: str | os.PathLike[str],
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
-) -> torch.nn.Module:
+) -> PreTrainedModel:
     """A causal LM from a local folder or hub id, on ``device``, in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_source(str(path)), dtype=dtype)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_source(str(path)), dtype=dtype)
     return model.to(device).eval()

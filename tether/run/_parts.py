@@ -40,7 +40,7 @@ from tether.run._ui import mount_ui, ui_line
 from tether.run.config import TrainConfig
 from tether.runner import Runner, make_runner
 from tether.store import AlreadyExists, Store
-from tether.tracking import Tracking, open_tracking
+from tether.tracking import Tracking, TrackingConfig, open_tracking
 from tether.trainer import PolicyTrainer
 from tether.trainer.distributed import world_from_env
 from tether.trainer.errors import TrainerError
@@ -193,9 +193,9 @@ async def open_parts(
     ranks = None
     if command == "train" and (cfg.trainer.processes > 1 or world_from_env() > 1):
         say(Status("starting the training processes"))
-        ranks = RankGroup.start(cfg.trainer, cfg.model.device)
-        group = ranks
-        _on_exit(stack, lambda failed: asyncio.to_thread(group.close, not failed))
+        ranks = group = RankGroup.start(cfg.trainer, cfg.model.device)
+        if group is not None:  # None: one process after all
+            _on_exit(stack, lambda failed: asyncio.to_thread(group.close, not failed))
     model = await _model(cfg, stack, say, ranks, model_path, engine)
     records = _records(cfg, stack, say, command, resume)
     serving = await _serve(cfg, stack, say, model["engine"], model["tokenizer"], records["store"])
@@ -242,7 +242,7 @@ async def _model(
             rollout_dtype=None if m.rollout_dtype == "float32" else m.rollout_dtype,
         )
     _close(stack, engine.close)  # the run owns the engine, a given one too
-    if share:
+    if share and isinstance(engine, TransformersEngine):
         trainer.share_weights(engine.weights_lock)
     if cfg.model.rollout_dtype != "float32" and not cfg.trainer.tis_cap:
         log.warning(
@@ -273,7 +273,9 @@ def _records(
     stack.push(set_status)
     tracking = Tracking([])
     if command == "train":
-        tracking = open_tracking(cfg.tracking, run_dir, record.id, record.config)
+        sinks = cfg.tracking  # a TrackingConfig once built (TrainConfig.__post_init__)
+        assert isinstance(sinks, TrackingConfig)
+        tracking = open_tracking(sinks, run_dir, record.id, record.config)
         _on_exit(stack, lambda failed: tracking.close(failed=failed))
     train_tasks, val_tasks = load_tasks(cfg.tasks)
     try:  # the run's task set, so its rollouts' task_ids resolve to their task

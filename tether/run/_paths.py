@@ -85,7 +85,7 @@ def resolve_file_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
             k8s["template"] = _under(folder, k8s["template"])
     tasks = data.get("tasks")
     source = tasks.get("source") if isinstance(tasks, dict) else None
-    if isinstance(source, str) and source not in ("", "calc"):
+    if isinstance(tasks, dict) and isinstance(source, str) and source not in ("", "calc"):
         tasks["source"] = _under(folder, source)
     rollout = data.get("rollout")
     if isinstance(rollout, dict) and "grader" in rollout:

@@ -149,7 +149,8 @@ def _chain(store: Store, run_id: str) -> list[tuple[str, int]]:
             config = store.get_run(current).config
         except NotFound:  # a record that is not there (the store was replaced): stop here
             break
-        extra = config.get("extra") if isinstance(config.get("extra"), dict) else {}
+        extra = config.get("extra")
+        extra = extra if isinstance(extra, dict) else {}
         chain.append((current, int(extra.get("resumed_at") or 0)))
         current = extra.get("resumed_from")
     return chain[::-1]

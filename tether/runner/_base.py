@@ -25,7 +25,7 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -166,6 +166,9 @@ class AttemptResult:
 @runtime_checkable
 class Runner(Protocol):
     """Starts agents for rollout attempts. Every mode implements this."""
+
+    #: Called with each launch as its agent starts (the trainer marks the rollout running).
+    on_start: Callable[[Launch], None] | None
 
     async def run(self, launch: Launch) -> AttemptResult:
         """Run one attempt to its end. Never raises for agent faults; returns a status.

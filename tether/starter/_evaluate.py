@@ -82,7 +82,7 @@ def _step(ep: Episode, text: str, max_calls: int) -> None:
 
 @torch.no_grad()
 def run_episodes(
-    model: torch.nn.Module,
+    model: Any,  # a transformers causal LM (``model.generate``)
     tokenizer: Any,
     tasks: list[dict[str, Any]],
     temperature: float = 0.0,

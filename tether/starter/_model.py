@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
@@ -36,6 +37,11 @@ def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     return list(end_of_turn_ids(tokenizer))
 
 
+def _pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    pad: Any = tokenizer.pad_token_id  # the starter tokenizer always has one
+    return int(pad)
+
+
 def model_config(recipe: ModelRecipe, tokenizer: PreTrainedTokenizerBase) -> Qwen2Config:
     stops = stop_token_ids(tokenizer)
     return Qwen2Config(
@@ -52,7 +58,7 @@ def model_config(recipe: ModelRecipe, tokenizer: PreTrainedTokenizerBase) -> Qwe
         use_sliding_window=False,
         bos_token_id=None,
         eos_token_id=stops,
-        pad_token_id=int(tokenizer.pad_token_id),
+        pad_token_id=_pad_id(tokenizer),
         architectures=["Qwen2ForCausalLM"],
     )
 
@@ -61,7 +67,7 @@ def generation_config(tokenizer: PreTrainedTokenizerBase) -> GenerationConfig:
     """Defaults for ``model.generate``: stop at ``<|im_end|>`` / ``<|endoftext|>``."""
     return GenerationConfig(
         eos_token_id=stop_token_ids(tokenizer),
-        pad_token_id=int(tokenizer.pad_token_id),
+        pad_token_id=_pad_id(tokenizer),
         do_sample=False,
         max_new_tokens=128,
     )

@@ -157,7 +157,8 @@ def _loss(model: torch.nn.Module, batch: _Batch) -> torch.Tensor:
     hidden = _hidden(model, batch)[:, :-1]
     target = batch.labels[:, 1:]
     trained = target != -100
-    logits = model.lm_head(hidden[trained]).float()
+    head: Any = model.lm_head
+    logits = head(hidden[trained]).float()
     return torch.nn.functional.cross_entropy(logits, target[trained])
 
 
@@ -207,7 +208,8 @@ def copy_accuracy(
     """Teacher-forced argmax accuracy on (number tokens, all tokens) of the assistant turns."""
     was_training = model.training
     model.eval()
-    logits = model.lm_head(_hidden(model, batch))
+    head: Any = model.lm_head
+    logits = head(_hidden(model, batch))
     model.train(was_training)
     pred = logits[:, :-1].argmax(-1)
     target = batch.labels[:, 1:]

@@ -124,7 +124,7 @@ class Browse:
         """
         if sort not in ROLLOUT_SORTS:
             raise InvalidRecord(f"sort ({sort!r}) must be one of {', '.join(ROLLOUT_SORTS)}")
-        where, params = ["r.run_id IS ?"], [run_id]
+        where, params = ["r.run_id IS ?"], list[Any]([run_id])
         if group_prefix:
             where.append("r.group_id LIKE ? ESCAPE '\\'")
             params.append(_like_prefix(group_prefix))
