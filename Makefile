@@ -32,6 +32,7 @@ setup: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check tether tests benchmarks examples
 	$(BIN)/ruff format --check tether tests benchmarks examples
+	$(BIN)/pyright
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP)
@@ -40,6 +41,7 @@ test-slow: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/ruff check tether tests benchmarks examples
 	$(BIN)/ruff format --check tether tests benchmarks examples
+	$(BIN)/pyright
 	$(BIN)/python -m pytest -q -m 'slow or not slow'
 
 demo: $(STAMP)
@@ -48,6 +50,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check tether tests benchmarks examples
 	$(BIN)/ruff format --check tether tests benchmarks examples
+	$(BIN)/pyright
 
 fmt: $(STAMP)
 	$(BIN)/ruff format tether tests benchmarks examples
