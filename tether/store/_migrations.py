@@ -24,96 +24,100 @@ from tether.store._errors import StoreError
 __all__ = ["MIGRATIONS", "migrate"]
 
 
+#: Migration 1 as it shipped: runs, tasks, rollouts, calls, rewards, metrics, checkpoints.
+_INITIAL_SCHEMA = (
+    """CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        config TEXT NOT NULL,
+        status TEXT NOT NULL,
+        created_at REAL NOT NULL
+    )""",
+    """CREATE TABLE tasks (
+        id TEXT PRIMARY KEY,
+        run_id TEXT REFERENCES runs(id),
+        split TEXT NOT NULL,
+        data TEXT NOT NULL
+    )""",
+    "CREATE INDEX tasks_run_split ON tasks(run_id, split)",
+    # task_id is deliberately not a foreign key: a rollout carries its task
+    # inline (``task``), so one created through the admin API needs no row.
+    """CREATE TABLE rollouts (
+        id TEXT PRIMARY KEY,
+        run_id TEXT REFERENCES runs(id),
+        task_id TEXT,
+        group_id TEXT,
+        task TEXT,
+        status TEXT NOT NULL,
+        attempt INTEGER NOT NULL DEFAULT 0,
+        token_hash TEXT,
+        reward REAL,
+        reward_source TEXT,
+        final_answer TEXT,
+        error TEXT,
+        created_at REAL NOT NULL,
+        finished_at REAL
+    )""",
+    "CREATE INDEX rollouts_run_status ON rollouts(run_id, status)",
+    "CREATE INDEX rollouts_group ON rollouts(group_id)",
+    "CREATE INDEX rollouts_status ON rollouts(status)",
+    """CREATE TABLE calls (
+        rollout_id TEXT NOT NULL REFERENCES rollouts(id),
+        attempt INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        prompt_ids BLOB NOT NULL,
+        completion_ids BLOB NOT NULL,
+        logprobs BLOB NOT NULL,
+        n_prompt INTEGER NOT NULL,
+        n_completion INTEGER NOT NULL,
+        policy_version INTEGER NOT NULL,
+        request TEXT NOT NULL,
+        response TEXT NOT NULL,
+        finish_reason TEXT,
+        temperature REAL NOT NULL,
+        status TEXT NOT NULL,
+        error TEXT,
+        latency_s REAL NOT NULL,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (rollout_id, attempt, seq)
+    )""",
+    """CREATE TABLE rewards (
+        id INTEGER PRIMARY KEY,
+        rollout_id TEXT NOT NULL REFERENCES rollouts(id),
+        attempt INTEGER NOT NULL,
+        call_seq INTEGER,
+        value REAL,
+        given TEXT,
+        source TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        FOREIGN KEY (rollout_id, attempt, call_seq) REFERENCES calls(rollout_id, attempt, seq)
+    )""",
+    "CREATE INDEX rewards_rollout ON rewards(rollout_id, attempt)",
+    # At most one final reward (call_seq NULL) per attempt, enforced by the file itself.
+    """CREATE UNIQUE INDEX rewards_final ON rewards(rollout_id, attempt)
+        WHERE call_seq IS NULL""",
+    """CREATE TABLE metrics (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        step INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        value REAL,
+        created_at REAL NOT NULL
+    )""",
+    "CREATE INDEX metrics_run_name_step ON metrics(run_id, name, step)",
+    """CREATE TABLE checkpoints (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        step INTEGER NOT NULL,
+        path TEXT NOT NULL,
+        created_at REAL NOT NULL
+    )""",
+    "CREATE INDEX checkpoints_run_step ON checkpoints(run_id, step)",
+)
+
+
 def _m001_initial(conn: sqlite3.Connection) -> None:
     """Runs, tasks, rollouts, calls, rewards, metrics, checkpoints."""
-    for statement in (
-        """CREATE TABLE runs (
-            id TEXT PRIMARY KEY,
-            config TEXT NOT NULL,
-            status TEXT NOT NULL,
-            created_at REAL NOT NULL
-        )""",
-        """CREATE TABLE tasks (
-            id TEXT PRIMARY KEY,
-            run_id TEXT REFERENCES runs(id),
-            split TEXT NOT NULL,
-            data TEXT NOT NULL
-        )""",
-        "CREATE INDEX tasks_run_split ON tasks(run_id, split)",
-        # task_id is deliberately not a foreign key: a rollout carries its task
-        # inline (``task``), so one created through the admin API needs no row.
-        """CREATE TABLE rollouts (
-            id TEXT PRIMARY KEY,
-            run_id TEXT REFERENCES runs(id),
-            task_id TEXT,
-            group_id TEXT,
-            task TEXT,
-            status TEXT NOT NULL,
-            attempt INTEGER NOT NULL DEFAULT 0,
-            token_hash TEXT,
-            reward REAL,
-            reward_source TEXT,
-            final_answer TEXT,
-            error TEXT,
-            created_at REAL NOT NULL,
-            finished_at REAL
-        )""",
-        "CREATE INDEX rollouts_run_status ON rollouts(run_id, status)",
-        "CREATE INDEX rollouts_group ON rollouts(group_id)",
-        "CREATE INDEX rollouts_status ON rollouts(status)",
-        """CREATE TABLE calls (
-            rollout_id TEXT NOT NULL REFERENCES rollouts(id),
-            attempt INTEGER NOT NULL,
-            seq INTEGER NOT NULL,
-            prompt_ids BLOB NOT NULL,
-            completion_ids BLOB NOT NULL,
-            logprobs BLOB NOT NULL,
-            n_prompt INTEGER NOT NULL,
-            n_completion INTEGER NOT NULL,
-            policy_version INTEGER NOT NULL,
-            request TEXT NOT NULL,
-            response TEXT NOT NULL,
-            finish_reason TEXT,
-            temperature REAL NOT NULL,
-            status TEXT NOT NULL,
-            error TEXT,
-            latency_s REAL NOT NULL,
-            created_at REAL NOT NULL,
-            PRIMARY KEY (rollout_id, attempt, seq)
-        )""",
-        """CREATE TABLE rewards (
-            id INTEGER PRIMARY KEY,
-            rollout_id TEXT NOT NULL REFERENCES rollouts(id),
-            attempt INTEGER NOT NULL,
-            call_seq INTEGER,
-            value REAL,
-            given TEXT,
-            source TEXT NOT NULL,
-            created_at REAL NOT NULL,
-            FOREIGN KEY (rollout_id, attempt, call_seq) REFERENCES calls(rollout_id, attempt, seq)
-        )""",
-        "CREATE INDEX rewards_rollout ON rewards(rollout_id, attempt)",
-        # At most one final reward (call_seq NULL) per attempt, enforced by the file itself.
-        """CREATE UNIQUE INDEX rewards_final ON rewards(rollout_id, attempt)
-            WHERE call_seq IS NULL""",
-        """CREATE TABLE metrics (
-            id INTEGER PRIMARY KEY,
-            run_id TEXT NOT NULL REFERENCES runs(id),
-            step INTEGER NOT NULL,
-            name TEXT NOT NULL,
-            value REAL,
-            created_at REAL NOT NULL
-        )""",
-        "CREATE INDEX metrics_run_name_step ON metrics(run_id, name, step)",
-        """CREATE TABLE checkpoints (
-            id INTEGER PRIMARY KEY,
-            run_id TEXT NOT NULL REFERENCES runs(id),
-            step INTEGER NOT NULL,
-            path TEXT NOT NULL,
-            created_at REAL NOT NULL
-        )""",
-        "CREATE INDEX checkpoints_run_step ON checkpoints(run_id, step)",
-    ):
+    for statement in _INITIAL_SCHEMA:
         conn.execute(statement)
 
 
