@@ -202,3 +202,15 @@ def test_test_owners_name_packages() -> None:
     assert owner_of("test_cli") == "cli" and owner_of("test_starter") == "starter"
     assert owner_of("test_runner_ray") == "runner" and owner_of("test_run_config") == "run"
     assert owner_of("test_end_of_turn") == ""
+
+
+def test_no_function_in_tether_is_80_lines_or_more() -> None:
+    """STYLE.md rule 4: functions stay under ~80 lines (a longer one is split, not waived)."""
+    long = []
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines >= 80:
+                    long.append(f"{module_name(path)}.{node.name}: {lines} lines")
+    assert long == [], long
