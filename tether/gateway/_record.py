@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
+from dataclasses import replace
 
 from tether.engine import Engine, GenerateResult
 from tether.records import Call, CallStatus
@@ -35,20 +37,13 @@ class Recorder:
         """Commit one call per choice; return their seqs."""
         seqs = []
         for choice, completion in zip(choices, result.completions, strict=True):
+            call = _call(ctx, completion.token_ids, completion.logprobs, result.policy_version)
             seqs.append(
                 self.store.record_call(
-                    Call(
-                        rollout_id=ctx.rollout_id,
-                        seq=-1,
-                        attempt=ctx.attempt,
-                        prompt_ids=list(ctx.prompt_ids),
-                        completion_ids=list(completion.token_ids),
-                        logprobs=list(completion.logprobs),
-                        policy_version=result.policy_version,
-                        request=ctx.request,
+                    replace(
+                        call,
                         response=choice.message,
                         finish_reason=choice.finish_reason,
-                        temperature=ctx.params.temperature,
                         latency_s=latency,
                         constraint=ctx.params.constraint.label if ctx.params.constraint else None,
                     )
@@ -75,22 +70,27 @@ class Recorder:
         """A call that gave no answer (never a training sample): ``failed`` or ``cancelled``,
         with the tokens sampled before it stopped."""
         try:
+            call = _call(ctx, completion[0], completion[1], self.engine.policy_version)
             self.store.record_call(
-                Call(
-                    rollout_id=ctx.rollout_id,
-                    seq=-1,
-                    attempt=ctx.attempt,
-                    prompt_ids=list(ctx.prompt_ids),
-                    completion_ids=list(completion[0]),
-                    logprobs=list(completion[1]),
-                    policy_version=self.engine.policy_version,
-                    request=ctx.request,
-                    finish_reason=None,
-                    temperature=ctx.params.temperature,
-                    status=status,
-                    error=error[:500],
-                    latency_s=time.perf_counter() - t0,
-                )
+                replace(call, status=status, error=error[:500], latency_s=time.perf_counter() - t0)
             )
         except Exception:  # the rollout may have ended meanwhile; the error still reaches the agent
             log.warning("could not record the failed call of rollout %s", ctx.rollout_id)
+
+
+def _call(
+    ctx: CallContext, ids: Sequence[int], logprobs: Sequence[float], policy_version: int
+) -> Call:
+    """The call record of ``ctx`` with these completion tokens (``seq`` set by the store)."""
+    return Call(
+        rollout_id=ctx.rollout_id,
+        seq=-1,
+        attempt=ctx.attempt,
+        prompt_ids=list(ctx.prompt_ids),
+        completion_ids=list(ids),
+        logprobs=list(logprobs),
+        policy_version=policy_version,
+        request=ctx.request,
+        finish_reason=None,
+        temperature=ctx.params.temperature,
+    )
