@@ -11,7 +11,7 @@ from rich.console import Console
 
 from tether.cli._progress import Progress
 from tether.records import Call
-from tether.run import StepDone, StepReport, batch_diagnostics
+from tether.run import EvalProgress, EvalStart, StepDone, StepReport, batch_diagnostics
 from tether.trainer.algorithms import compute_advantages
 from tether.trainer.samples import build_samples
 
@@ -74,7 +74,7 @@ def test_step_line_shows_entropy_and_zero_variance_share() -> None:
 def test_live_table_has_the_new_columns() -> None:
     console = Console(file=io.StringIO(), width=200)
     progress = Progress(4, console=console, live=False)
-    progress(StepDone(StepReport(0, {**STEP, "entropy": 1.25, "zero_variance_frac": 0.25})))
+    progress(StepDone(StepReport(1, {**STEP, "entropy": 1.25, "zero_variance_frac": 0.25})))
     console.print(progress._render())
     text = console.file.getvalue()
     assert "entropy" in text and "zero-var" in text and "1.25" in text and "25%" in text
@@ -83,14 +83,12 @@ def test_live_table_has_the_new_columns() -> None:
 def test_eval_progress_says_the_share_done() -> None:
     """6 rollouts: the first quarter is passed at 2 done, which is 33%, not "25%"; a tick
     passing several quarters prints once."""
-    from types import SimpleNamespace
-
     console = Console(file=io.StringIO(), width=200)
     progress = Progress(1, console=console, live=False)
     for n in (6, 2):
-        progress("eval_start", SimpleNamespace(step=0, what="2 tasks", rollouts=n))
+        progress(EvalStart(step=0, rollouts=n, what="2 tasks"))
         for _ in range(n):
-            progress("eval_progress", None)
+            progress(EvalProgress())
     lines = [ln.split(",")[0] for ln in console.file.getvalue().splitlines() if "eval:" in ln]
     assert lines == [
         "  eval: 2/6 rollouts (33%)", "  eval: 3/6 rollouts (50%)", "  eval: 5/6 rollouts (83%)",
