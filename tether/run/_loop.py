@@ -184,11 +184,9 @@ class TrainingRun(PartsView):
         cfg = self.cfg
         steps = cfg.trainer.steps
         every = cfg.eval.every if cfg.eval.enabled else 0
-        self.step = self.start_step
         if self.start_step == 0 and cfg.eval.enabled:
             await self.evaluate(0)
         for step in range(self.start_step + 1, steps + 1):
-            self.step = step
             try:
                 await self.train_step(step)
             except RankFailed as exc:
@@ -238,8 +236,10 @@ class TrainingRun(PartsView):
     # -- one update --------------------------------------------------------------
 
     async def train_step(self, step: int) -> StepReport:
-        """Update ``step`` (from 1): collect its rollouts, learn, report."""
+        """Update ``step`` (from 1): collect its rollouts, learn, report. From here on the
+        run is at ``step`` (the one place that moves the counter)."""
         cfg, parts = self.cfg, self.parts
+        self.step = step
         t0 = time.perf_counter()
         if cfg.trainer.mode == "async":
             return self._report(step, await self._async_rollouts().step(step), t0)
@@ -306,13 +306,13 @@ class TrainingRun(PartsView):
         self.on_event(StepDone(report))
         return report
 
-    def _check_collapse(self, done: int) -> None:
+    def _check_collapse(self, step: int) -> None:
         t = self.cfg.trainer
         k = t.collapse_patience
         recent = self.history[-k:] if k else []
         if k and len(recent) == k and all(r.metrics["reward_mean"] <= 0 for r in recent):
             raise PolicyCollapsed(
-                f"reward has been 0 for {k} updates in a row at step {done}: the policy "
+                f"reward has been 0 for {k} updates in a row at step {step}: the policy "
                 f"collapsed; lower trainer.lr (now {t.lr:g}) or raise trainer.collapse_patience"
             )
 
