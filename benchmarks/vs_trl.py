@@ -23,7 +23,7 @@ step, learning rate, ``--steps`` steps, completions of at most
 batch, PPO clip 0.2/0.28, no KL, token-mean loss (TRL: ``loss_type="dapo"``,
 ``beta=0``; tether: ``aggregation=token_mean``, ``kl_coef=0``).
 
-- The same task sequence: for seed ``s`` tether's run draws step ``k``'s
+- The same task sequence: for seed ``s`` tether's run draws step ``k``'s (from 1)
   tasks with ``tasks_for_step(train, k, batch_groups, s)``; TRL's dataset is
   those tasks in that order, and its sampler does not shuffle
   (``shuffle_dataset=False``: ``RepeatSampler`` walks the rows in order).
@@ -172,7 +172,7 @@ def task_sequence(args: argparse.Namespace) -> list[dict]:
     train, _ = load_tasks(tasks_config(args))
     return [
         t.data
-        for step in range(args.steps)
+        for step in range(1, args.steps + 1)
         for t in tasks_for_step(train, step, args.batch_groups, args.seed)
     ]
 
@@ -228,7 +228,7 @@ def run_tether(args: argparse.Namespace) -> dict:
         async with TrainingRun(cfg, model_path=Path(args.model)) as run:
             await run.evaluate(0)  # warms the engine up; "s/step 2+" compares steady states
             times, updates, rewards = [], 0, []
-            for step in range(args.steps):
+            for step in range(1, args.steps + 1):
                 t0 = time.perf_counter()
                 report = await run.train_step(step)
                 times.append(time.perf_counter() - t0)
@@ -236,7 +236,7 @@ def run_tether(args: argparse.Namespace) -> dict:
                 rewards.append(report.metrics["reward_mean"])
             seen = [  # what train_step drew: the run's tasks, its seed, its batch size
                 t.id
-                for k in range(args.steps)
+                for k in range(1, args.steps + 1)
                 for t in tasks_for_step(run.train_tasks, k, args.batch_groups, cfg.tasks.seed)
             ]
             return times, updates, rewards, run.trainer.model, run.tokenizer, seen

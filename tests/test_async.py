@@ -352,12 +352,12 @@ def test_two_async_steps_with_the_starter_model(starter_dir: Path, tmp_path: Pat
         return run
 
     run = asyncio.run(go())
-    assert [r.step for r in run.history] == [0, 1]
+    assert [r.step for r in run.history] == [1, 2]
     assert run.engine.policy_version == 2
     for r in run.history:
         m = r.metrics
         assert m["rollouts"] == 4 and m["groups_dropped"] == 0
-        assert m["policy_version"] == r.step + 1
+        assert m["policy_version"] == r.step  # update N made policy version N
         assert m["logprob_gap"] < 1e-4 or m["policy_lag_max"] > 0  # on-policy batches agree
         assert m["gen_tokens_per_s"] > 0  # the progress line shows it in async mode too
         for key in ("wait_s", "drain_s", "paused_s", "update_s", "calls_held", "hold_s"):

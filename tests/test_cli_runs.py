@@ -96,13 +96,13 @@ def test_a_name_is_one_run_and_resume_continues_it(starter_dir: Path, tmp_path: 
         calls = [
             c
             for r in store.list_rollouts(run_id=second_rec.id)
-            if "-s2-" in r.id
+            if "-s3-" in r.id
             for c in store.calls(r.id)
         ]
         assert calls and {c.policy_version for c in calls} == {2}  # step 3 sampled by v2
         before = {m.step for m in store.metrics(first_rec.id, "reward_mean")}
         after = {m.step for m in store.metrics(second_rec.id, "reward_mean")}
-        assert (before, after) == ({0, 1}, {2})
+        assert (before, after) == ({1, 2}, {3})
 
     done = _tether("train", str(CONFIG), *tiny, "trainer.steps=3", "--resume")
     assert done.returncode == 2 and "run 'calc' is finished" in done.stderr
@@ -172,7 +172,7 @@ def test_a_config_elsewhere_with_relative_paths_and_no_evals(
 @pytest.mark.slow
 def test_a_resumed_run_numbers_its_steps_once(starter_dir: Path, tmp_path: Path) -> None:
     """Stopped after the checkpoint of step 2, resumed to 4: every step number the run writes
-    (metrics, checkpoints, TensorBoard scalars and samples, the progress lines) is 0..3 once."""
+    (metrics, checkpoints, TensorBoard scalars and samples, the progress lines) is 1..4 once."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tiny = _tiny(
@@ -197,7 +197,7 @@ def test_a_resumed_run_numbers_its_steps_once(starter_dir: Path, tmp_path: Path)
     run_dir = tmp_path / "calc"
     with Store(run_dir / "traces.sqlite") as store:
         steps = [m.step for r in store.list_runs() for m in store.metrics(r.id, "reward_mean")]
-        assert steps == [0, 1, 2, 3]
+        assert steps == [1, 2, 3, 4]
         ckpts = [c.step for r in store.list_runs() for c in store.checkpoints(r.id)]
         assert sorted(ckpts) == [1, 2, 3, 4]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
@@ -205,5 +205,5 @@ def test_a_resumed_run_numbers_its_steps_once(starter_dir: Path, tmp_path: Path)
     ]
     ea = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"tensors": 0})
     ea.Reload()
-    assert sorted(e.step for e in ea.Scalars("train/reward_mean")) == [0, 1, 2, 3]
-    assert sorted(e.step for e in ea.Tensors("samples/text_summary")) == [0, 1, 2, 3]
+    assert sorted(e.step for e in ea.Scalars("train/reward_mean")) == [1, 2, 3, 4]
+    assert sorted(e.step for e in ea.Tensors("samples/text_summary")) == [1, 2, 3, 4]

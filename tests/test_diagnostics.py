@@ -74,7 +74,7 @@ def test_step_line_shows_entropy_and_zero_variance_share() -> None:
 def test_live_table_has_the_new_columns() -> None:
     console = Console(file=io.StringIO(), width=200)
     progress = Progress(4, console=console, live=False)
-    progress(StepDone(StepReport(0, {**STEP, "entropy": 1.25, "zero_variance_frac": 0.25})))
+    progress(StepDone(StepReport(1, {**STEP, "entropy": 1.25, "zero_variance_frac": 0.25})))
     console.print(progress._render())
     text = console.file.getvalue()
     assert "entropy" in text and "zero-var" in text and "1.25" in text and "25%" in text

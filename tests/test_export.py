@@ -42,7 +42,7 @@ def load(fmt: str, path: Path, cache: Path) -> Any:
 
 
 def trained_rollout(tracked: Tracked, step: int, index: int) -> str:
-    """The rollout id of ``rollout_index`` ``index`` of update ``step`` (every group kept:
+    """The rollout id of ``rollout_index`` ``index`` of update ``step`` (from 1; every group kept:
     the alternating grader gives each group rewards 0 and 1; rollout.n is 2)."""
     return f"{tracked.run_id}-s{step}-g{index // 2}-{index % 2}"
 
@@ -73,11 +73,11 @@ def test_parquet_and_jsonl_exports_load_with_datasets(tracked: Tracked, tmp_path
             assert got["policy_version"] == call.policy_version
             assert json.loads(got["messages"]) == call.request["messages"]
     kinds = {(row["kind"], row["step"]) for row in ds}
-    assert kinds == {("train", 0), ("train", 1), ("eval_sampled", 0), ("eval_sampled", 2)} | {
+    assert kinds == {("train", 1), ("train", 2), ("eval_sampled", 0), ("eval_sampled", 2)} | {
         ("eval_greedy", 0),
         ("eval_greedy", 2),
     }
-    for step, batch in enumerate(tracked.samples):  # the advantages the trainer was given
+    for step, batch in enumerate(tracked.samples, 1):  # the advantages the trainer was given
         for s in batch:
             assert rows[trained_rollout(tracked, step, s.rollout_index)]["advantage"] == s.advantage
     assert all(row["advantage"] is None for row in ds if row["kind"] != "train")
@@ -98,11 +98,11 @@ def test_parquet_and_jsonl_exports_load_with_datasets(tracked: Tracked, tmp_path
 
 def test_samples_export_equals_what_the_trainer_was_given(tracked: Tracked, tmp_path: Path) -> None:
     assert len(tracked.samples) == 2  # two updates
-    out = tmp_path / "step0.jsonl"
-    done = tether("export", str(tracked.run_dir), "--samples", "--step", "0", "--out", str(out))
+    out = tmp_path / "step1.jsonl"
+    done = tether("export", str(tracked.run_dir), "--samples", "--step", "1", "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == (
-        f"wrote {len(tracked.samples[0])} training samples of step 0 ({tracked.run_id}) to {out}"
+        f"wrote {len(tracked.samples[0])} training samples of step 1 ({tracked.run_id}) to {out}"
     )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == len(tracked.samples[0]) > 0
@@ -111,21 +111,21 @@ def test_samples_export_equals_what_the_trainer_was_given(tracked: Tracked, tmp_
         assert row["loss_mask"] == s.loss_mask
         assert row["old_logprobs"] == s.old_logprobs  # the stored float32 values, exactly
         assert row["advantage"] == s.advantage
-        assert row["rollout_id"] == trained_rollout(tracked, 0, s.rollout_index)
+        assert row["rollout_id"] == trained_rollout(tracked, 1, s.rollout_index)
     parquet = tmp_path / "last.parquet"  # no --step: the last update
     run_export(
         str(tracked.run_dir), None, "parquet", parquet, samples=True, step=None, run_id=None,
         console=Console(quiet=True),
     )  # fmt: skip
     ds = load("parquet", parquet, tmp_path / "hf")
-    assert set(ds["step"]) == {1}
+    assert set(ds["step"]) == {2}
     assert ds["input_ids"] == [s.input_ids for s in tracked.samples[1]]
     assert ds["loss_mask"] == [s.loss_mask for s in tracked.samples[1]]
     assert ds["advantage"] == [s.advantage for s in tracked.samples[1]]
     for got, s in zip(ds["old_logprobs"], tracked.samples[1], strict=True):
         assert got == pytest.approx(s.old_logprobs, abs=1e-6)
     with Store(tracked.run_dir / "traces.sqlite") as store:
-        assert step_samples(store).updated and step_samples(store, 0).step == 0
+        assert step_samples(store).updated and step_samples(store, 1).step == 1
 
 
 def test_bad_run_step_and_format_are_one_line_naming_the_fix(
@@ -141,7 +141,7 @@ def test_bad_run_step_and_format_are_one_line_naming_the_fix(
         return str(e.value)
 
     assert error(samples=True, step=7) == (
-        "step 7 is not in this store: pass --step between 0 and 1"
+        "step 7 is not in this store: pass --step between 1 and 2"
     )
     assert error(step=1).startswith("--step picks the update of --samples: add --samples")
     assert error(fmt="csv") == "--format 'csv' is not known: use --format jsonl or --format parquet"

@@ -154,7 +154,7 @@ def test_success_is_the_graders_flag_or_the_threshold_in_steps_evals_and_store(
     assert "eval @ step 1: sampled success 50%" in out.stdout
     with Store(tmp_path / "calc" / "traces.sqlite") as store:
         (run,) = store.list_runs()
-        step = {m.name: m.value for m in store.metrics(run.id) if m.step == 0}
+        step = {m.name: m.value for m in store.metrics(run.id) if m.step == 1}  # update 1
         assert step["success"] == 0.5 and step["reward_mean"] > 0
         flags = {
             r.final_answer: [a.success for a in store.attempts(r.id)]

@@ -213,7 +213,8 @@ def test_ctrl_c_during_rollouts_in_process_mode(train, tmp_path: Path) -> None:
     elapsed = run.send(signal.SIGINT)
     _report("rollouts (process)", elapsed)
     ckpt = tmp_path / "calc" / "checkpoints" / "step-000001"
-    _assert_stopped_cleanly(run, elapsed, 130, f"interrupted at step 1; last checkpoint: {ckpt};")
+    # step 2 was running; the checkpoint is step 1's
+    _assert_stopped_cleanly(run, elapsed, 130, f"interrupted at step 2; last checkpoint: {ckpt};")
     assert (ckpt / "model").is_dir()
     store = Store(tmp_path / "calc" / "traces.sqlite")
     try:  # the interrupted step's rollouts are ended as cancelled, none is left "running"
@@ -233,7 +234,7 @@ def test_ctrl_c_during_the_update_in_pool_mode(train, tmp_path: Path) -> None:
     time.sleep(0.3)
     elapsed = run.send(signal.SIGINT)
     _report("update (pool)", elapsed)
-    _assert_stopped_cleanly(run, elapsed, 130, "interrupted at step 0; last checkpoint: none;")
+    _assert_stopped_cleanly(run, elapsed, 130, "interrupted at step 1; last checkpoint: none;")
     assert run.seen, "the pool's workers were never seen"
 
 

@@ -173,14 +173,14 @@ def test_past_metrics_follow_the_resume_links_and_a_redone_step_is_the_later_ses
         store.create_run({"extra": {"resumed_from": "a", "resumed_at": 2}}, run_id="b")
         store.create_run({"extra": {"resumed_from": "b", "resumed_at": 3}}, run_id="c")
         store.log_metrics("a", 0, {"eval/sampled_success": 0.1})
-        for s in range(3):  # a finished steps 0-2, checkpointed after 2, was killed after 3
+        for s in (1, 2, 3):  # a finished steps 1-3, checkpointed after 2, was killed after 3
             store.log_metrics("a", s, {"reward_mean": 10 + s})
         store.log_metrics("a", 2, {"eval/sampled_success": 0.2})
-        store.log_metrics("b", 2, {"reward_mean": 22})  # b redid step index 2
-        store.log_metrics("b", 3, {"reward_mean": 23})
-        store.log_metrics("c", 3, {"reward_mean": 33})  # c's own step: not "past"
+        store.log_metrics("b", 3, {"reward_mean": 23})  # b redid step 3, checkpointed it
+        store.log_metrics("b", 4, {"reward_mean": 24})  # and was killed after step 4
+        store.log_metrics("c", 4, {"reward_mean": 34})  # c's own step: not "past"
         steps, evals = past_metrics(store, "b", 3)
-    assert {s: m["reward_mean"] for s, m in steps.items()} == {0: 10, 1: 11, 2: 22}
+    assert {s: m["reward_mean"] for s, m in steps.items()} == {1: 11, 2: 12, 3: 23}
     assert {s: m["eval/sampled_success"] for s, m in evals.items()} == {0: 0.1, 2: 0.2}
 
 

@@ -194,7 +194,7 @@ def test_one_training_step_with_rollouts_as_ray_tasks(
 
     rid = run.run_record.id
     with Store(tmp_path / "ray-train" / "traces.sqlite") as store:
-        rollouts = [r for g in (0, 1) for r in store.list_rollouts(group_id=f"{rid}-s0-g{g}")]
+        rollouts = [r for g in (0, 1) for r in store.list_rollouts(group_id=f"{rid}-s1-g{g}")]
         assert len(rollouts) == 4
         assert all(r.status is RolloutStatus.SUCCEEDED and r.attempt == 1 for r in rollouts)
         calls = [c for r in rollouts for c in store.calls(r.id)]

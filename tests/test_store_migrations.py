@@ -179,3 +179,61 @@ def test_migration_5_adds_attempt_start_times_and_keeps_old_rows(tmp_path, monke
         assert two.started_at is not None and two.finished_at >= two.started_at
     with closing(sqlite3.connect(path)) as conn:  # a re-run finds the columns: a no-op
         _migrations._m005_attempt_start(conn)
+
+
+def test_migration_6_numbers_train_steps_from_one(tmp_path, monkeypatch):
+    """A file written when updates counted from 0: its train metrics move one step up (evals
+    and checkpoints already counted updates), and its sync groups ``s{k}`` with their
+    rollouts, calls, rewards and attempts become ``s{k+1}``; eval, async and other groups
+    keep their ids."""
+    from tether.records import Checkpoint
+
+    path = tmp_path / "v5.db"
+    with monkeypatch.context() as m:
+        m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:5])
+        with Store(path) as old:
+            old.create_run({}, run_id="r")
+            old.log_metrics("r", 0, {"eval/sampled_success": 0.25})
+            old.log_metrics("r", 0, {"reward_mean": 0.5})  # update 1
+            old.log_metrics("r", 1, {"reward_mean": 0.75})  # update 2
+            old.log_metrics("r", 2, {"eval/sampled_success": 0.5})  # after 2 updates
+            old.add_checkpoint(Checkpoint(run_id="r", step=2, path="c/step-000002"))
+            ids = ["r-s0-g0-0", "r-s0-g0-1", "r-s1-g0-0", "r-eval0-s-g0-0", "r-a-g3-0", "x"]
+            for rid in ids:
+                gid = rid.rsplit("-", 1)[0] if rid != "x" else None
+                old.create_rollout(Rollout(id=rid, run_id="r", group_id=gid))
+                attempt = old.start_attempt(rid)
+                old.record_call(
+                    Call(rollout_id=rid, seq=0, prompt_ids=[1], completion_ids=[2],
+                         logprobs=[-0.5], policy_version=0)
+                )  # fmt: skip
+                old.finish_rollout(rid, "succeeded", attempt=attempt, reward=float(len(rid)))
+    with Store(path) as store:
+        assert store._db.migrations_run == 1
+        got = [(m.step, m.name, m.value) for m in store.metrics("r")]
+        assert sorted(got) == [
+            (0, "eval/sampled_success", 0.25),
+            (1, "reward_mean", 0.5),
+            (2, "eval/sampled_success", 0.5),
+            (2, "reward_mean", 0.75),
+        ]
+        assert [c.step for c in store.checkpoints("r")] == [2]
+        renamed = {
+            "r-s0-g0-0": "r-s1-g0-0",
+            "r-s0-g0-1": "r-s1-g0-1",
+            "r-s1-g0-0": "r-s2-g0-0",
+        }
+        assert {r.id for r in store.list_rollouts(run_id="r")} == {
+            renamed.get(rid, rid) for rid in ids
+        }
+        for old_id in ids:
+            r = store.get_rollout(renamed.get(old_id, old_id))
+            assert r.reward == float(len(old_id))  # its own row, moved whole
+            assert [c.completion_ids for c in store.calls(r.id)] == [[2]]
+            assert [a.status.value for a in store.attempts(r.id)] == ["succeeded"]
+            assert [w.value for w in store.rewards(r.id)] == [float(len(old_id))]
+        assert store.get_rollout("r-s2-g0-0").group_id == "r-s2-g0"
+        assert store.get_rollout("r-eval0-s-g0-0").group_id == "r-eval0-s-g0"
+        assert store.get_rollout("r-a-g3-0").group_id == "r-a-g3"
+        with store._db.read() as conn:
+            assert conn.execute("PRAGMA foreign_key_check").fetchall() == []

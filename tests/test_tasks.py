@@ -205,7 +205,7 @@ def test_one_training_step(task: str, starter_dir: Path, tmp_path: Path) -> None
     agent = load(task, "agent")
     tools = [t["function"]["name"] for t in agent_tools(agent)]
     with Store(tmp_path / cfg.name / "traces.sqlite") as store:
-        rollouts = store.list_rollouts(group_id=f"{run.run_record.id}-s0-g0")
+        rollouts = store.list_rollouts(group_id=f"{run.run_record.id}-s1-g0")
         assert len(rollouts) == 2
         for rollout in rollouts:
             assert rollout.status.value == "succeeded" and rollout.reward is not None

@@ -51,8 +51,8 @@ def test_tensorboard_event_files_hold_every_stored_metric(tracked: Tracked) -> N
     # the config as hyperparameters, and the samples (log_samples: true) as text
     assert "_hparams_/experiment" in ea.PluginTagToContent("hparams")
     text = ea.Tensors("samples/text_summary")
-    assert [t.step for t in text] == [0, 1]
-    assert f"{tracked.run_id}-s0-g0-0".encode() in text[0].tensor_proto.string_val[0]
+    assert [t.step for t in text] == [1, 2]  # updates 1 and 2
+    assert f"{tracked.run_id}-s1-g0-0".encode() in text[0].tensor_proto.string_val[0]
 
 
 def test_tether_tensorboard_serves_the_run(tracked: Tracked) -> None:
@@ -131,11 +131,11 @@ def test_wandb_offline_run_holds_the_metrics_config_and_samples(tracked: Tracked
     for step, values in tracked.metrics.items():
         for name, value in values.items():
             assert history[step][metric_tag(name)] == pytest.approx(value, rel=1e-9), (name, step)
-    assert history[0]["samples/_type"] == "table-file"  # nested keys
-    table = json.loads((run_file.parent / "files" / history[1]["samples/path"]).read_text())
+    assert history[1]["samples/_type"] == "table-file"  # nested keys
+    table = json.loads((run_file.parent / "files" / history[2]["samples/path"]).read_text())
     assert table["columns"][0] == "rollout"
     assert {row[0] for row in table["data"]} == {
-        f"{tracked.run_id}-s1-g{g}-{i}" for g in (0, 1) for i in (0, 1)
+        f"{tracked.run_id}-s2-g{g}-{i}" for g in (0, 1) for i in (0, 1)
     }
 
 
@@ -155,7 +155,7 @@ def test_mlflow_file_store_holds_the_metrics_params_and_samples(tracked: Tracked
         want = {s: v[name] for s, v in tracked.metrics.items() if name in v}
         assert got == pytest.approx(want, rel=1e-12), name
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id, "samples")]
-    assert artifacts == ["samples/step-000000.jsonl", "samples/step-000001.jsonl"]
+    assert artifacts == ["samples/step-000001.jsonl", "samples/step-000002.jsonl"]
 
 
 def test_train_prints_the_report_next_to_the_reward_curve(tracked: Tracked) -> None:
@@ -192,7 +192,7 @@ def test_missing_and_failing_sinks_leave_the_run_going(
 
     ea = EventAccumulator(str(tmp_path / "failing" / "tensorboard"))
     ea.Reload()
-    assert [e.step for e in ea.Scalars("train/reward_mean")] == [0, 1]
+    assert [e.step for e in ea.Scalars("train/reward_mean")] == [1, 2]
     assert "samples/text_summary" not in ea.Tags()["tensors"]  # log_samples is off
 
 

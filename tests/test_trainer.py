@@ -197,14 +197,14 @@ def test_checkpoint_write_is_atomic(starter_dir: Path, tokenizer: Any, tmp_path:
 
 def test_data_order_is_a_function_of_seed_and_step() -> None:
     train = [Task(id=str(i), data={"i": i}, split=Split.TRAIN) for i in range(10)]
-    epoch = [t.id for s in range(5) for t in tasks_for_step(train, s, 2, seed=1)]
+    epoch = [t.id for s in range(1, 6) for t in tasks_for_step(train, s, 2, seed=1)]
     assert sorted(epoch) == sorted(t.id for t in train)  # one epoch covers every task once
-    again = [t.id for s in range(5) for t in tasks_for_step(train, s, 2, seed=1)]
+    again = [t.id for s in range(1, 6) for t in tasks_for_step(train, s, 2, seed=1)]
     assert epoch == again
     assert [t.id for t in tasks_for_step(train, 7, 3, seed=1)] == [
         t.id for t in tasks_for_step(train, 7, 3, seed=1)
     ]
-    assert epoch != [t.id for s in range(5) for t in tasks_for_step(train, s, 2, seed=2)]
+    assert epoch != [t.id for s in range(1, 6) for t in tasks_for_step(train, s, 2, seed=2)]
 
 
 def test_config_file_with_overrides_and_clear_errors(tmp_path: Path) -> None:
@@ -249,21 +249,21 @@ def test_two_step_training_through_gateway_and_subprocess_agents(
 
     run = asyncio.run(go())
     steps = run.history
-    assert [r.step for r in steps] == [0, 1]
+    assert [r.step for r in steps] == [1, 2]
     assert all(r.metrics["rollouts"] == 4 for r in steps)
     from tether.store import Store
 
     with Store(tmp_path / "e2e" / "traces.sqlite") as store:
         rid = run.run_record.id
-        rollouts = store.list_rollouts(group_id=f"{rid}-s1-g0") + store.list_rollouts(
-            group_id=f"{rid}-s1-g1"
+        rollouts = store.list_rollouts(group_id=f"{rid}-s2-g0") + store.list_rollouts(
+            group_id=f"{rid}-s2-g1"
         )
         assert len(rollouts) == 4 and all(r.status.value == "succeeded" for r in rollouts)
         calls = [c for r in rollouts for c in store.calls(r.id)]
         assert calls and all(
             c.completion_ids and len(c.logprobs) == len(c.completion_ids) for c in calls
         )
-        # Calls of step 1 were served by the weights after step 0's update.
+        # Calls of step 2 were served by the weights after step 1's update.
         assert {c.policy_version for c in calls} == {1}
         assert run.engine.policy_version == 2
         stored: dict[int, dict[str, float]] = {}

@@ -197,19 +197,19 @@ def test_sigkill_mid_step_and_mid_checkpoint_resume_bit_identical(
         d.mkdir()
     procs = [
         _start(clean, starter_dir),
-        _start(mid_step, starter_dir, **{HOLD_ENV: "1"}),
+        _start(mid_step, starter_dir, **{HOLD_ENV: "2"}),
         _start(mid_ckpt, starter_dir, **{KILL_ENV: "2"}),
     ]
     deadline = time.monotonic() + 240
-    while not (mid_step / "in-update-1").exists():
-        assert procs[1].poll() is None, "the run to kill ended before its step-1 update"
-        assert time.monotonic() < deadline, "no step-1 update within 240 s"
+    while not (mid_step / "in-update-2").exists():
+        assert procs[1].poll() is None, "the run to kill ended before its step-2 update"
+        assert time.monotonic() < deadline, "no step-2 update within 240 s"
         time.sleep(0.02)
     procs[1].send_signal(signal.SIGKILL)
     assert [_finish(p) for p in procs] == [0, -signal.SIGKILL, -signal.SIGKILL]
 
     ckpts = {d: d / "crash" / "checkpoints" for d in (clean, mid_step, mid_ckpt)}
-    # Killed mid-step: step 1's update was lost with the process; step-1 is its last checkpoint.
+    # Killed mid-step: step 2's update was lost with the process; step-1 is its last checkpoint.
     assert latest_checkpoint(ckpts[mid_step]).name == "step-000001"
     # Killed before the rename: the complete step-2 files sit under a temporary name, ignored.
     assert latest_checkpoint(ckpts[mid_ckpt]).name == "step-000001"
@@ -230,7 +230,7 @@ def test_sigkill_mid_step_and_mid_checkpoint_resume_bit_identical(
         for part in ("model", "optimizer", "torch_rng", "python_rng", "step"):
             assert _equal(final[clean][part], final[d][part]), f"{d.name}: {part} differs"
     order = _trained(clean)
-    assert sorted(order) == list(range(STEPS))
+    assert sorted(order) == list(range(1, STEPS + 1))
     assert all(len(order[s]) == 4 for s in order)
     assert _trained(mid_step) == order
     assert _trained(mid_ckpt) == order

@@ -60,6 +60,9 @@ class Progress:
     the trained tokens (falling: the policy sharpens), and ``zero-var``, the share
     of groups whose rollouts all got the same reward (they teach nothing); the
     other diagnostics are in the store (``tether.run._diagnostics``).
+
+    Steps are the run's one numbering: ``step N/T`` is the N-th update; the eval before
+    training is at step 0, the one after update N at step N.
     """
 
     def __init__(self, total_steps: int, console: Console | None = None, *, live: bool = True):
@@ -138,13 +141,13 @@ class Progress:
         if not self.step_times:
             return "-"
         recent = self.step_times[-5:]
-        left = (self.total - self.rows[-1].step - 1) * sum(recent) / len(recent)  # resume-proof
+        left = (self.total - self.rows[-1].step) * sum(recent) / len(recent)  # resume-proof
         return f"{left / 60:.1f} min"
 
     def _line(self, r: Any) -> str:
         m = r.metrics
         return (
-            f"step {r.step + 1:>3}/{self.total}  reward {m['reward_mean']:.3f}  success {m['success']:.0%}  "
+            f"step {r.step:>3}/{self.total}  reward {m['reward_mean']:.3f}  success {m['success']:.0%}  "
             f"H {_num(m, 'entropy', '.2f')}  zero-var {_num(m, 'zero_variance_frac', '.0%')}  "
             f"gen {m['gen_tokens_per_s']:.0f} tok/s  gap {_gap(m)}  "
             f"v{int(m['policy_version'])}  {m['step_s']:.1f} s/step  left {self._eta()}"
@@ -169,7 +172,7 @@ class Progress:
         for r in self.rows[-12:]:
             m = r.metrics
             table.add_row(
-                f"{r.step + 1}/{self.total}",
+                f"{r.step}/{self.total}",
                 f"{m['reward_mean']:.3f}",
                 f"{m['success']:.0%}",
                 _num(m, "entropy", ".2f"),
@@ -229,7 +232,7 @@ def plot_curve(rows: list[Any], evals: list[Any], path: Path) -> Path | None:
 
 def _curve_figure(plt: Any, rows: list[Any], evals: list[Any]) -> Any:
     fig, ax = plt.subplots(figsize=(7, 4.4))
-    steps = [r.step + 1 for r in rows]
+    steps = [r.step for r in rows]
     ax.plot(
         steps,
         [r.metrics["reward_mean"] for r in rows],

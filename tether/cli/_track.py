@@ -30,7 +30,10 @@ def export(
         ),
     ] = False,
     step: Annotated[
-        int | None, typer.Option(help="With --samples: the update (0-based; default the last).")
+        int | None,
+        typer.Option(
+            help="With --samples: the update (1 is the first, as in `step 1/N`; default the last)."
+        ),
     ] = None,
     run_id: Annotated[str | None, typer.Option(help="Only this run record of the store.")] = None,
 ) -> None:

@@ -117,7 +117,8 @@ def summary_line(
 
 
 def interrupted_line(run: TrainingRun, resume_command: str | None) -> str:
-    """``interrupted at step N; last checkpoint: PATH|none[; resume with: COMMAND]``."""
+    """``interrupted at step N; last checkpoint: PATH|none[; resume with: COMMAND]``: N is the
+    step that was running (update N, or the eval after it; 0: the eval before training)."""
     ckpt = run.last_checkpoint
     line = f"interrupted at step {run.step}; last checkpoint: {ckpt or 'none'}"
     return f"{line}; resume with: {resume_command}" if resume_command else line
@@ -283,8 +284,13 @@ def replace_demo_run(run_dir: Path, console: Console) -> None:
 
 def memory_line(run: TrainingRun) -> str | None:
     """Resident memory after the first and the last update (a self-check for leaks)."""
-    rss = [r.metrics["rss_mb"] for r in run.history if "rss_mb" in r.metrics]
-    if len(rss) < 2:
+    rows = [r for r in run.history if "rss_mb" in r.metrics]
+    if len(rows) < 2:
         return None
-    per_step = (rss[-1] - rss[0]) / (len(rss) - 1)
-    return f"memory: {rss[0]:.0f} MiB after update 1, {rss[-1]:.0f} MiB after update {len(rss)} ({per_step:+.2f} MiB per update)"
+    first, last = rows[0], rows[-1]
+    rss0, rss1 = first.metrics["rss_mb"], last.metrics["rss_mb"]
+    per_step = (rss1 - rss0) / (len(rows) - 1)
+    return (
+        f"memory: {rss0:.0f} MiB after update {first.step}, {rss1:.0f} MiB after update "
+        f"{last.step} ({per_step:+.2f} MiB per update)"
+    )

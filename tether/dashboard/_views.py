@@ -2,7 +2,9 @@
 
 Run naming follows the training loop: a step's groups are ``{run}-s{step}-g{k}``, an
 eval's ``{run}-eval{step}-s-g{k}`` (sampled) and ``{run}-eval{step}-g-g{k}`` (greedy),
-async mode's ``{run}-a-g{k}``.
+async mode's ``{run}-a-g{k}``. Steps are the run's one numbering: update N at step N
+(from 1), the evals at step 0 (before training) and N (after update N); so the reward
+chart runs 1..N and the held-out chart 0..N.
 """
 
 from __future__ import annotations

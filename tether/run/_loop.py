@@ -4,7 +4,10 @@ One asyncio loop holds the gateway (a uvicorn task), the runner and the
 trainer; the engine decodes on its own thread and the optimizer step runs on
 a worker thread, so agents' HTTP calls never wait on the loop.
 
-Per update ``step`` (0-based):
+Steps are numbered by updates, from 1: step N is the N-th update, and its metrics,
+samples, rollouts (groups ``s{N}``), tracking scalars and checkpoint ``step-0000NN``
+all say N. The eval before any update is at step 0, the one after update N at step N.
+Per update ``step``:
 
 1. ``batch_groups`` tasks (a pure function of seed and step) × ``n`` rollouts,
    each through the real gateway with its own token;
@@ -28,8 +31,9 @@ the one it continues, and with the earlier sessions' metrics and evals in
 
 The run is built once (``_parts.py``: store, engine, trainer, gateway, runner,
 tracking, dashboard, in one :class:`RunParts`) and torn down in reverse
-order; the step counter is the run's own (``step``: updates done, the one in
-progress while a step runs), never derived from how many reports it holds.
+order; the step counter is the run's own (``step``: 0 before the first update, N from
+the start of update N until update N + 1 starts), never derived from how many reports
+it holds.
 Listeners get typed events (``_events.py``).
 
 That is sync mode. In async mode (``trainer.mode: async``, ``_async.py``)
@@ -112,7 +116,9 @@ class TrainingRun(PartsView):
         self.history: list[StepReport] = []  # every update's report, earlier sessions' too
         self.evals: list[EvalResult] = []
         self.start_step = 0  # the step this session started at (a checkpoint's, with resume)
-        #: Updates done so far: the step in progress while one runs, what an interrupt reports.
+        #: The step the run is at (the one numbering, see the module docstring): N from the
+        #: start of update N (the one in progress) until update N + 1 starts; 0 before the
+        #: first. What an interrupt reports; an eval after update N runs at it.
         self.step = 0
         self.last_checkpoint: Path | None = None  # the newest checkpoint of this run
         self._async: AsyncRollouts | None = None
@@ -178,20 +184,18 @@ class TrainingRun(PartsView):
         cfg = self.cfg
         steps = cfg.trainer.steps
         every = cfg.eval.every if cfg.eval.enabled else 0
-        self.step = self.start_step
         if self.start_step == 0 and cfg.eval.enabled:
             await self.evaluate(0)
-        for step in range(self.start_step, steps):
+        for step in range(self.start_step + 1, steps + 1):
             try:
                 await self.train_step(step)
             except RankFailed as exc:
                 raise self._rank_failed(exc) from exc
-            done = self.step = step + 1
-            self._check_collapse(done)
-            if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < steps:
-                self.save(done)
-            if every and done % every == 0 and done < steps:
-                await self.evaluate(done)
+            self._check_collapse(step)
+            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < steps:
+                self.save(step)
+            if every and step % every == 0 and step < steps:
+                await self.evaluate(step)
         await self.stop_rollouts()
         self.save(steps)
         if cfg.eval.enabled:
@@ -232,13 +236,15 @@ class TrainingRun(PartsView):
     # -- one update --------------------------------------------------------------
 
     async def train_step(self, step: int) -> StepReport:
-        """Update ``step`` (0-based): collect its rollouts, learn, report."""
+        """Update ``step`` (from 1): collect its rollouts, learn, report. From here on the
+        run is at ``step`` (the one place that moves the counter)."""
         cfg, parts = self.cfg, self.parts
+        self.step = step
         t0 = time.perf_counter()
         if cfg.trainer.mode == "async":
             return self._report(step, await self._async_rollouts().step(step), t0)
         tasks = tasks_for_step(parts.train_tasks, step, cfg.rollout.batch_groups, cfg.tasks.seed)
-        log.info("step %d: rollouts, %d tasks × %d", step + 1, len(tasks), cfg.rollout.n)
+        log.info("step %d: rollouts, %d tasks × %d", step, len(tasks), cfg.rollout.n)
         collected = await collect_groups(
             parts.gateway,
             parts.runner,
@@ -261,7 +267,7 @@ class TrainingRun(PartsView):
         step's metrics."""
         parts = self.parts
         outcomes = [o for g in groups for o in g]
-        self._check(outcomes, f"step {step + 1}")
+        self._check(outcomes, f"step {step}")
         if parts.tracking.samples_on:  # tracking.log_samples: prompts and completions
             parts.tracking.log_samples(step, sample_rows(outcomes))
         m, samples = learn_metrics(groups, self.cfg.trainer.advantage)
@@ -300,13 +306,13 @@ class TrainingRun(PartsView):
         self.on_event(StepDone(report))
         return report
 
-    def _check_collapse(self, done: int) -> None:
+    def _check_collapse(self, step: int) -> None:
         t = self.cfg.trainer
         k = t.collapse_patience
         recent = self.history[-k:] if k else []
         if k and len(recent) == k and all(r.metrics["reward_mean"] <= 0 for r in recent):
             raise PolicyCollapsed(
-                f"reward has been 0 for {k} updates in a row at step {done}: the policy "
+                f"reward has been 0 for {k} updates in a row at step {step}: the policy "
                 f"collapsed; lower trainer.lr (now {t.lr:g}) or raise trainer.collapse_patience"
             )
 
@@ -335,10 +341,10 @@ class TrainingRun(PartsView):
         optimizer step of the failed update already ran) and say how to go on."""
         exits = self.ranks.exits() if self.ranks else ""
         where = f"{exc}; {exits}" if exits else str(exc)
-        ckpt = self.last_checkpoint
-        done = ckpt is not None and ckpt.name == f"step-{self.step:06d}"
+        ckpt, finished = self.last_checkpoint, self.step - 1  # step self.step failed
+        done = ckpt is not None and ckpt.name == f"step-{finished:06d}"
         if not done and self.trainer.optimizer_steps == self._clean_steps:
-            ckpt = self.save(self.step)
+            ckpt = self.save(finished)
         kept = (
             f"checkpoint of step {checkpoint_state(ckpt).get('step')}: {ckpt}"
             if ckpt

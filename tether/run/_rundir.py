@@ -13,8 +13,8 @@ in the same store, linked to the one it continues by ``extra.resumed_from``
 (that record's id) and ``extra.resumed_at`` (the checkpoint's step), so that
 rollout ids stay unique when a step the killed session had started is done
 again. :func:`past_metrics` follows those links back to the first record and
-returns the metrics of every step before the resume point, each from the
-session that finished it, so the reward curve and the before/after summary
+returns the metrics of every step up to the resume point (the checkpoint's
+step: updates 1..N, evals 0..N), each from the session that finished it, so the reward curve and the before/after summary
 cover the whole run.
 """
 
@@ -159,7 +159,8 @@ def _chain(store: Store, run_id: str) -> list[tuple[str, int]]:
 def past_metrics(
     store: Store, run_id: str, upto: int
 ) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]]]:
-    """(update metrics by step < ``upto``, eval metrics by step <= ``upto``) of run ``run_id``.
+    """(update metrics by step <= ``upto``, eval metrics by step <= ``upto``) of run ``run_id``:
+    what the run did up to its checkpoint at step ``upto`` (updates 1..upto, evals 0..upto).
 
     ``run_id`` is the record that wrote the checkpoint at step ``upto``; the links
     ``resumed_from``/``resumed_at`` lead back to the first one. A step done twice (by a
@@ -177,7 +178,7 @@ def past_metrics(
         for step, values in mine.items():
             train = {k: v for k, v in values.items() if not k.startswith("eval/")}
             ev = {k: v for k, v in values.items() if k.startswith("eval/")}
-            if train and start <= step < end:
+            if train and start < step <= end:
                 steps[step] = train
             if ev and start <= step <= end:
                 evals[step] = ev

@@ -103,7 +103,8 @@ def async_rollouts(
     return AsyncRollouts(
         parts.gateway,
         parts.runner,
-        lambda i: tasks_for_step(parts.train_tasks, i, 1, cfg.tasks.seed)[0],
+        # group i (from 0) is the task of "update" i + 1 with one group per update
+        lambda i: tasks_for_step(parts.train_tasks, i + 1, 1, cfg.tasks.seed)[0],
         cfg.rollout.n,
         grader=parts.grader,
         run_id=parts.run_record.id,

@@ -49,13 +49,16 @@ def load_tasks(cfg: TasksConfig) -> tuple[list[Task], list[Task]]:
 
 
 def tasks_for_step(train: list[Task], step: int, batch_groups: int, seed: int) -> list[Task]:
-    """The tasks of update ``step`` (0-based): epochs of seeded permutations, sliced in order.
+    """The tasks of update ``step`` (from 1, the run's numbering): epochs of seeded
+    permutations, sliced in order; update 1 takes the first ``batch_groups``.
 
     A pure function of (seed, step), so a resumed run sees exactly the data
     order of an uninterrupted one.
     """
+    if step < 1:
+        raise ValueError(f"step ({step}) must be >= 1: updates are numbered from 1")
     out: list[Task] = []
-    pos = step * batch_groups
+    pos = (step - 1) * batch_groups
     while len(out) < batch_groups:
         epoch, offset = divmod(pos, len(train))
         order = list(range(len(train)))

@@ -16,6 +16,7 @@ given value was not a finite number), ``config``/``data``/``task``/
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Callable
 
@@ -178,12 +179,54 @@ def _m005_attempt_start(conn: sqlite3.Connection) -> None:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN started_at REAL")
 
 
+_TRAIN_GROUP = re.compile(r"s(\d+)-g(\d+)")
+
+
+def _m006_steps_from_one(conn: sqlite3.Connection) -> None:
+    """Train steps count updates from 1, as checkpoints (``step-0000NN``) and evals (at
+    step N after N updates, 0 before training) always did. Every row this finds was
+    written when updates counted from 0, so: each train metric (any name but ``eval/*``)
+    moves one step up, and each sync-mode group ``{run}-s{k}-g{j}`` becomes
+    ``{run}-s{k+1}-g{j}`` with its rollouts ``{group}-{i}`` (their calls, rewards and
+    attempts follow). A run's highest step is renamed first, so no id is ever taken
+    twice; the foreign keys are checked at the commit."""
+    if conn.execute("SELECT 1 FROM rollouts UNION ALL SELECT 1 FROM metrics").fetchone() is None:
+        return  # a new file (nothing to renumber, nothing for PRAGMA optimize to analyze)
+    conn.execute("PRAGMA defer_foreign_keys = ON")
+    conn.execute("UPDATE metrics SET step = step + 1 WHERE name NOT LIKE 'eval/%'")
+    renames: list[tuple[int, str, str, str]] = []  # (k, id, new id, new group id)
+    rows = conn.execute(
+        "SELECT id, run_id, group_id FROM rollouts WHERE run_id IS NOT NULL AND group_id IS NOT NULL"
+    )
+    for rid, run_id, gid in rows.fetchall():
+        m = (
+            _TRAIN_GROUP.fullmatch(gid.removeprefix(f"{run_id}-"))
+            if gid.startswith(f"{run_id}-")
+            else None
+        )
+        if m is None:
+            continue
+        new_gid = f"{run_id}-s{int(m[1]) + 1}-g{m[2]}"
+        new_id = new_gid + rid[len(gid) :] if rid.startswith(f"{gid}-") else rid
+        renames.append((int(m[1]), rid, new_id, new_gid))
+    for _, rid, new_id, new_gid in sorted(renames, key=lambda r: -r[0]):
+        conn.execute(
+            "UPDATE rollouts SET id = ?, group_id = ? WHERE id = ?", (new_id, new_gid, rid)
+        )
+        if new_id != rid:
+            for table in ("calls", "rewards", "attempts"):
+                conn.execute(
+                    f"UPDATE {table} SET rollout_id = ? WHERE rollout_id = ?", (new_id, rid)
+                )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _m001_initial,
     _m002_attempts,
     _m003_tasks_per_run,
     _m004_call_constraint,
     _m005_attempt_start,
+    _m006_steps_from_one,
 ]
 
 

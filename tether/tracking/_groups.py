@@ -2,8 +2,10 @@
 
 The training loop names groups ``{run_id}-{tag}-g{index}`` and rollouts
 ``{group}-{i}`` (``tether/run/_collect.py``, ``_async.py``), with the tag
-``s{step}`` for sync mode's update ``step``, ``eval{step}-s`` / ``eval{step}-g``
-for the sampled / greedy rollouts of the eval at ``step``, and ``a`` for async
+``s{step}`` for sync mode's update ``step`` (from 1, the run's numbering; stores
+written before it counted from 0 are renumbered by the store's migration 6),
+``eval{step}-s`` / ``eval{step}-g`` for the sampled / greedy rollouts of the eval
+at ``step`` (0: before training, N: after update N), and ``a`` for async
 mode (whose groups are not tied to a step in the store). :func:`place` reads
 that back. :func:`step_advantages` recomputes the advantages of one sync
 update exactly as the loop did: the groups whose rollouts all have a usable

@@ -3,9 +3,10 @@
 The curves are PNGs (matplotlib, the ``plot`` extra) embedded as base64
 ``data:`` URIs, so the file can be mailed or attached as it is: no scripts,
 no network, no other files. Every text that comes from the store (names,
-config) is HTML-escaped. The x axis counts updates, as the demo's reward
-curve does: a train step's metrics (store step ``s``) are those of update
-``s + 1``; an eval at store step ``s`` ran after ``s`` updates.
+config) is HTML-escaped. The x axis is the run's step, which counts updates (as
+everywhere: the store, the CLI, the dashboard): a train step's metrics at step
+``N`` are those of update ``N`` (from 1); an eval at step ``N`` ran after ``N``
+updates (0: before training).
 
 A run folder's store may hold several records of one run (each ``--resume``
 session adds one) and records of ``tether eval``; the report draws the
@@ -76,12 +77,11 @@ def collect_metrics(store: Any) -> tuple[list[Any], dict[int, dict[str, float]]]
 
 
 def _points(by_step: dict[int, dict[str, float]], name: str) -> tuple[list[int], list[float]]:
-    shift = 0 if name.startswith("eval/") else 1
     xs, ys = [], []
     for step, values in by_step.items():
         v = values.get(name)
         if v is not None and math.isfinite(v):
-            xs.append(step + shift)
+            xs.append(step)
             ys.append(v)
     return xs, ys
 

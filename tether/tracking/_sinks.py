@@ -2,7 +2,7 @@
 
 Each sink is built by ``open_<name>(spec)`` (:class:`SinkSpec` says what of
 the run it needs) and has three methods, all called with the store's step
-numbers::
+numbers (the run's one numbering: update N at step N from 1, evals at 0 and N)::
 
     log_metrics(step, {name: value})   # a train step's metrics, or an eval's eval/*
     log_samples(step, rows)             # only with tracking.log_samples

@@ -49,8 +49,8 @@ def _train_steps(store: Any, run_id: str) -> set[int]:
 
 
 def step_samples(store: Any, step: int | None = None, run_id: str | None = None) -> StepSamples:
-    """The samples update ``step`` (0-based, as the store numbers steps; None = the last
-    one) trained on.
+    """The samples update ``step`` (from 1, the run's numbering; None = the last one)
+    trained on.
 
     Without ``run_id``, the newest training record in the store that ran that step (a
     resumed run may hold it twice: the later session's is the one that counts).
