@@ -174,12 +174,22 @@ def _m005_attempt_start(conn: sqlite3.Connection) -> None:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN started_at REAL")
 
 
+def _m006_grader_error(conn: sqlite3.Connection) -> None:
+    """``attempts.grader_error``: the exception the grader raised on the attempt (its type,
+    message and the last frames of the traceback, in the grader's own file first), NULL
+    when the grader did not raise. The attempt is unusable then; this says why."""
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(attempts)")}
+    if "grader_error" not in columns:
+        conn.execute("ALTER TABLE attempts ADD COLUMN grader_error TEXT")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _m001_initial,
     _m002_attempts,
     _m003_tasks_per_run,
     _m004_call_constraint,
     _m005_attempt_start,
+    _m006_grader_error,
 ]
 
 
