@@ -225,3 +225,19 @@ async def test_the_admin_route_stores_the_task_without_its_grader_field(
         got = (await c.get("/admin/rollouts/r-p", headers=admin)).json()
     assert got["task"] == {"q": "2+2"}
     assert gw.store.get_rollout("r-p").task == {"q": "2+2"}
+
+
+def test_tether_eval_without_val_tasks_is_one_line(starter_dir: Path, tmp_path: Path) -> None:
+    tasks = _write_tasks(tmp_path / "tasks.jsonl", 3, split="train", grader={"answer": 7})
+    out = subprocess.run(
+        [*TETHER, "eval", str(ROOT / "examples/calc/config.yaml"), f"dir={tmp_path}",
+         f"model.path={starter_dir}", f"tasks.source={tasks}"],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "COLUMNS": "300"},
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        f"error: tether eval: {tasks} gives no val tasks to evaluate on; mark some with "
+        '"split": "val" (or drop every split field to hold out tasks.holdout of them)'
+    ], out.stderr[-3000:]
+    assert "sampled success" not in out.stdout
