@@ -134,8 +134,8 @@ def test_splits_never_overlap_and_are_deterministic() -> None:
 def test_tasks_are_json_with_question_and_integer_answer() -> None:
     for task in make_tasks(200, "train", seed=1):
         assert json.loads(json.dumps(task)) == task
-        assert set(task) == {"id", "question", "answer"}
-        assert isinstance(task["answer"], int) and task["answer"] >= 0
+        assert set(task) == {"id", "question", "grader"}  # the answer is for the grader only
+        assert isinstance(task["grader"]["answer"], int) and task["grader"]["answer"] >= 0
     problems = calc.make_problems(200, "train", seed=1)
     assert all(safe_eval(p.expression) == p.answer for p in problems)
     assert len({p.question for p in problems}) == 200

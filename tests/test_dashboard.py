@@ -600,3 +600,33 @@ def test_a_run_folder_made_afresh_is_read_afresh(tmp_path: Path) -> None:
         s.create_run({"name": "new"}, "new-1")
     assert [r.id for r in catalog.store("demo").list_runs()] == ["new-1"]
     catalog.close()
+
+
+def test_the_rollout_page_shows_what_the_grader_raised_and_the_run_its_held_out_reward(
+    tmp_path: Path,
+) -> None:
+    with Store(tmp_path / "g" / "traces.sqlite") as s:
+        run = s.create_run({"name": "g", "trainer": {"steps": 2}}, "g-1")
+        s.log_metrics(run.id, 0, {"reward_mean": 0.0})
+        s.log_metrics(run.id, 0, {"eval/sampled_success": 0.5, "eval/sampled_reward_mean": 0.625})
+        s.create_rollout(Rollout(id="g-1-s0-g0-0", run_id=run.id, group_id="g-1-s0-g0", task={}))
+        a = s.start_attempt("g-1-s0-g0-0")
+        s.finish_rollout(
+            "g-1-s0-g0-0",
+            "succeeded",
+            attempt=a,
+            error="the grader raised KeyError: 'answr' (grader.py:6 in grade)",
+            grader_error="KeyError: 'answr' (grader.py:6 in grade)\nTraceback (most recent "
+            'call last):\n  File "/x/grader.py", line 6, in grade\n    return task["answr"]\n'
+            "KeyError: 'answr'",
+        )
+    app = create_server_app(Catalog(runs_dir=tmp_path), KEY)
+    page, run_page = _get_all(app, ["/ui/s/g/rollout/g-1-s0-g0-0", "/ui/s/g/run/g-1"])
+    assert page.status_code == 200
+    text = _visible(page.text)
+    assert "the grader raised" in text
+    assert 'File "/x/grader.py", line 6, in grade' in html.unescape(page.text)
+    assert 'return task["answr"]' in html.unescape(page.text)
+    events = _visible(run_page.text)
+    assert "held-out success: sampled 50%; mean reward 0.625" in events
+    assert "held-out mean reward" in html.unescape(run_page.text)

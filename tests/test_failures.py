@@ -9,6 +9,7 @@ grader results, the success threshold, the warning rules.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -132,16 +133,17 @@ def scored(task, answer):
 
 
 @pytest.mark.parametrize(
-    "settings",
+    ("settings", "mean_reward"),
     [
-        ["rollout.grader={g}:flagged"],
-        ["rollout.grader={g}:scored", "rollout.success_threshold=0.4"],
+        (["rollout.grader={g}:flagged"], 0.5),
+        (["rollout.grader={g}:scored", "rollout.success_threshold=0.4"], 0.375),
     ],
 )
 def test_success_is_the_graders_flag_or_the_threshold_in_steps_evals_and_store(
-    starter_dir: Path, tmp_path: Path, settings: list[str]
+    starter_dir: Path, tmp_path: Path, settings: list[str], mean_reward: float
 ) -> None:
-    """Every reward is > 0, so the old rule would say 100%; the flag or threshold says 50%."""
+    """Every reward is > 0, so the old rule would say 100%; the flag or threshold says 50%.
+    Beside it each eval reports its mean reward (the held-out signal of a shaped reward)."""
     from tether.store import Store
 
     agent, graders = tmp_path / "agent.py", tmp_path / "graders.py"
@@ -152,10 +154,13 @@ def test_success_is_the_graders_flag_or_the_threshold_in_steps_evals_and_store(
     assert out.returncode == 0, out.stderr[-3000:]
     assert "eval @ step 0: sampled success 50%" in out.stdout
     assert "eval @ step 1: sampled success 50%" in out.stdout
+    assert f"sampled success 50%, greedy -, mean reward {mean_reward:.3g} (" in out.stdout
     with Store(tmp_path / "calc" / "traces.sqlite") as store:
         (run,) = store.list_runs()
         step = {m.name: m.value for m in store.metrics(run.id) if m.step == 1}  # update 1
         assert step["success"] == 0.5 and step["reward_mean"] > 0
+        assert step["eval/sampled_reward_mean"] == pytest.approx(mean_reward)
+        assert "eval/greedy_reward_mean" not in step  # eval.greedy=false
         flags = {
             r.final_answer: [a.success for a in store.attempts(r.id)]
             for r in store.list_rollouts(run_id=run.id)
@@ -242,3 +247,106 @@ def test_check_collection_warns_once_and_stops_only_a_first_total_failure(caplog
     assert "generated 0 completion tokens" in caplog.records[0].getMessage()
     with pytest.raises(AgentsFailing, match=r"^all 2 rollouts of the first eval failed; first"):
         check_collection([_outcome(0, False), _outcome(1, False)], "the first eval", first=True)
+
+
+# -- a grader that raises ------------------------------------------------------------------
+
+# A grader with a typo in the task's key, as a user writes one: KeyError on line 5.
+RAISING_GRADER = """\
+def _expected(task):
+    return task["grader"]
+
+
+def grade(task, answer):
+    return float(str(_expected(task)["answr"]) in (answer or ""))
+"""
+
+
+def test_raising_grader_stops_the_run_with_its_exception_and_show_prints_the_traceback(
+    starter_dir: Path, tmp_path: Path
+) -> None:
+    """Every rollout of step 1 was graded by a grader that raised: the run ends on one line
+    naming the exception, the grader's file and line (not "no usable reward"), and the
+    store keeps the traceback with each attempt for ``tether rollouts show``."""
+    grader = tmp_path / "grader.py"
+    grader.write_text(RAISING_GRADER)
+    tasks = tmp_path / "tasks.jsonl"
+    rows = [{"id": f"t{i}", "question": f"1 + {i}", "grader": {"answer": 1 + i}} for i in range(4)]
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = _train(
+        tmp_path,
+        starter_dir,
+        f"agent.command={sys.executable} -c print(7)",
+        f"rollout.grader={grader}:grade",
+        f"tasks.source={tasks}",
+        "eval.enabled=false",
+    )
+    assert out.returncode == 2, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, out.stderr[-3000:]
+    assert errors[0].startswith(
+        "error: the grader raised KeyError: 'answr' (grader.py:6 in grade) on every rollout "
+        "of step 1; fix the grader (tether rollouts show "
+    ), errors[0]
+    assert "no usable reward" not in out.stderr
+    assert out.stderr.count("grader raised") == 1  # no warning per rollout
+
+    rollout_id = errors[0].split("tether rollouts show ", 1)[1].split(" ", 1)[0]
+    shown = subprocess.run(
+        [*TETHER, "rollouts", "show", rollout_id, "--store", str(tmp_path / "calc/traces.sqlite")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "300"},
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "error: the grader raised KeyError: 'answr' (grader.py:6 in grade)" in shown.stdout
+    assert "grader raised:" in shown.stdout
+    assert f'File "{grader}", line 6, in grade' in shown.stdout
+    assert 'return float(str(_expected(task)["answr"]) in (answer or ""))' in shown.stdout
+    assert "_collect.py" not in shown.stdout and "_grading.py" not in shown.stdout
+
+
+def test_grader_fault_names_the_last_frame_in_the_graders_own_file(tmp_path: Path) -> None:
+    from tether.run._grading import call_grader, load_grader
+
+    (tmp_path / "g.py").write_text(
+        "import json\n\ndef grade(task, answer):\n    return json.loads(answer)\n"
+    )
+    grade = load_grader(f"{tmp_path / 'g.py'}:grade")
+    raw, flag, fault = call_grader(grade, {}, "not json")
+    assert (raw, flag) == (None, None) and fault is not None
+    # the exception is raised inside json, but the place named is the grader's own line
+    assert fault.summary.startswith("JSONDecodeError: Expecting value") or fault.summary.startswith(
+        "json.decoder.JSONDecodeError: Expecting value"
+    ), fault.summary
+    assert fault.summary.endswith("(g.py:4 in grade)")
+    assert fault.detail.splitlines()[0] == fault.summary
+    assert f'File "{tmp_path / "g.py"}", line 4, in grade' in fault.detail
+    assert call_grader(grade, {}, "1.5") == (1.5, None, None)
+
+
+def test_check_collection_says_a_raising_grader_once_and_stops_when_it_raised_on_all(
+    caplog,
+) -> None:
+    from tether.trainer.errors import GraderFailing
+
+    def raised(i: int) -> RolloutOutcome:
+        return RolloutOutcome(
+            f"r{i}",
+            0,
+            RolloutStatus.SUCCEEDED,
+            None,
+            error="the grader raised KeyError: 'answr' (grader.py:6 in grade)",
+            grader_error="KeyError: 'answr' (grader.py:6 in grade)",
+        )
+
+    caplog.set_level(logging.WARNING, "tether.run._failures")
+    check_collection([raised(0), _outcome(1, True), _outcome(2, True)], "step 2", first=False)
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        "step 2: the grader raised on 1 of 3 rollouts (unusable, not reward 0): "
+        "KeyError: 'answr' (grader.py:6 in grade) (tether rollouts show r0)"
+    )
+    with pytest.raises(GraderFailing, match=r"^the grader raised KeyError: 'answr' \(grader"):
+        check_collection([raised(0), raised(1)], "step 3", first=False)  # any collection

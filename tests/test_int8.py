@@ -146,7 +146,10 @@ def test_missing_torchao_is_one_line_naming_the_extra(
 
 def test_config_names_the_allowed_rollout_dtypes() -> None:
     assert ModelConfig(rollout_dtype="int8").rollout_dtype == "int8"
-    with pytest.raises(UserError, match=r"model.rollout_dtype \('fp8'\) must be one of 'float32', 'bfloat16', 'int8'"):
+    with pytest.raises(
+        UserError,
+        match=r"model.rollout_dtype \('fp8'\) must be one of 'float32', 'bfloat16', 'int8'",
+    ):
         ModelConfig(rollout_dtype="fp8")
 
 

@@ -107,7 +107,9 @@ def test_tasks_sharing_an_id_are_not_stored_and_the_run_still_opens(
     starter_dir: Path, tmp_path: Path, caplog: Any
 ) -> None:
     source = tmp_path / "tasks.jsonl"
-    source.write_text('{"id": "same", "q": "1+1"}\n{"id": "same", "q": "2+2"}\n')
+    source.write_text(
+        '{"id": "same", "q": "1+1", "split": "train"}\n{"id": "same", "q": "2+2", "split": "train"}\n'
+    )
     cfg = TrainConfig(name="dup", dir=str(tmp_path), tasks=TasksConfig(source=str(source)))
 
     async def open_and_close() -> TrainingRun:

@@ -210,7 +210,9 @@ def test_one_training_step(task: str, starter_dir: Path, tmp_path: Path) -> None
         for rollout in rollouts:
             assert rollout.status.value == "succeeded" and rollout.reward is not None
             assert rollout.reward_source.value == "grader"
-            real = real_reward(task, rollout.task, rollout.final_answer)
+            row = store.get_task(rollout.task_id, run_id=run.run_record.id).data  # the grader's
+            assert set(rollout.task) == set(row) - set(cfg.tasks.private_fields)  # the agent's
+            real = real_reward(task, row, rollout.final_answer)
             spread = rollout.reward - real  # the real grade, plus 0 or 1
             assert math.isclose(spread, 0.0, abs_tol=1e-9) or math.isclose(spread, 1.0)
             if task == "coding":

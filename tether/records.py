@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "GRADER_FIELD",
     "AttemptEnd",
     "Call",
     "CallStatus",
@@ -36,6 +37,7 @@ __all__ = [
     "RunStatus",
     "Split",
     "Task",
+    "agent_task",
     "check_transition",
     "usable_reward",
 ]
@@ -131,12 +133,32 @@ class Run:
     created_at: float = field(default_factory=_now)
 
 
+#: A task row's grader-only object (``{"question": ..., "grader": {"answer": 4}}``): the
+#: grader gets the whole row, the agent never sees this field.
+GRADER_FIELD = "grader"
+
+
+def agent_task(data: dict[str, Any], private: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What the agent receives of the task row ``data``: every field but
+    :data:`GRADER_FIELD` and the ``private`` ones (``tasks.private_fields``)."""
+    hidden = {GRADER_FIELD, *private}
+    return {k: v for k, v in data.items() if k not in hidden}
+
+
 @dataclass
 class Task:
+    """One task row. ``data`` is the row as written (what the grader gets); the agent
+    gets :attr:`for_agent`: the row without ``grader`` and the ``private`` fields."""
+
     id: str
     data: dict[str, Any]
     split: Split = Split.TRAIN
     run_id: str | None = None
+    private: tuple[str, ...] = ()  # field names kept from the agent (tasks.private_fields)
+
+    @property
+    def for_agent(self) -> dict[str, Any]:
+        return agent_task(self.data, self.private)
 
 
 @dataclass
@@ -211,7 +233,9 @@ class AttemptEnd:
     the store keeps it. ``success`` is the task's own verdict
     (the grader's, or the run's success threshold); None when not graded.
     ``started_at`` is when the attempt's agent started (None if it never did, and
-    in stores from before tether recorded it).
+    in stores from before tether recorded it). ``grader_error`` is what the grader
+    raised on the attempt: ``"KeyError: 'answr' (grader.py:12 in grade)"`` on its
+    first line, then the traceback's last frames; None when it did not raise.
     """
 
     rollout_id: str
@@ -223,6 +247,7 @@ class AttemptEnd:
     success: bool | None = None
     finished_at: float = field(default_factory=_now)
     started_at: float | None = None
+    grader_error: str | None = None
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
     python examples/calc/tasks.py --out data/calc --train 2000 --val 200
 
-Each line is one task, ``{"id", "question", "answer"}``. The splits never
+Each line is one task, ``{"id", "question", "grader": {"answer": N}}``: the
+``grader`` object goes to the grader only, never to the agent. The splits never
 share a question (the split is fixed by a hash of the question text).
 """
 

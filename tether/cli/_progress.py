@@ -195,10 +195,18 @@ class Progress:
 
 def _eval_line(r: EvalResult) -> str:
     greedy = "-" if r.greedy is None else f"{r.greedy:.0%}"
+    reward = f"mean reward {_reward(r.sampled_reward)}"
+    if r.greedy_reward is not None:
+        reward += f" (greedy {_reward(r.greedy_reward)})"
     return (
-        f"eval @ step {r.step}: sampled success {r.sampled:.0%}, greedy {greedy} "
+        f"eval @ step {r.step}: sampled success {r.sampled:.0%}, greedy {greedy}, {reward} "
         f"({r.tasks} held-out tasks, {r.rollouts} rollouts, {r.wall_s:.0f} s)"
     )
+
+
+def _reward(value: float) -> str:
+    """A held-out mean reward, or "-" when no rollout had a usable one."""
+    return "-" if math.isnan(value) else f"{value:.3g}"
 
 
 def _num(m: dict[str, float], key: str, spec: str) -> str:

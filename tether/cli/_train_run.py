@@ -103,7 +103,10 @@ def summary_line(
     """The run's last line. ``updates`` (policy updates made; None = not counted): with 0,
     a difference between the evals is sampling noise, so no gain is claimed."""
     if not evals:
-        return f"no held-out eval (eval.enabled is false), {steps} steps, {minutes:.1f} min"
+        return (
+            f"no held-out eval (eval.enabled is false, or no val tasks), {steps} steps, "
+            f"{minutes:.1f} min"
+        )
     before, after = evals[0], evals[-1]
     points = (after.sampled - before.sampled) * 100
     change = "no update happened" if updates == 0 else f"{points:+.0f} points"
@@ -198,11 +201,17 @@ def run_eval(
     )
     _on_interrupt(interrupts, lambda: "interrupted during the evaluation; no result")
 
-    async def go() -> EvalResult:
+    async def go() -> EvalResult | None:
         async with run:
             return await run.evaluate(step)
 
-    return interrupts.run(go())
+    result = interrupts.run(go())
+    if result is None:
+        raise UserError(
+            f"tether eval: {cfg.tasks.source} gives no val tasks to evaluate on; mark some "
+            'with "split": "val" (or drop every split field to hold out tasks.holdout of them)'
+        )
+    return result
 
 
 def run_demo(

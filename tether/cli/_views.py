@@ -195,6 +195,10 @@ def _print_attempt(a: Any) -> None:
     out.print("  ".join(parts), highlight=False, markup=False)
     if a.error:
         out.print(f"  error: {a.error}", highlight=False, markup=False)
+    if a.grader_error:  # what the grader raised, with its traceback tail
+        out.print("  grader raised:", highlight=False, markup=False)
+        for line in a.grader_error.rstrip("\n").splitlines():
+            out.print(f"  | {line}", highlight=False, markup=False, soft_wrap=True)
     lines = a.output_tail.rstrip("\n").splitlines()
     if lines:
         cut = len(lines) > TAIL_LINES

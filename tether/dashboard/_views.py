@@ -33,6 +33,7 @@ __all__ = [
 CHARTS: list[tuple[str, list[str]]] = [
     ("reward", ["reward_mean", "success"]),
     ("held-out success", ["eval/sampled_success", "eval/greedy_success"]),
+    ("held-out mean reward", ["eval/sampled_reward_mean", "eval/greedy_reward_mean"]),
     ("loss", ["loss"]),
     ("KL", ["approx_kl", "kl_ref"]),
     ("clip fraction", ["clip_frac", "clip_frac_low", "clip_frac_high"]),
@@ -139,7 +140,7 @@ def events(store: Store, run: Run) -> list[dict[str, Any]]:
     for m in store.metrics(run.id):
         by_step[m.step][m.name] = m.value
     out: list[dict[str, Any]] = []
-    streak = 0
+    streak, gained = 0, False
     trainer = run.config.get("trainer")
     patience = int((trainer if isinstance(trainer, dict) else {}).get("collapse_patience") or 0)
     for step in sorted(by_step):
@@ -149,6 +150,9 @@ def events(store: Store, run: Run) -> list[dict[str, Any]]:
             text = f"held-out success: sampled {_pct(m['eval/sampled_success'])}"
             if greedy is not None:
                 text += f", greedy {_pct(greedy)}"
+            reward = m.get("eval/sampled_reward_mean")
+            if reward is not None:
+                text += f"; mean reward {_num(reward)}"
             out.append({"step": step, "kind": "eval", "text": text})
         for name, what in (
             ("groups_dropped", "group(s) dropped: an unusable reward"),
@@ -159,14 +163,15 @@ def events(store: Store, run: Run) -> list[dict[str, Any]]:
                 out.append({"step": step, "kind": "dropped", "text": f"{m[name]:.0f} {what}"})
         if "reward_mean" in m:
             streak = streak + 1 if m["reward_mean"] <= 0 else 0
+            gained = gained or m["reward_mean"] > 0
             if patience and streak == patience:
-                out.append(
-                    {
-                        "step": step,
-                        "kind": "collapse",
-                        "text": f"reward 0 for {patience} steps in a row: the policy collapsed",
-                    }
+                why = (
+                    "the policy collapsed"
+                    if gained
+                    else "no learning signal since the start (check the grader and the agent)"
                 )
+                text = f"reward 0 for {patience} steps in a row: {why}"
+                out.append({"step": step, "kind": "collapse", "text": text})
     for c in store.checkpoints(run.id):
         out.append({"step": c.step, "kind": "checkpoint", "text": f"checkpoint {c.path}"})
     out.sort(key=lambda e: e["step"])
@@ -177,6 +182,10 @@ def events(store: Store, run: Run) -> list[dict[str, Any]]:
 
 def _pct(v: float) -> str:
     return "-" if v is None or not math.isfinite(v) else f"{v:.0%}"
+
+
+def _num(v: float) -> str:
+    return "-" if v is None or not math.isfinite(v) else f"{v:.3g}"
 
 
 def usable(r: Rollout) -> bool:

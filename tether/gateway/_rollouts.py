@@ -15,7 +15,7 @@ from typing import Any
 
 from tether.chat import HistoryCache
 from tether.engine import SamplingParams
-from tether.records import Call, Reward, RewardSource, Rollout, RolloutStatus
+from tether.records import Call, Reward, RewardSource, Rollout, RolloutStatus, agent_task
 from tether.store import Store
 
 from ._auth import Keys, check_rollout_id, check_rollout_token, hash_token, new_token
@@ -114,6 +114,7 @@ class RolloutLifecycle:
         evaluate an unchanged agent greedily. ``queued``: the attempt waits
         for a runner, which calls :meth:`mark_running` when it starts the
         agent (the agent's first call does it too); else it is running now.
+        The stored task is what the agent reads: a ``grader`` field is never kept.
         """
         rid = check_rollout_id(rollout_id) if rollout_id else f"r-{uuid.uuid4().hex[:16]}"
         if self.store.get_rollout(rid) is not None:
@@ -124,7 +125,7 @@ class RolloutLifecycle:
                 run_id=run_id or self.default_run_id,
                 task_id=task_id,
                 group_id=group_id,
-                task=task or {},
+                task=agent_task(task or {}),  # as the agent reads it: no "grader" field
             )
         )
         if sampling:
@@ -180,11 +181,13 @@ class RolloutLifecycle:
         exit_code: int | None = None,
         output_tail: str = "",
         success: bool | None = None,
+        grader_error: str | None = None,
     ) -> Rollout:
         """End a rollout's attempt (its token stops working) with an optional final reward.
 
-        ``exit_code``, ``output_tail`` (what the agent printed) and ``success``
-        are kept with the attempt (:meth:`Store.attempts`)."""
+        ``exit_code``, ``output_tail`` (what the agent printed), ``success`` and
+        ``grader_error`` (what the grader raised) are kept with the attempt
+        (:meth:`Store.attempts`)."""
         self._sampling.pop(rollout_id, None)
         self._draws.pop(rollout_id, None)
         auth = self.store.rollout_auth(rollout_id)
@@ -211,6 +214,7 @@ class RolloutLifecycle:
             exit_code=exit_code,
             output_tail=output_tail,
             success=success,
+            grader_error=grader_error,
         )
 
     def record_reward(

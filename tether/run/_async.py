@@ -153,7 +153,7 @@ class AsyncRollouts:
             for k in range(self.n):
                 opened.append(
                     self.gw.open_rollout(
-                        task.data,
+                        task.for_agent,
                         rollout_id=f"{gid}-{k}",
                         run_id=self.run_id,
                         group_id=gid,

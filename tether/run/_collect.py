@@ -22,24 +22,32 @@ Failures: whatever goes wrong, every rollout a collection opened ends
 A rollout whose runner raises cancels its siblings (:func:`gather_ended`); a
 grader bug (a malformed result) ends its rollout ``failed``, the others are
 still graded, and the first error is raised after all of them ended; a
-failure while opening the rollouts cancels the ones already opened.
+failure while opening the rollouts cancels the ones already opened. A grader
+that raises ends only that rollout unusable, its exception kept with the
+attempt (``_grading``); ``_failures`` says it once per collection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
-import math
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tether.errors import UserError
 from tether.gateway import Gateway, OpenedRollout
 from tether.records import Call, RewardSource, RolloutStatus, Task
+from tether.run._grading import (
+    Grader,
+    GraderFault,
+    call_grader,
+    clean_reward,
+    is_success,
+    load_grader,
+    read_grade,
+)
 from tether.runner import AttemptResult, Launch, Runner
 
 __all__ = [
@@ -62,32 +70,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: ``grade(task, final_answer)`` -> the reward, or ``{"reward": float, "success": bool}``.
-Grader = Callable[[dict[str, Any], str | None], float | Mapping[str, Any]]
-GRADE_SHAPE = 'a float (the reward) or {"reward": float, "success": bool}'
-
-
-def load_grader(spec: str) -> Grader | None:
-    """Import ``"module:function"`` or ``"path/to/file.py:function"`` (relative to the
-    working directory); an empty spec means the agent reports its own reward."""
-    if not spec:
-        return None
-    module, sep, name = spec.partition(":")
-    if not sep:
-        raise UserError(f"rollout.grader ({spec!r}) must look like 'module:function'")
-    if module.endswith(".py") or "/" in module:
-        from tether.runner import load_callable
-
-        try:
-            return load_callable(spec)
-        except (OSError, ImportError, AttributeError, TypeError, ValueError) as exc:
-            raise UserError(f"rollout.grader ({spec!r}) cannot be loaded: {exc}") from None
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise UserError(f"rollout.grader ({spec!r}) cannot be imported: {exc}") from None
-    return fn
-
 
 @dataclass
 class RolloutOutcome:
@@ -101,6 +83,8 @@ class RolloutOutcome:
     success: bool = False  # usable and solved (the grader's flag, or the threshold)
     error: str | None = None  # why the attempt failed or is unusable
     output_tail: str = ""  # what the agent printed last (see AttemptResult.output_tail)
+    #: What the grader raised, on one line ("KeyError: 'answr' (grader.py:12 in grade)").
+    grader_error: str | None = None
 
     @property
     def usable(self) -> bool:
@@ -120,59 +104,24 @@ class Collected:
         return [by[k] for k in sorted(by)]
 
 
-def read_grade(value: Any) -> tuple[Any, bool | None]:
-    """A grader's return value as ``(reward, success flag or None)``.
-
-    A float is the reward (checked later: NaN, inf or a non-number make the
-    rollout unusable). A mapping must be exactly ``{"reward": ..., "success":
-    bool}``; any other shape is a bug in the grader and raises :class:`UserError`.
-    """
-    if not isinstance(value, Mapping):
-        return value, None
-    if set(value) != {"reward", "success"} or not isinstance(value["success"], bool):
-        shown = repr(dict(value))[:120]
-        raise UserError(f"rollout.grader returned {shown}; it must return {GRADE_SHAPE}")
-    return value["reward"], value["success"]
-
-
-def is_success(reward: float | None, flag: bool | None, threshold: float | None) -> bool:
-    """Whether a graded rollout solved its task: the grader's ``flag`` when given, else
-    ``reward > 0`` (``threshold`` None) or ``reward >= threshold``; never without a reward."""
-    if reward is None:
-        return False
-    if flag is not None:
-        return flag
-    return reward > 0 if threshold is None else reward >= threshold
-
-
 def _reward(
     result: AttemptResult, task: dict[str, Any], grader: Grader | None, gw: Gateway
-) -> tuple[Any, bool | None, RewardSource]:
+) -> tuple[Any, bool | None, RewardSource, GraderFault | None]:
+    """(raw reward, success flag, source, what the grader raised); ``task`` is the whole
+    row, its grader-only fields too."""
     if grader is not None:
-        try:
-            value = grader(task, result.final_answer)
-        except Exception as exc:  # a grader bug makes this rollout unusable, not the run
-            log.warning("grader raised on rollout %s: %s", result.rollout_id, exc)
-            return None, None, RewardSource.GRADER
-        return *read_grade(value), RewardSource.GRADER
+        raw, flag, fault = call_grader(grader, task, result.final_answer)
+        if fault is not None:  # said once per collection by _failures, kept with the attempt
+            log.debug("the grader raised on rollout %s: %s", result.rollout_id, fault.detail)
+        return raw, flag, RewardSource.GRADER, fault
     if result.agent_value is not None:
-        return result.agent_value, None, RewardSource.AGENT
+        return result.agent_value, None, RewardSource.AGENT, None
     finals = [
         r
         for r in gw.store.rewards(result.rollout_id)
         if r.call_seq is None and r.attempt == result.attempt
     ]
-    return (finals[-1].value if finals else None), None, RewardSource.AGENT
-
-
-def _clean(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:  # an int beyond float64 (e.g. 10**400)
-        return None
-    return value if math.isfinite(value) else None
+    return (finals[-1].value if finals else None), None, RewardSource.AGENT, None
 
 
 @dataclass(frozen=True)
@@ -205,7 +154,7 @@ def _launch(gw: Gateway, o: OpenedRollout, task: Task, run_id: str | None) -> La
         attempt=o.attempt,
         base_url=o.base_url,
         token=o.token,
-        task=task.data,
+        task=task.for_agent,  # never the grader-only fields
         reward_url=o.reward_url if gw.config.allow_agent_rewards else None,
         run_id=run_id,
     )
@@ -280,10 +229,11 @@ def finish_outcome(
     and success), and read back its calls."""
     reward: float | None = None
     flag: bool | None = None
+    fault: GraderFault | None = None
     source = RewardSource.GRADER
     if result.ok:
         try:
-            raw, flag, source = _reward(result, task.data, grader, gw)
+            raw, flag, source, fault = _reward(result, task.data, grader, gw)
         except Exception as exc:  # a grader bug (UserError) or a store fault: end it, then raise
             with contextlib.suppress(Exception):
                 gw.finish_rollout(
@@ -295,9 +245,11 @@ def finish_outcome(
                     output_tail=result.output_tail,
                 )
             raise
-        reward = _clean(raw)
+        reward = clean_reward(raw)
     error = result.error
-    if result.ok and reward is None:
+    if fault is not None:
+        error = f"the grader raised {fault.summary}"
+    elif result.ok and reward is None:
         error = "no usable reward (missing, NaN, inf or not a number)"
     success = result.ok and is_success(reward, flag, success_threshold)
     rollout = gw.finish_rollout(
@@ -311,6 +263,7 @@ def finish_outcome(
         exit_code=result.exit_code,
         output_tail=result.output_tail,
         success=success if result.ok else None,
+        grader_error=fault.detail if fault else None,
     )
     calls = gw.store.calls(opened.rollout_id, attempt=opened.attempt)
     return RolloutOutcome(
@@ -324,6 +277,7 @@ def finish_outcome(
         success=success and rollout.usable,
         error=error,
         output_tail=result.output_tail,
+        grader_error=fault.summary if fault else None,
     )
 
 
@@ -351,7 +305,7 @@ async def collect_groups(
         for g, task in enumerate(tasks):
             for i in range(n):
                 o = gw.open_rollout(
-                    task.data,
+                    task.for_agent,
                     rollout_id=f"{run_id}-{tag}-g{g}-{i}",
                     run_id=run_id,
                     group_id=f"{run_id}-{tag}-g{g}",

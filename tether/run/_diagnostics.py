@@ -4,6 +4,10 @@ reader of verl or TRL logs expects, computed from the samples and advantages.
 The trainer adds its own (``entropy``, ``clip_frac_low``/``clip_frac_high``,
 ``approx_kl``, ``kl_ref``: see :meth:`tether.trainer.PolicyTrainer.update`);
 together they are stored per step and the step line shows the most telling.
+
+:func:`no_signal_line` says why a run whose reward never rose stops
+(``trainer.collapse_patience``): not a collapse of a policy that never changed,
+but a grader or agent that gives every rollout the same reward.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from collections.abc import Sequence
 
 from tether.trainer.samples import Sample
 
-__all__ = ["batch_diagnostics"]
+__all__ = ["batch_diagnostics", "no_signal_line"]
 
 
 def batch_diagnostics(
@@ -50,3 +54,27 @@ def batch_diagnostics(
         "response_len_mean": sum(per_rollout) / num_rollouts if num_rollouts else 0.0,
         "response_len_max": float(max(per_rollout, default=0)),
     }
+
+
+def no_signal_line(steps: Sequence[dict[str, float]], rollout_id: str | None) -> str:
+    """Why the last ``len(steps)`` steps' metrics (each ``reward_mean`` <= 0, none before
+    them above 0) taught nothing; ``rollout_id`` is a rollout to look at."""
+    k = len(steps)
+    means = [m.get("reward_mean", 0.0) for m in steps]
+    flat = all(m.get("zero_variance_frac", 0.0) >= 1.0 for m in steps)
+    versions = {m.get("policy_version") for m in steps}
+    if flat and len(set(means)) == 1:
+        what = f"every group's rewards are equal (all {means[0]:g}) for {k} steps"
+    elif flat:
+        what = f"every group's rewards are equal within the group for {k} steps"
+    else:
+        what = f"the reward has stayed at or below 0 since the first step ({k} steps)"
+    if flat and len(versions) == 1 and None not in versions:
+        what += f", so no update changed the policy (still v{int(next(iter(versions)))})"
+    look = (
+        f": first rollout {rollout_id} (`tether rollouts show {rollout_id}`)" if rollout_id else ""
+    )
+    return (
+        f"{what}: nothing to learn from — check the grader and the agent{look}; "
+        "trainer.collapse_patience=0 trains on regardless"
+    )

@@ -10,6 +10,11 @@ training step's rollouts, or an eval's) :func:`check_collection`:
 - otherwise logs one WARNING line when at least :data:`FAIL_SHARE` of the
   rollouts failed, or when they generated 0 completion tokens in all.
 
+A grader that raises is said apart, with its exception and where in the
+grader it was raised: :class:`GraderFailing` when it raised on every rollout of
+a collection (any collection: nothing can be learned or measured), else one
+WARNING line with the count.
+
 "Failed" means not usable: the attempt did not succeed (agent exit code,
 exception, timeout) or left no usable reward. A rollout that ran and earned
 reward 0 did not fail. Each line names the counts and the first failure's
@@ -23,7 +28,7 @@ import logging
 from collections.abc import Sequence
 
 from tether.run._collect import RolloutOutcome
-from tether.trainer.errors import AgentsFailing
+from tether.trainer.errors import AgentsFailing, GraderFailing
 
 __all__ = ["FAIL_SHARE", "check_collection", "failure_line"]
 
@@ -57,6 +62,8 @@ def check_collection(outcomes: Sequence[RolloutOutcome], what: str, *, first: bo
     n = len(outcomes)
     if n == 0:
         return
+    if _grader_raised(outcomes, what):
+        return
     failed = [o for o in outcomes if not o.usable]
     if first and len(failed) == n:
         raise AgentsFailing(
@@ -77,3 +84,27 @@ def check_collection(outcomes: Sequence[RolloutOutcome], what: str, *, first: bo
             what,
             n,
         )
+
+
+def _grader_raised(outcomes: Sequence[RolloutOutcome], what: str) -> bool:
+    """Raise when the grader raised on every rollout; warn (and return True) when it
+    raised on some and they are all the failures there were."""
+    raised = [o for o in outcomes if o.grader_error]
+    if not raised:
+        return False
+    first = raised[0]
+    look = f"tether rollouts show {first.rollout_id}"
+    if len(raised) == len(outcomes):
+        raise GraderFailing(
+            f"the grader raised {first.grader_error} on every rollout of {what}; "
+            f"fix the grader ({look} has the traceback)"
+        )
+    log.warning(
+        "%s: the grader raised on %d of %d rollouts (unusable, not reward 0): %s (%s)",
+        what,
+        len(raised),
+        len(outcomes),
+        first.grader_error,
+        look,
+    )
+    return len(raised) == sum(1 for o in outcomes if not o.usable)

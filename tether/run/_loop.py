@@ -59,6 +59,7 @@ from tether.engine import Engine
 from tether.records import Checkpoint
 from tether.run._async import AsyncRollouts
 from tether.run._collect import RolloutOutcome, collect_groups
+from tether.run._diagnostics import no_signal_line
 from tether.run._evaluate import EvalResult, StepReport, collect_eval, success_rate
 from tether.run._events import (
     CheckpointSaved,
@@ -68,6 +69,7 @@ from tether.run._events import (
     EvalStart,
     Resumed,
     RunEvent,
+    Status,
     StepDone,
     ignore,
 )
@@ -80,7 +82,7 @@ from tether.run._tasks import tasks_for_step
 from tether.run.config import TrainConfig
 from tether.tracking import sample_rows
 from tether.trainer.checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
-from tether.trainer.errors import PolicyCollapsed, RankFailed, TrainerError
+from tether.trainer.errors import NoLearningSignal, PolicyCollapsed, RankFailed, TrainerError
 
 __all__ = ["TrainingRun"]
 
@@ -124,6 +126,7 @@ class TrainingRun(PartsView):
         self._async: AsyncRollouts | None = None
         self._clean_steps = 0  # optimizer steps after the last finished update (see _rank_failed)
         self._collections = 0  # checked so far (the first one stops the run if all fail)
+        self._said_no_val = False  # "no val tasks: the evals are skipped", said once
 
     # -- open and close ----------------------------------------------------------
 
@@ -204,16 +207,25 @@ class TrainingRun(PartsView):
 
     # -- evaluation ------------------------------------------------------------
 
-    async def evaluate(self, step: int) -> EvalResult:
-        """Held-out success as the agent really runs: sampled (several per task) and greedy."""
+    async def evaluate(self, step: int) -> EvalResult | None:
+        """Held-out success and mean reward as the agent really runs: sampled (several per
+        task) and greedy. None without val tasks: an eval over no task is not run, not
+        recorded, and said once."""
         e, parts = self.cfg.eval, self.parts
         tasks = parts.val_tasks[: e.tasks]
+        if not tasks:
+            if not self._said_no_val:
+                self._said_no_val = True
+                line = "no val tasks: the held-out evals are skipped (none is run or recorded)"
+                log.warning("%s", line)
+                self.on_event(Status(line))
+            return None
         what = f"{len(tasks)} tasks × {e.samples} samples{' + greedy' if e.greedy else ''}"
         log.info("eval @ step %d: %s", step, what)
         t0 = time.perf_counter()
         total = len(tasks) * (e.samples + (1 if e.greedy else 0))
         self.on_event(EvalStart(step, total, what))
-        sampled, greedy, outcomes = await collect_eval(
+        rollouts = await collect_eval(
             parts.gateway,
             Counted(parts.runner, lambda: self.on_event(EvalProgress())),
             tasks,
@@ -223,9 +235,8 @@ class TrainingRun(PartsView):
             run_id=parts.run_record.id,
             success_threshold=self.cfg.rollout.success_threshold,
         )
-        self._check(outcomes, f"the step-{step} eval")
-        wall_s = time.perf_counter() - t0
-        result = EvalResult(step, sampled, greedy, len(tasks), len(outcomes), wall_s)
+        self._check(rollouts.outcomes, f"the step-{step} eval")
+        result = rollouts.result(step, len(tasks), time.perf_counter() - t0)
         parts.store.log_metrics(parts.run_record.id, step, result.metrics())
         parts.tracking.log_metrics(step, result.metrics())
         self.evals.append(result)
@@ -307,14 +318,26 @@ class TrainingRun(PartsView):
         return report
 
     def _check_collapse(self, step: int) -> None:
+        """Stop after ``collapse_patience`` steps of reward <= 0: a collapse when the
+        reward was above 0 before them, else no learning signal from the start."""
         t = self.cfg.trainer
         k = t.collapse_patience
         recent = self.history[-k:] if k else []
-        if k and len(recent) == k and all(r.metrics["reward_mean"] <= 0 for r in recent):
+        if not (k and len(recent) == k and all(r.metrics["reward_mean"] <= 0 for r in recent)):
+            return
+        if any(r.metrics.get("reward_mean", 0.0) > 0 for r in self.history[:-k]):
             raise PolicyCollapsed(
-                f"reward has been 0 for {k} updates in a row at step {step}: the policy "
-                f"collapsed; lower trainer.lr (now {t.lr:g}) or raise trainer.collapse_patience"
+                f"reward has been 0 for {k} updates in a row at step {step}, after steps "
+                f"with reward: the policy collapsed; lower trainer.lr (now {t.lr:g}) or raise "
+                "trainer.collapse_patience"
             )
+        raise NoLearningSignal(no_signal_line([r.metrics for r in recent], self._first_rollout()))
+
+    def _first_rollout(self) -> str | None:
+        """The run's first finished train rollout (its evals' skipped), to look at."""
+        done = self.store.list_rollouts(run_id=self.run_record.id, status="succeeded")
+        train = [r for r in done if "-eval" not in r.id]
+        return (train or done)[0].id if (train or done) else None
 
     # -- async mode (tether/run/_async.py) ----------------------------------------
 

@@ -35,7 +35,7 @@ from tether.run._events import RunEvent, Status
 from tether.run._ranks import RankGroup
 from tether.run._rundir import ResumePoint
 from tether.run._setup import end_status, gateway_config, record_config, resolve_model_path
-from tether.run._tasks import load_tasks
+from tether.run._tasks import exposed_fields, load_task_set
 from tether.run._ui import mount_ui, ui_line
 from tether.run.config import TrainConfig
 from tether.runner import Runner, make_runner
@@ -277,7 +277,20 @@ def _records(
         assert isinstance(sinks, TrackingConfig)
         tracking = open_tracking(sinks, run_dir, record.id, record.config)
         _on_exit(stack, lambda failed: tracking.close(failed=failed))
-    train_tasks, val_tasks = load_tasks(cfg.tasks)
+    tasks = load_task_set(cfg.tasks)
+    train_tasks, val_tasks = tasks.train, tasks.val
+    if tasks.note:
+        log.info("%s", tasks.note)
+        say(Status(tasks.note))
+    exposed = exposed_fields(train_tasks + val_tasks)
+    if exposed:  # once per run: the policy could read the answer from its prompt
+        log.warning(
+            "the agent receives the task field(s) %s: an agent that puts its task in the "
+            "prompt shows the policy the answer; keep them for the grader with "
+            'tasks.private_fields=[%s] or a task field "grader": {...}',
+            ", ".join(exposed),
+            ",".join(exposed),
+        )
     try:  # the run's task set, so its rollouts' task_ids resolve to their task
         store.add_tasks(train_tasks + val_tasks, run_id=record.id)
     except AlreadyExists as e:  # two tasks share an id: the run itself is unaffected

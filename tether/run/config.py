@@ -82,16 +82,29 @@ class ModelConfig:
 class TasksConfig:
     #: "calc" (generated arithmetic tasks) or a JSONL file with one task object per line
     #: and a "split" field ("train"/"val") on each; in a config file, relative to its folder.
+    #: A file where no line has a "split" gets a seeded held-out share (holdout) as val.
     source: str = "calc"
     #: Train tasks used (the first ones; the calc generator makes this many).
     train_size: int = 2000
     #: Held-out (val) tasks used; 0 only with eval.enabled=false.
     val_size: int = 100
     seed: int = 0
+    #: The share of a split-less file's tasks held out as val (seeded by tasks.seed), as
+    #: ``train_test_split(test_size=0.1)`` would; at least one task when there are two or more.
+    holdout: float = 0.1
+    #: Task fields the agent never receives (TETHER_TASK, the in-process agent's ``task``,
+    #: the stored rollout's task), e.g. [answer]; the grader still gets the whole row. A
+    #: row's own "grader" object is always kept from the agent (the calc tasks' answer is there).
+    private_fields: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _at_least(1, "tasks.train_size", self.train_size, "every update draws its tasks from them")
         _at_least(0, "tasks.val_size", self.val_size, "0 keeps no held-out tasks")
+        if isinstance(self.holdout, bool) or not 0 <= self.holdout < 1:
+            raise UserError(
+                f"tasks.holdout ({self.holdout}) must be in [0, 1): the share of a file "
+                "without split fields held out as val; e.g. 0.1"
+            )
 
 
 @dataclass

@@ -8,9 +8,12 @@ model is warmed up on.
 
     >>> tasks = make_tasks(2, "val", seed=0)
     >>> sorted(tasks[0])
-    ['answer', 'id', 'question']
-    >>> grade(tasks[0], f"The answer is {tasks[0]['answer']}.")
+    ['grader', 'id', 'question']
+    >>> grade(tasks[0], f"The answer is {tasks[0]['grader']['answer']}.")
     1.0
+
+A task's answer is in its ``grader`` object: the grader gets it, the agent
+never does (it receives ``{"id", "question"}``; see the README's agent contract).
 """
 
 from __future__ import annotations
@@ -168,11 +171,15 @@ def last_number(text: str | None) -> float | None:
 
 
 def grade(task: dict[str, Any], answer_text: str | None) -> float:
-    """1.0 if the last number in ``answer_text`` equals ``task["answer"]``, else 0.0."""
+    """1.0 if the last number in ``answer_text`` equals the task's answer, else 0.0.
+
+    The answer is ``task["grader"]["answer"]`` (grader-only data, never given to the
+    agent), or ``task["answer"]`` in a task file written before tether kept it apart."""
     got = last_number(answer_text)
     if got is None:
         return 0.0
-    return 1.0 if math.isclose(got, float(task["answer"]), rel_tol=1e-9, abs_tol=1e-6) else 0.0
+    expected = task["grader"]["answer"] if "grader" in task else task["answer"]
+    return 1.0 if math.isclose(got, float(expected), rel_tol=1e-9, abs_tol=1e-6) else 0.0
 
 
 # ------------------------------------------------------------------ problems
@@ -188,7 +195,7 @@ class Problem:
     kind: str = ""  # the template's kind: add, sub, mul, div, muladd, addsub, summul
 
     def task(self, task_id: str) -> dict[str, Any]:
-        return {"id": task_id, "question": self.question, "answer": self.answer}
+        return {"id": task_id, "question": self.question, "grader": {"answer": self.answer}}
 
 
 _NAMES = (
@@ -286,7 +293,7 @@ def make_problems(n: int, split: str, seed: int = 0) -> list[Problem]:
 
 
 def make_tasks(n: int, split: str = "train", seed: int = 0) -> list[dict[str, Any]]:
-    """``n`` tasks (``{"id", "question", "answer"}``, JSON-ready) of ``split``.
+    """``n`` tasks (``{"id", "question", "grader": {"answer"}}``, JSON-ready) of ``split``.
 
     Train and val never share a question, whatever the seeds.
     """

@@ -220,6 +220,15 @@ def _m006_steps_from_one(conn: sqlite3.Connection) -> None:
                 )
 
 
+def _m007_grader_error(conn: sqlite3.Connection) -> None:
+    """``attempts.grader_error``: the exception the grader raised on the attempt (its type,
+    message and the last frames of the traceback, in the grader's own file first), NULL
+    when the grader did not raise. The attempt is unusable then; this says why."""
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(attempts)")}
+    if "grader_error" not in columns:
+        conn.execute("ALTER TABLE attempts ADD COLUMN grader_error TEXT")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _m001_initial,
     _m002_attempts,
@@ -227,6 +236,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _m004_call_constraint,
     _m005_attempt_start,
     _m006_steps_from_one,
+    _m007_grader_error,
 ]
 
 

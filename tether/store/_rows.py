@@ -58,7 +58,8 @@ CALL_COLUMNS = (
     "constraint_label"
 )
 ATTEMPT_COLUMNS = (
-    "rollout_id, attempt, status, error, exit_code, output_tail, success, finished_at, started_at"
+    "rollout_id, attempt, status, error, exit_code, output_tail, success, finished_at, started_at, "
+    "grader_error"
 )
 REWARD_COLUMNS = "rollout_id, value, given, source, attempt, call_seq, created_at"
 METRIC_COLUMNS = "run_id, step, name, value, created_at"
@@ -103,6 +104,7 @@ def attempt_from_row(row: Row) -> AttemptEnd:
         success=None if row[6] is None else bool(row[6]),
         finished_at=row[7],
         started_at=row[8],
+        grader_error=row[9],
     )
 
 

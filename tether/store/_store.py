@@ -277,12 +277,14 @@ class Store(RunLog, Browse):
         exit_code: int | None = None,
         output_tail: str = "",
         success: bool | None = None,
+        grader_error: str | None = None,
     ) -> Rollout:
         """End the current attempt with a final status; return the stored rollout.
 
         The attempt's end (status, ``error``, ``exit_code``, the last
-        :data:`TAIL_BYTES` of ``output_tail``, ``success``) is also kept in its
-        own row, which a retry does not clear (:meth:`attempts`).
+        :data:`TAIL_BYTES` of ``output_tail``, ``success``, what the grader raised
+        as ``grader_error``) is also kept in its own row, which a retry does not
+        clear (:meth:`attempts`).
 
         A ``reward`` is stored as the attempt's final reward (source defaults to
         ``admin``); one that is not a finite number is stored as NULL, the reason
@@ -315,10 +317,11 @@ class Store(RunLog, Browse):
             )
             conn.execute(
                 "INSERT OR REPLACE INTO attempts (rollout_id, attempt, status, error, exit_code, "
-                "output_tail, success, finished_at, started_at) VALUES (?,?,?,?,?,?,?,?,"
-                "(SELECT started_at FROM rollouts WHERE id = ?))",
+                "output_tail, success, finished_at, grader_error, started_at) "
+                "VALUES (?,?,?,?,?,?,?,?,?,(SELECT started_at FROM rollouts WHERE id = ?))",
                 (rollout_id, attempt, new.value, error, exit_code, keep_tail(output_tail or ""),
-                 None if success is None else int(bool(success)), now, rollout_id),
+                 None if success is None else int(bool(success)), now,
+                 None if grader_error is None else grader_error[:TAIL_BYTES], rollout_id),
             )  # fmt: skip
             row = conn.execute(
                 f"SELECT {rows.ROLLOUT_COLUMNS} FROM rollouts WHERE id = ?", (rollout_id,)

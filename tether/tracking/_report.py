@@ -30,7 +30,14 @@ __all__ = ["CURVES", "collect_metrics", "write_report"]
 
 #: (title, [(store metric, label)]): the panels, each drawn when the run has its metrics.
 CURVES: list[tuple[str, list[tuple[str, str]]]] = [
-    ("reward", [("reward_mean", "train reward (batch mean)")]),
+    (
+        "reward",
+        [
+            ("reward_mean", "train reward (batch mean)"),
+            ("eval/sampled_reward_mean", "held-out reward (sampled, mean)"),
+            ("eval/greedy_reward_mean", "held-out reward (greedy, mean)"),
+        ],
+    ),
     (
         "success",
         [
@@ -116,6 +123,10 @@ def _pct(x: float | None) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x:.1%}"
 
 
+def _reward(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:.3g}"
+
+
 def _held_out(by_step: dict[int, dict[str, float]]) -> str:
     evals = [(s, v) for s, v in by_step.items() if "eval/sampled_success" in v]
     if not evals:
@@ -126,7 +137,9 @@ def _held_out(by_step: dict[int, dict[str, float]]) -> str:
         gain = (v["eval/sampled_success"] - first["eval/sampled_success"]) * 100
         rows.append(
             f"<tr><td>{step}</td><td>{_pct(v.get('eval/sampled_success'))}</td>"
-            f"<td>{_pct(v.get('eval/greedy_success'))}</td><td>{gain:+.1f}</td>"
+            f"<td>{_pct(v.get('eval/greedy_success'))}</td>"
+            f"<td>{_reward(v.get('eval/sampled_reward_mean'))}</td>"
+            f"<td>{_reward(v.get('eval/greedy_reward_mean'))}</td><td>{gain:+.1f}</td>"
             f"<td>{int(v.get('eval/tasks', 0))}</td><td>{int(v.get('eval/rollouts', 0))}</td></tr>"
         )
     before, after = evals[0], evals[-1]
@@ -136,6 +149,7 @@ def _held_out(by_step: dict[int, dict[str, float]]) -> str:
     )
     head = (
         "<tr><th>after update</th><th>sampled success</th><th>greedy success</th>"
+        "<th>mean reward (sampled)</th><th>mean reward (greedy)</th>"
         "<th>points vs first</th><th>tasks</th><th>rollouts</th></tr>"
     )
     return f"<p>{html.escape(line)}</p><table>{head}{''.join(rows)}</table>"

@@ -23,7 +23,9 @@ from tether._lazy import lazy_exports
 _EXPORTS = {
     "AgentsFailing": ".errors",
     "CheckpointConflict": ".errors",
+    "GraderFailing": ".errors",
     "LoraConfig": ".config",
+    "NoLearningSignal": ".errors",
     "PolicyCollapsed": ".errors",
     "PolicyTrainer": "._update",
     "RankFailed": ".errors",
@@ -44,6 +46,8 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from .config import TrainerConfig as TrainerConfig
     from .errors import AgentsFailing as AgentsFailing
     from .errors import CheckpointConflict as CheckpointConflict
+    from .errors import GraderFailing as GraderFailing
+    from .errors import NoLearningSignal as NoLearningSignal
     from .errors import PolicyCollapsed as PolicyCollapsed
     from .errors import RankFailed as RankFailed
     from .errors import TrainerError as TrainerError

@@ -1,8 +1,12 @@
 """The trainer's errors.
 
 TrainerError
-├── PolicyCollapsed   the reward stayed at 0 for trainer.collapse_patience updates
+├── PolicyCollapsed   the reward fell to 0 after gains and stayed there for
+│                     trainer.collapse_patience updates
+├── NoLearningSignal   every group's rewards were equal (all 0) from the start for
+│                     trainer.collapse_patience updates: no update could learn anything
 ├── AgentsFailing      every rollout of the run's first collection failed (agent broken)
+├── GraderFailing      the grader raised on every rollout of a collection
 ├── CheckpointConflict a checkpoint of that step already belongs to another run
 ├── RankFailed         another training process (torch.distributed rank) died or stopped answering
 └── (configuration mistakes are tether.errors.UserError)
@@ -15,6 +19,8 @@ from tether.errors import TetherError
 __all__ = [
     "AgentsFailing",
     "CheckpointConflict",
+    "GraderFailing",
+    "NoLearningSignal",
     "PolicyCollapsed",
     "RankFailed",
     "TrainerError",
@@ -26,7 +32,19 @@ class TrainerError(TetherError):
 
 
 class PolicyCollapsed(TrainerError):
-    """The policy stopped getting any reward; more updates would teach it nothing."""
+    """The policy earned reward, then stopped getting any; more updates would teach it
+    nothing."""
+
+
+class NoLearningSignal(TrainerError):
+    """The reward was 0 (every group's rewards equal) from the run's first step on: no
+    update had a gradient, so the policy never changed. The grader or the agent is the
+    suspect, not the learning rate."""
+
+
+class GraderFailing(TrainerError):
+    """The grader raised on every rollout of a collection; the message names the
+    exception and where in the grader it was raised."""
 
 
 class AgentsFailing(TrainerError):

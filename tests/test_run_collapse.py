@@ -1,0 +1,102 @@
+"""A run whose reward stays at 0 stops after ``trainer.collapse_patience`` steps, saying
+why: a policy that earned reward and lost it collapsed (:class:`PolicyCollapsed`); one
+that never earned any never changed, and the grader or the agent is to blame
+(:class:`NoLearningSignal`, naming a rollout to look at)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tether.run import StepReport, TrainConfig, TrainingRun
+from tether.run._diagnostics import no_signal_line
+from tether.trainer.errors import NoLearningSignal, PolicyCollapsed
+
+ROOT = Path(__file__).resolve().parents[1]
+TETHER = [sys.executable, "-m", "tether.cli"]
+
+
+def _step(step: int, reward: float, zero_var: float = 1.0, version: int = 0) -> StepReport:
+    return StepReport(
+        step,
+        {"reward_mean": reward, "zero_variance_frac": zero_var, "policy_version": float(version)},
+    )
+
+
+def _run(history: list[StepReport], patience: int = 3) -> TrainingRun:
+    cfg = TrainConfig()
+    cfg.trainer.collapse_patience = patience
+    run = TrainingRun(cfg)
+    run.history = history
+    run._first_rollout = lambda: "run-s0-g0-0"  # type: ignore[method-assign]  # no store here
+    return run
+
+
+def test_reward_zero_from_the_start_is_no_signal_not_a_collapse() -> None:
+    run = _run([_step(i, 0.0) for i in range(3)])
+    with pytest.raises(NoLearningSignal) as caught:
+        run._check_collapse(3)
+    assert str(caught.value) == (
+        "every group's rewards are equal (all 0) for 3 steps, so no update changed the "
+        "policy (still v0): nothing to learn from — check the grader and the agent: first "
+        "rollout run-s0-g0-0 (`tether rollouts show run-s0-g0-0`); trainer.collapse_patience=0 "
+        "trains on regardless"
+    )
+    assert "lr" not in str(caught.value) and "collapsed" not in str(caught.value)
+    _run([_step(i, 0.0) for i in range(2)])._check_collapse(2)  # not yet patience steps
+
+
+def test_reward_lost_after_gains_is_a_collapse() -> None:
+    history = [_step(0, 0.5, 0.2, 1), _step(1, 0.25, 0.5, 2)]
+    history += [_step(i, 0.0, 1.0, 3) for i in range(2, 5)]
+    with pytest.raises(PolicyCollapsed, match=r"after steps with reward: the policy collapsed"):
+        _run(history)._check_collapse(5)
+    _run(history[:-1])._check_collapse(4)  # 2 zero steps: not yet
+
+
+def test_no_signal_line_of_a_varying_but_never_positive_reward() -> None:
+    steps = [
+        {"reward_mean": -0.5, "zero_variance_frac": 0.5, "policy_version": float(v)} for v in (1, 2)
+    ]
+    line = no_signal_line(steps, None)
+    assert line.startswith("the reward has stayed at or below 0 since the first step (2 steps)")
+    assert "first rollout" not in line and "no update changed" not in line
+
+
+def test_a_run_whose_grader_always_gives_0_stops_naming_a_rollout(
+    starter_dir: Path, tmp_path: Path
+) -> None:
+    """The new user's run: the agent never answers right, every reward is 0, v0 throughout."""
+    overrides = [
+        f"dir={tmp_path}",
+        f"model.path={starter_dir}",
+        "tasks.train_size=8",
+        "rollout.n=2",
+        "rollout.batch_groups=2",
+        "trainer.steps=4",
+        "trainer.collapse_patience=2",
+        "eval.enabled=false",
+        "checkpoint.every=0",
+        "agent.mode=process",
+        f"agent.command={sys.executable} -c print('no')",
+    ]
+    out = subprocess.run(
+        [*TETHER, "train", str(ROOT / "examples/calc/config.yaml"), *overrides],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "COLUMNS": "300"},
+    )
+    assert out.returncode == 2, out.stderr[-3000:]
+    (line,) = [x for x in out.stderr.splitlines() if x.startswith("error: ")]
+    assert line.startswith(
+        "error: every group's rewards are equal (all 0) for 2 steps, so no update changed "
+        "the policy (still v0): nothing to learn from — check the grader and the agent: "
+        "first rollout calc-"
+    ), line
+    assert "-s0-g0-0 (`tether rollouts show calc-" in line
+    assert "collapsed" not in line and "trainer.lr" not in line

@@ -1,0 +1,142 @@
+"""The grader: loading it, calling it, reading what it returns, and what it raised.
+
+A grader is ``grade(task, final_answer)`` returning the reward, or ``{"reward": float,
+"success": bool}``. A grader that raises makes its rollout unusable, never the run's
+reward 0: :func:`call_grader` turns the exception into a :class:`GraderFault`, its
+type and message with the place in the grader's own file (``KeyError: 'answr'
+(grader.py:12 in grade)``) and the traceback's last frames, which the store keeps
+with the attempt (``tether rollouts show ID``, the dashboard's rollout page).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tether.errors import UserError
+
+__all__ = [
+    "GRADE_SHAPE",
+    "Grader",
+    "GraderFault",
+    "call_grader",
+    "clean_reward",
+    "grader_fault",
+    "is_success",
+    "load_grader",
+    "read_grade",
+]
+
+#: ``grade(task, final_answer)`` -> the reward, or ``{"reward": float, "success": bool}``.
+Grader = Callable[[dict[str, Any], str | None], float | Mapping[str, Any]]
+GRADE_SHAPE = 'a float (the reward) or {"reward": float, "success": bool}'
+_FRAMES = 6  # traceback frames kept (the last ones)
+
+
+@dataclass(frozen=True)
+class GraderFault:
+    """What a grader raised: ``summary`` is one line, ``detail`` adds the traceback tail."""
+
+    summary: str  # "KeyError: 'answr' (grader.py:12 in grade)"
+    detail: str
+
+
+def load_grader(spec: str) -> Grader | None:
+    """Import ``"module:function"`` or ``"path/to/file.py:function"`` (relative to the
+    working directory); an empty spec means the agent reports its own reward."""
+    if not spec:
+        return None
+    module, sep, name = spec.partition(":")
+    if not sep:
+        raise UserError(f"rollout.grader ({spec!r}) must look like 'module:function'")
+    if module.endswith(".py") or "/" in module:
+        from tether.runner import load_callable
+
+        try:
+            return load_callable(spec)
+        except (OSError, ImportError, AttributeError, TypeError, ValueError) as exc:
+            raise UserError(f"rollout.grader ({spec!r}) cannot be loaded: {exc}") from None
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise UserError(f"rollout.grader ({spec!r}) cannot be imported: {exc}") from None
+    return fn
+
+
+def _source_file(grader: Any) -> str | None:
+    for obj in (grader, type(grader).__call__):  # a function, or a callable object
+        try:
+            return inspect.getsourcefile(inspect.unwrap(obj))  # type: ignore[arg-type]
+        except TypeError:
+            continue
+    return None
+
+
+def grader_fault(exc: BaseException, grader: Any) -> GraderFault:
+    """``exc`` as raised by ``grader``: the summary names the last frame in the grader's
+    own file (the last frame at all when none is), the detail the frames from there on."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
+    own = _source_file(grader)
+    first = next((i for i, f in enumerate(frames) if f.filename == own), 0)
+    mine = [f for f in frames if f.filename == own]
+    what = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    at = (mine or frames)[-1] if frames else None
+    where = f" ({Path(at.filename).name}:{at.lineno} in {at.name})" if at else ""
+    shown = frames[first:][-_FRAMES:]
+    tail = "".join(traceback.format_list(shown))
+    detail = f"{what}{where}\nTraceback (most recent call last):\n{tail}{what}"
+    return GraderFault(f"{what}{where}", detail)
+
+
+def call_grader(
+    grader: Grader, task: dict[str, Any], answer: str | None
+) -> tuple[Any, bool | None, GraderFault | None]:
+    """``(reward, success flag or None, None)``, or ``(None, None, fault)`` when the
+    grader raised. A malformed return value is a bug too but raises (:func:`read_grade`)."""
+    try:
+        value = grader(task, answer)
+    except Exception as exc:  # a grader bug makes this rollout unusable, not the run
+        return None, None, grader_fault(exc, grader)
+    return *read_grade(value), None
+
+
+def read_grade(value: Any) -> tuple[Any, bool | None]:
+    """A grader's return value as ``(reward, success flag or None)``.
+
+    A float is the reward (checked later: NaN, inf or a non-number make the
+    rollout unusable). A mapping must be exactly ``{"reward": ..., "success":
+    bool}``; any other shape is a bug in the grader and raises :class:`UserError`.
+    """
+    if not isinstance(value, Mapping):
+        return value, None
+    if set(value) != {"reward", "success"} or not isinstance(value["success"], bool):
+        shown = repr(dict(value))[:120]
+        raise UserError(f"rollout.grader returned {shown}; it must return {GRADE_SHAPE}")
+    return value["reward"], value["success"]
+
+
+def is_success(reward: float | None, flag: bool | None, threshold: float | None) -> bool:
+    """Whether a graded rollout solved its task: the grader's ``flag`` when given, else
+    ``reward > 0`` (``threshold`` None) or ``reward >= threshold``; never without a reward."""
+    if reward is None:
+        return False
+    if flag is not None:
+        return flag
+    return reward > 0 if threshold is None else reward >= threshold
+
+
+def clean_reward(value: Any) -> float | None:
+    """A finite float, or None (missing, NaN, inf, a bool, not a number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond float64 (e.g. 10**400)
+        return None
+    return value if math.isfinite(value) else None
