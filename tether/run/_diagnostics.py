@@ -69,8 +69,9 @@ def no_signal_line(steps: Sequence[dict[str, float]], rollout_id: str | None) ->
         what = f"every group's rewards are equal within the group for {k} steps"
     else:
         what = f"the reward has stayed at or below 0 since the first step ({k} steps)"
-    if flat and len(versions) == 1 and None not in versions:
-        what += f", so no update changed the policy (still v{int(next(iter(versions)))})"
+    version = next(iter(versions)) if len(versions) == 1 else None
+    if flat and version is not None:
+        what += f", so no update changed the policy (still v{int(version)})"
     look = (
         f": first rollout {rollout_id} (`tether rollouts show {rollout_id}`)" if rollout_id else ""
     )
