@@ -98,5 +98,5 @@ def test_a_run_whose_grader_always_gives_0_stops_naming_a_rollout(
         "the policy (still v0): nothing to learn from — check the grader and the agent: "
         "first rollout calc-"
     ), line
-    assert "-s0-g0-0 (`tether rollouts show calc-" in line
+    assert "-s1-g0-0 (`tether rollouts show calc-" in line
     assert "collapsed" not in line and "trainer.lr" not in line

@@ -181,16 +181,43 @@ def test_migration_5_adds_attempt_start_times_and_keeps_old_rows(tmp_path, monke
         _migrations._m005_attempt_start(conn)
 
 
-def test_migration_6_numbers_train_steps_from_one(tmp_path, monkeypatch):
+def test_migration_6_adds_the_grader_error_and_keeps_old_attempts(tmp_path, monkeypatch):
+    """A file made before migration 6 keeps its attempt ends (no grader error: NULL);
+    attempts after it keep what the grader raised."""
+    path = tmp_path / "v5.db"
+    with monkeypatch.context() as m:
+        m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:5])
+        with Store(path) as old:
+            old.create_rollout(Rollout(id="r1"))
+    with closing(sqlite3.connect(path)) as conn, conn:  # an attempt as tether before 6 ended it
+        conn.execute("UPDATE rollouts SET status = 'failed', attempt = 1 WHERE id = 'r1'")
+        conn.execute(
+            "INSERT INTO attempts (rollout_id, attempt, status, error, finished_at) "
+            "VALUES ('r1', 1, 'failed', 'x', 5.0)"
+        )
+    with Store(path) as store:
+        assert store._db.migrations_run == len(_migrations.MIGRATIONS) - 5
+        attempt = store.start_attempt("r1")
+        store.finish_rollout(
+            "r1", "succeeded", attempt=attempt, grader_error="KeyError: 'answr' (g.py:3 in grade)"
+        )
+        one, two = store.attempts("r1")
+        assert (one.error, one.grader_error) == ("x", None)
+        assert two.grader_error == "KeyError: 'answr' (g.py:3 in grade)"
+    with closing(sqlite3.connect(path)) as conn:  # a re-run finds the column: a no-op
+        _migrations._m006_grader_error(conn)
+
+
+def test_migration_7_numbers_train_steps_from_one(tmp_path, monkeypatch):
     """A file written when updates counted from 0: its train metrics move one step up (evals
     and checkpoints already counted updates), and its sync groups ``s{k}`` with their
     rollouts, calls, rewards and attempts become ``s{k+1}``; eval, async and other groups
     keep their ids."""
     from tether.records import Checkpoint
 
-    path = tmp_path / "v5.db"
+    path = tmp_path / "v6.db"
     with monkeypatch.context() as m:
-        m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:5])
+        m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:6])
         with Store(path) as old:
             old.create_run({}, run_id="r")
             old.log_metrics("r", 0, {"eval/sampled_success": 0.25})
@@ -237,30 +264,3 @@ def test_migration_6_numbers_train_steps_from_one(tmp_path, monkeypatch):
         assert store.get_rollout("r-a-g3-0").group_id == "r-a-g3"
         with store._db.read() as conn:
             assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
-
-
-def test_migration_7_adds_the_grader_error_and_keeps_old_attempts(tmp_path, monkeypatch):
-    """A file made before migration 7 keeps its attempt ends (no grader error: NULL);
-    attempts after it keep what the grader raised."""
-    path = tmp_path / "v6.db"
-    with monkeypatch.context() as m:
-        m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:6])
-        with Store(path) as old:
-            old.create_rollout(Rollout(id="r1"))
-    with closing(sqlite3.connect(path)) as conn, conn:  # an attempt as tether before 7 ended it
-        conn.execute("UPDATE rollouts SET status = 'failed', attempt = 1 WHERE id = 'r1'")
-        conn.execute(
-            "INSERT INTO attempts (rollout_id, attempt, status, error, finished_at) "
-            "VALUES ('r1', 1, 'failed', 'x', 5.0)"
-        )
-    with Store(path) as store:
-        assert store._db.migrations_run == len(_migrations.MIGRATIONS) - 6
-        attempt = store.start_attempt("r1")
-        store.finish_rollout(
-            "r1", "succeeded", attempt=attempt, grader_error="KeyError: 'answr' (g.py:3 in grade)"
-        )
-        one, two = store.attempts("r1")
-        assert (one.error, one.grader_error) == ("x", None)
-        assert two.grader_error == "KeyError: 'answr' (g.py:3 in grade)"
-    with closing(sqlite3.connect(path)) as conn:  # a re-run finds the column: a no-op
-        _migrations._m007_grader_error(conn)

@@ -179,10 +179,19 @@ def _m005_attempt_start(conn: sqlite3.Connection) -> None:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN started_at REAL")
 
 
+def _m006_grader_error(conn: sqlite3.Connection) -> None:
+    """``attempts.grader_error``: the exception the grader raised on the attempt (its type,
+    message and the last frames of the traceback, in the grader's own file first), NULL
+    when the grader did not raise. The attempt is unusable then; this says why."""
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(attempts)")}
+    if "grader_error" not in columns:
+        conn.execute("ALTER TABLE attempts ADD COLUMN grader_error TEXT")
+
+
 _TRAIN_GROUP = re.compile(r"s(\d+)-g(\d+)")
 
 
-def _m006_steps_from_one(conn: sqlite3.Connection) -> None:
+def _m007_steps_from_one(conn: sqlite3.Connection) -> None:
     """Train steps count updates from 1, as checkpoints (``step-0000NN``) and evals (at
     step N after N updates, 0 before training) always did. Every row this finds was
     written when updates counted from 0, so: each train metric (any name but ``eval/*``)
@@ -220,23 +229,14 @@ def _m006_steps_from_one(conn: sqlite3.Connection) -> None:
                 )
 
 
-def _m007_grader_error(conn: sqlite3.Connection) -> None:
-    """``attempts.grader_error``: the exception the grader raised on the attempt (its type,
-    message and the last frames of the traceback, in the grader's own file first), NULL
-    when the grader did not raise. The attempt is unusable then; this says why."""
-    columns = {r[1] for r in conn.execute("PRAGMA table_info(attempts)")}
-    if "grader_error" not in columns:
-        conn.execute("ALTER TABLE attempts ADD COLUMN grader_error TEXT")
-
-
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _m001_initial,
     _m002_attempts,
     _m003_tasks_per_run,
     _m004_call_constraint,
     _m005_attempt_start,
-    _m006_steps_from_one,
-    _m007_grader_error,
+    _m006_grader_error,
+    _m007_steps_from_one,
 ]
 
 

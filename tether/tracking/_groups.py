@@ -3,7 +3,7 @@
 The training loop names groups ``{run_id}-{tag}-g{index}`` and rollouts
 ``{group}-{i}`` (``tether/run/_collect.py``, ``_async.py``), with the tag
 ``s{step}`` for sync mode's update ``step`` (from 1, the run's numbering; stores
-written before it counted from 0 are renumbered by the store's migration 6),
+written before it counted from 0 are renumbered by the store's migration 7),
 ``eval{step}-s`` / ``eval{step}-g`` for the sampled / greedy rollouts of the eval
 at ``step`` (0: before training, N: after update N), and ``a`` for async
 mode (whose groups are not tied to a step in the store). :func:`place` reads
