@@ -133,7 +133,8 @@ def test_a_run_on_a_split_less_file_says_its_holdout_and_evaluates_it(
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "no split field: holding out 10% = 2 of 20 tasks as val" in out.stdout
-    assert "evaluating at step 0: 2 tasks × 1 samples" in out.stdout
+    assert "evaluating at step 0: 2 tasks × 1 sample" in out.stdout
+    assert "1 samples" not in out.stdout
 
 
 # -- what the agent receives ---------------------------------------------------------------

@@ -220,7 +220,8 @@ class TrainingRun(PartsView):
                 log.warning("%s", line)
                 self.on_event(Status(line))
             return None
-        what = f"{len(tasks)} tasks × {e.samples} samples{' + greedy' if e.greedy else ''}"
+        samples = f"{e.samples} sample{'s' if e.samples != 1 else ''}"
+        what = f"{len(tasks)} tasks × {samples}{' + greedy' if e.greedy else ''}"
         log.info("eval @ step %d: %s", step, what)
         t0 = time.perf_counter()
         total = len(tasks) * (e.samples + (1 if e.greedy else 0))
