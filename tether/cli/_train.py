@@ -66,8 +66,8 @@ def train(
     cfg = load_config(
         TrainConfig, config, [*(overrides or []), *(["resume=true"] if resume else [])]
     )
-    again = shlex.join(["tether", "train", str(config), *(overrides or []), "--resume"])
-    run_train(cfg, Console(soft_wrap=True), interrupts_of(ctx), resume_command=again)
+    again = shlex.join(["tether", "train", str(config), *(overrides or [])])
+    run_train(cfg, Console(soft_wrap=True), interrupts_of(ctx), command=again)
 
 
 @app.command("eval")

@@ -116,11 +116,18 @@ def summary_line(
     return line
 
 
-def interrupted_line(run: TrainingRun, resume_command: str | None) -> str:
-    """``interrupted at step N; last checkpoint: PATH|none[; resume with: COMMAND]``."""
+def interrupted_line(run: TrainingRun, command: str | None) -> str:
+    """``interrupted at step N; last checkpoint: PATH; resume with: COMMAND --resume``, or
+    without a checkpoint (nothing to resume: the name stays free, see ``holds_run``)
+    ``...; last checkpoint: none; start it again with: COMMAND``. ``command``: the
+    ``tether train`` command line without ``--resume`` (None: not said)."""
     ckpt = run.last_checkpoint
     line = f"interrupted at step {run.step}; last checkpoint: {ckpt or 'none'}"
-    return f"{line}; resume with: {resume_command}" if resume_command else line
+    if command is None:
+        return line
+    if ckpt is None:
+        return f"{line}; start it again with: {command}"
+    return f"{line}; resume with: {command} --resume"
 
 
 def _on_interrupt(interrupts: Interrupts, describe: Callable[[], str]) -> None:
@@ -133,14 +140,14 @@ def _train(
     cfg: TrainConfig,
     console: Console,
     interrupts: Interrupts,
-    resume_command: str | None,
+    command: str | None,
     model_path: Path | None = None,
 ) -> tuple[list[EvalResult], TrainingRun]:
     """Run ``cfg`` to its end, or until a signal (then :class:`Interrupted` is raised)."""
     quiet_loading()
     progress = Progress(cfg.trainer.steps, console)
     run = TrainingRun(cfg, on_event=progress, model_path=model_path)
-    _on_interrupt(interrupts, lambda: interrupted_line(run, resume_command))
+    _on_interrupt(interrupts, lambda: interrupted_line(run, command))
 
     async def go() -> list[EvalResult]:
         with progress:
@@ -155,16 +162,17 @@ def run_train(
     console: Console,
     interrupts: Interrupts | None = None,
     *,
-    resume_command: str | None = None,
+    command: str | None = None,
 ) -> list[EvalResult]:
     """``tether train``: a new run (refused when its folder holds one) or, with
-    ``resume``, the continuation of the run of that name."""
+    ``resume``, the continuation of the run of that name. ``command``: its command line
+    without ``--resume``, for the message an interrupt prints."""
     t0 = time.monotonic()
     if rank_from_env() > 0:  # under torchrun / accelerate launch: this rank only trains
         raise SystemExit(serve_rank(cfg.trainer.collective_timeout_s, cfg.model.device))
     if not cfg.resume:
         check_new_run(Path(cfg.dir), cfg.name)
-    evals, run = _train(cfg, console, interrupts or Interrupts(), resume_command)
+    evals, run = _train(cfg, console, interrupts or Interrupts(), command)
     png = plot_curve(run.history, evals, run.run_dir / "reward_curve.png")
     if png:
         console.print(f"reward curve: {png}")
