@@ -32,7 +32,8 @@ GATEWAY_FLAGS = ("host", "port", "tool_parser", "allow_agent_rewards", "record_k
 
 @dataclass
 class ServeConfig:
-    #: A model folder or hub id; unset = tether's starter model.
+    #: A model folder, a checkpoint or run folder (its newest checkpoint's model/), or a hub
+    #: id; unset = tether's starter model.
     model: str | None = None
     #: cpu, cuda, cuda:1, ...
     device: str = "cpu"
@@ -163,12 +164,13 @@ def _record_keys(given: list[str] | tuple[str, ...]) -> tuple[str, ...]:
 def _load_engine(model: str | None, *, device: str, max_batch_size: int):
     from tether.cli._progress import quiet_loading
     from tether.engine import TransformersEngine
-    from tether.models import load_tokenizer
+    from tether.models import load_tokenizer, model_source
     from tether.starter import build_starter
 
     quiet_loading()
 
-    path = model or str(build_starter(warm=True))
+    # a checkpoint or run folder: the model folder in it (recorded as the run's model)
+    path = model_source(model) if model else str(build_starter(warm=True))
     tokenizer = load_tokenizer(path)
     engine = TransformersEngine.from_pretrained(
         path, tokenizer=tokenizer, device=device, max_batch_size=max_batch_size

@@ -75,7 +75,10 @@ def eval_(
     ctx: typer.Context,
     config: Annotated[Path, typer.Argument(help="YAML config of the run.")],
     checkpoint: Annotated[
-        Path | None, typer.Option(help="A checkpoint folder (step-N) or model folder.")
+        Path | None,
+        typer.Option(
+            help="A checkpoint folder (step-N), a run folder (its newest checkpoint) or a model folder."
+        ),
     ] = None,
     overrides: Annotated[
         list[str] | None, typer.Argument(help="dotted.key=value overrides")

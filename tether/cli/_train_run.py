@@ -14,6 +14,7 @@ from rich.console import Console
 from tether.cli._interrupt import Interrupts
 from tether.cli._progress import Progress, plot_curve, quiet_loading
 from tether.errors import UserError
+from tether.models import model_folder
 from tether.run import (
     CheckpointConfig,
     EvalConfig,
@@ -193,13 +194,15 @@ def run_eval(
     console: Console,
     interrupts: Interrupts | None = None,
 ) -> EvalResult:
-    """``tether eval``: the config's model or a checkpoint, reported at the checkpoint's step."""
+    """``tether eval``: the config's model or a checkpoint (or a run folder: its newest),
+    reported at the checkpoint's step."""
     quiet_loading()
+    # a checkpoint's model/, a run's newest checkpoint's, or a model folder as it is
+    model_path = model_folder(checkpoint) if checkpoint else None
+    if model_path is not None and (model_path.parent / "state.json").is_file():
+        checkpoint = model_path.parent  # the checkpoint whose step is reported
     step = int(checkpoint_state(checkpoint).get("step", 0)) if checkpoint else 0
     interrupts = interrupts or Interrupts()
-    model_path = (
-        checkpoint / "model" if checkpoint and (checkpoint / "model").is_dir() else checkpoint
-    )
     run = TrainingRun(  # command="eval": its store record is not a training run
         cfg, on_event=Progress(0, console, live=False), model_path=model_path, command="eval"
     )
