@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 
 from tether.cli._interrupt import Interrupts
 from tether.cli._progress import Progress, plot_curve, quiet_loading
+from tether.cli._starter import starter_model
 from tether.errors import UserError
 from tether.models import model_folder
 from tether.run import (
@@ -75,27 +75,6 @@ def demo_config(
         eval=EvalConfig(every=max(steps // 4, 1), tasks=eval_tasks, samples=4, greedy=True),
         checkpoint=CheckpointConfig(every=0, keep=1),
     )
-
-
-@contextlib.contextmanager
-def _echo_logs(name: str, console: Console) -> Iterator[None]:
-    """Show logger ``name``'s INFO lines on ``console`` for the duration."""
-
-    class Echo(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            console.print(f"  {record.getMessage()}", highlight=False)
-
-    logger, handler = logging.getLogger(name), Echo(logging.INFO)
-    level, propagate = logger.level, logger.propagate
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-        logger.propagate = propagate
 
 
 def summary_line(
@@ -173,7 +152,9 @@ def run_train(
         raise SystemExit(serve_rank(cfg.trainer.collective_timeout_s, cfg.model.device))
     if not cfg.resume:
         check_new_run(Path(cfg.dir), cfg.name)
-    evals, run = _train(cfg, console, interrupts or Interrupts(), command)
+    # the starter on a cold start: built here, saying so, not inside the live display
+    model_path = starter_model(console) if cfg.model.path == "starter" else None
+    evals, run = _train(cfg, console, interrupts or Interrupts(), command, model_path)
     png = plot_curve(run.history, evals, run.run_dir / "reward_curve.png")
     if png:
         console.print(f"reward curve: {png}")
@@ -224,8 +205,6 @@ def run_demo(
     eval_tasks: int = 100,
     model: Path | None = None,
 ) -> str:
-    from tether.starter import build_starter
-
     t0 = time.monotonic()
     where = "this CPU" if device == "cpu" else device
     console.print(
@@ -233,8 +212,7 @@ def run_demo(
     )
     console.print("1/3 starter model: build and supervised warm-up (cached after the first run)")
     quiet_loading()
-    with _echo_logs("tether.starter", console):  # the warm-up's progress, every 50 steps
-        model_path = model or Path(build_starter(warm=True))
+    model_path = model or starter_model(console)  # a cold start says what it builds
     console.print(f"  starter: {starter_line(model_path)}", highlight=False)
     cfg = demo_config(seed, steps, device, eval_tasks)
     replace_demo_run(Path(cfg.dir) / cfg.name, console)
