@@ -180,6 +180,8 @@ def run_eval(
     quiet_loading()
     # a checkpoint's model/, a run's newest checkpoint's, or a model folder as it is
     model_path = model_folder(checkpoint) if checkpoint else None
+    if model_path is None and cfg.model.path == "starter":
+        model_path = starter_model(console)  # a cold start says what it builds
     if model_path is not None and (model_path.parent / "state.json").is_file():
         checkpoint = model_path.parent  # the checkpoint whose step is reported
     step = int(checkpoint_state(checkpoint).get("step", 0)) if checkpoint else 0
