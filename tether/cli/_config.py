@@ -95,7 +95,11 @@ def config_(
         typer.Option(help="The reference of every field as Markdown (docs/config.md)."),
     ] = False,
 ) -> None:
-    """Print the full config as YAML: every field, its default and its help."""
+    """The full config as YAML: each field, its default and its help.
+
+    With CONFIG and overrides, their effective values (and the default beside each one
+    that differs); --markdown: the reference of every field (docs/config.md).
+    """
     if markdown:
         if config is not None or overrides or serve:
             raise UserError("--markdown prints the reference of both configs: pass nothing else")
