@@ -142,12 +142,12 @@ def test_demo_shows_warmup_progress_lines_only_while_building() -> None:
 
     from rich.console import Console
 
-    from tether.cli._train_run import _echo_logs
+    from tether.cli._starter import echo_logs
 
     out = io.StringIO()
     console = Console(file=out, width=200)
     warmup = logging.getLogger("tether.starter._warmup")
-    with _echo_logs("tether.starter", console):
+    with echo_logs("tether.starter", console):
         warmup.info("warm-up step %d  copy acc %.3f", 50, 0.25)
     warmup.info("after the build")
     assert "warm-up step 50  copy acc 0.250" in out.getvalue()

@@ -44,6 +44,7 @@ def test_version() -> None:
         ["dashboard"],
         ["export"],
         ["report"],
+        ["config"],
     ],
 )
 def test_help_is_not_cut_at_80_columns(command: list[str]) -> None:

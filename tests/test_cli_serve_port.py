@@ -37,13 +37,15 @@ def test_port_0_serves_on_the_port_it_prints_and_hands_out(
         base = f"http://127.0.0.1:{found.group(1)}"
         admin = {"Authorization": f"Bearer {KEY}"}
         deadline = time.monotonic() + 120
-        while True:  # the model loads after the bind; the server starts after the model
+        while True:  # served from the bind on: 503 "loading" until the model has loaded
             try:
                 r = httpx.post(f"{base}/admin/rollouts", json={"task": {}}, headers=admin)
-                break
+                if r.status_code != 503:
+                    break
             except httpx.ConnectError:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.2)
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
         assert r.status_code == 201, r.text
         opened = r.json()
         assert opened["base_url"].startswith(f"{base}/rollouts/"), opened["base_url"]

@@ -191,6 +191,9 @@ def _report(phase: str, elapsed: float) -> None:
 
 
 def test_ctrl_c_during_eval_in_pool_mode(train) -> None:
+    """Stopped before its first checkpoint: nothing to resume, so the message offers the same
+    command again, not ``--resume``; ``--resume`` says so, and the same command starts the run
+    afresh (the name is not held)."""
     run = train()
     run.wait_for("eval @ step 0")
     run.wait_for_children()  # the pool's workers
@@ -200,9 +203,24 @@ def test_ctrl_c_during_eval_in_pool_mode(train) -> None:
         run,
         elapsed,
         130,
-        f"interrupted at step 0; last checkpoint: none; resume with: tether train {CONFIG} ",
+        f"interrupted at step 0; last checkpoint: none; start it again with: tether train {CONFIG} ",
     )
-    assert run.text.rstrip().endswith("--resume")
+    assert "--resume" not in run.text, run.text[-2000:]
+
+    resumed = train("--resume")
+    resumed.proc.wait(timeout=120)
+    out = resumed.text
+    assert resumed.proc.returncode == 2, out[-3000:]
+    assert (
+        "cannot resume run 'calc': no checkpoint in " in out and "drop --resume to start it" in out
+    )
+    assert "name=calc-2" not in out
+
+    again = train()  # the same command: not refused as "already exists"
+    again.wait_for("eval @ step 0")
+    again.send(signal.SIGINT)
+    assert again.proc.returncode == 130, again.text[-3000:]
+    assert "already exists" not in again.text
 
 
 @pytest.mark.slow

@@ -18,15 +18,17 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted((ROOT / "tether").rglob("*.py"))
 
 # The components table (README "Layout"), as data: component -> the components it may import.
-# Shared leaves: ``errors`` (the exception root), ``configio`` (config files), ``_hf`` (the one
+# Shared leaves: ``errors`` (the exception root), ``configio`` (config files), ``configdoc``
+# (the config reference: ``tether config``, docs/config.md), ``_hf`` (the one
 # transformers/peft compatibility module: torch/transformers/peft only), ``_memory``, ``_lazy``
 # (lazy package exports), ``_exit`` (leaving a process without the interpreter's teardown),
 # ``models`` (finding and loading any model folder or hub id: transformers, errors).
-LEAVES = {"errors", "configio", "_hf", "_memory", "_lazy", "_exit", "models"}
+LEAVES = {"errors", "configio", "configdoc", "_hf", "_memory", "_lazy", "_exit", "models"}
 KNOWS: dict[str, set[str]] = {
     "records": set(),
     "errors": set(),
     "configio": {"errors"},
+    "configdoc": set(),  # and yaml
     "_hf": set(),
     "_memory": set(),
     "_lazy": set(),

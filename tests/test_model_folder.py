@@ -11,6 +11,7 @@ safetensors and its random init + save + load takes well over 20 s on the shared
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,76 @@ def test_train_from_a_model_folder_with_gradient_checkpointing(
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def _checkpoint(run_dir: Path, starter_dir: Path, tokenizer: Any, step: int) -> Path:
+    """A real checkpoint (``save_checkpoint`` of a trainer over the starter) in ``run_dir``."""
+    from tether.models import load_model
+    from tether.trainer import PolicyTrainer
+    from tether.trainer.checkpoint import save_checkpoint
+    from tether.trainer.config import TrainerConfig
+
+    trainer = PolicyTrainer(load_model(starter_dir), TrainerConfig())
+    return save_checkpoint(
+        run_dir / "checkpoints",
+        step,
+        trainer=trainer,
+        tokenizer=tokenizer,
+        base_model_dir=starter_dir,
+        config={},
+        keep=5,
+        run="r",
+        run_id="r-rec",
+        policy_version=step,
+    )
+
+
+def test_serve_a_checkpoint_folder_and_a_run_folder_stands_for_its_newest(
+    starter_dir: Path, tokenizer: Any, tmp_path: Path
+) -> None:
+    """``--model runs/NAME/checkpoints/step-N`` serves its ``model/`` (it said "has no
+    config.json"); ``runs/NAME`` (``model.path``, ``--checkpoint`` too) its newest one's."""
+    from tether.models import model_folder, model_source
+
+    run_dir = tmp_path / "runs" / "calc"
+    older = _checkpoint(run_dir, starter_dir, tokenizer, 2)
+    newest = _checkpoint(run_dir, starter_dir, tokenizer, 10)
+    (run_dir / "checkpoints" / "step-000011.tmp-x").mkdir()  # an unfinished save is skipped
+    assert model_folder(older) == older / "model"
+    assert model_folder(run_dir) == newest / "model"
+    assert model_source(str(run_dir), "tokenizer") == str(newest / "model")
+    env = {**os.environ, "TETHER_ADMIN_KEY": "ckpt-admin-key"}
+    with serving(older, tmp_path / "t.sqlite", "--log-level", "warning", env=env) as s:
+        admin = {"Authorization": "Bearer ckpt-admin-key"}
+        opened = httpx.post(
+            f"{s.base}/admin/rollouts", json={"task": {"q": 1}, "rollout_id": "r1"}, headers=admin
+        ).json()
+        client = openai.OpenAI(base_url=opened["base_url"], api_key=opened["token"], max_retries=0)
+        reply = client.chat.completions.create(
+            model="policy", max_tokens=4, messages=[{"role": "user", "content": "2 + 2?"}]
+        )
+        assert reply.usage is not None and reply.usage.completion_tokens > 0
+
+
+def test_a_run_folder_without_a_checkpoint_and_a_folder_without_weights_are_one_line(
+    starter_dir: Path, tmp_path: Path
+) -> None:
+    """A config.json without weights was a 57-line traceback from ``from_pretrained``."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy2(starter_dir / "config.json", bare / "config.json")
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    for model, needle in [
+        (bare, f"error: {bare} has config.json but no weights (model.safetensors, "),
+        (tmp_path / "run", f"error: run folder {tmp_path / 'run'} has no checkpoint yet"),
+    ]:
+        r = subprocess.run(
+            [*TETHER, "serve", "--model", str(model), "--store", str(tmp_path / "t.sqlite")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "300"},
+        )
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        assert len(lines) == 1 and lines[0].startswith(needle), r.stderr

@@ -110,33 +110,38 @@ def test_a_name_that_holds_a_run_is_refused_with_both_fixes(tmp_path: Path) -> N
     assert free_name(tmp_path, "calc-2") == "calc-3" and free_name(tmp_path, "x") == "x-2"
 
 
-def test_an_eval_record_is_not_a_run_but_a_training_record_is(tmp_path: Path) -> None:
+def test_only_a_checkpoint_holds_a_name(tmp_path: Path) -> None:
+    """An eval's record, a run stopped before its first checkpoint, one that failed at its
+    first eval or after a step without a checkpoint: nothing to resume, the name is free."""
     (tmp_path / "calc").mkdir()
     with Store(tmp_path / "calc" / "traces.sqlite") as store:
         store.create_run({"name": "calc", "extra": {"command": "eval"}})
     assert not holds_run(tmp_path / "calc")
     with Store(tmp_path / "calc" / "traces.sqlite") as store:
         store.create_run({"name": "calc", "extra": {}})  # a run killed before its checkpoint
-    assert holds_run(tmp_path / "calc")
-    with pytest.raises(
-        UserError, match=r"no checkpoint in .*; drop --resume and start a new run with name=calc-2"
-    ):
-        resume_point(tmp_path, "calc", 10)
-
-
-def test_a_run_that_failed_before_its_first_step_leaves_the_name_free(tmp_path: Path) -> None:
-    (tmp_path / "calc").mkdir()
-    with Store(tmp_path / "calc" / "traces.sqlite") as store:
         broken = store.create_run({"name": "calc", "extra": {}})  # its agent failed at eval 0
         store.log_metrics(broken.id, 0, {"eval/sampled_success": 0.0})
         store.set_run_status(broken.id, RunStatus.FAILED)
-    assert not holds_run(tmp_path / "calc")
-    check_new_run(tmp_path, "calc")  # fix the agent, train again under the same name
-    with Store(tmp_path / "calc" / "traces.sqlite") as store:
         trained = store.create_run({"name": "calc", "extra": {}})  # failed after a step
         store.log_metrics(trained.id, 0, {"reward_mean": 0.5})
         store.set_run_status(trained.id, RunStatus.FAILED)
+    assert not holds_run(tmp_path / "calc")
+    check_new_run(tmp_path, "calc")  # train again under the same name
+    with pytest.raises(
+        UserError,
+        match=r"cannot resume run 'calc': no checkpoint in .*; drop --resume to start it$",
+    ):
+        resume_point(tmp_path, "calc", 10)
+    _fake_ckpt(tmp_path / "calc" / "checkpoints", 1, "r")
     assert holds_run(tmp_path / "calc")
+
+
+def test_a_store_this_tether_cannot_read_holds_the_name(tmp_path: Path) -> None:
+    (tmp_path / "calc").mkdir()
+    (tmp_path / "calc" / "traces.sqlite").write_bytes(b"not a database" * 100)
+    assert holds_run(tmp_path / "calc")
+    with pytest.raises(UserError, match=r"cannot read .*: start a new run with name=calc-2"):
+        check_new_run(tmp_path, "calc")
 
 
 def test_resume_point_is_the_newest_checkpoint_and_says_when_there_is_none_or_nothing_left(
@@ -309,7 +314,8 @@ def test_looking_at_a_run_folder_writes_nothing_to_it(
             store.create_run({"name": "old", "extra": {}})
     for folder in (current, old):
         before = _files(folder)
-        assert holds_run(folder)
+        # no checkpoint: nothing to resume; a store peek cannot read (an older schema) is kept
+        assert holds_run(folder) == (folder is old), folder.name
         assert _files(folder) == before, folder.name
     check_new_run(tmp_path, "elsewhere")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "old"]

@@ -4,7 +4,8 @@
   signal handling) and :func:`main`, the console script (one line per error);
 - a module per command parses its arguments: ``_serve.py`` (``tether serve``),
   ``_train.py`` (``demo``, ``train``, ``eval``), ``_dashboard.py``, ``_rollouts.py``
-  (``rollouts list|show``), ``_track.py`` (``export``, ``report``, ``tensorboard``);
+  (``rollouts list|show``), ``_track.py`` (``export``, ``report``, ``tensorboard``), ``_config.py``
+  (``tether config``: the config as commented YAML, docs/config.md);
 - what a command runs is imported on first use, so ``tether --help`` loads neither
   torch nor FastAPI: ``_serve_run.py``, ``_train_run.py`` (with the live display,
   ``_progress.py``), ``_dashboard_run.py``, ``_views.py`` and ``_stores.py``,
@@ -27,6 +28,7 @@ from tether.cli import _train  # noqa: F401
 from tether.cli import _dashboard  # noqa: F401
 from tether.cli import _track  # noqa: F401
 from tether.cli import _rollouts  # noqa: F401
+from tether.cli import _config  # noqa: F401
 
 # isort: on
 

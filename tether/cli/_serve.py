@@ -20,7 +20,11 @@ def serve(
         typer.Argument(help="dotted.key=value overrides, e.g. gateway.log_prompts=true"),
     ] = None,
     model: Annotated[
-        str | None, typer.Option(help="Model folder or hub id; the starter model if omitted.")
+        str | None,
+        typer.Option(
+            help="Model folder, checkpoint or run folder (its newest checkpoint), or hub id; "
+            "the starter model if omitted."
+        ),
     ] = None,
     host: Annotated[
         str | None, typer.Option(help="Address to bind (127.0.0.1); others need an admin key.")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from rich.console import Console
 from tether.configio import load_config
 from tether.errors import UserError
 from tether.gateway import DEFAULT_PORT, GatewayConfig, admin_key_file, is_loopback
+from tether.records import RunStatus
 
 __all__ = ["ServeConfig", "run_serve", "serve_config"]
 
@@ -32,7 +34,8 @@ GATEWAY_FLAGS = ("host", "port", "tool_parser", "allow_agent_rewards", "record_k
 
 @dataclass
 class ServeConfig:
-    #: A model folder or hub id; unset = tether's starter model.
+    #: A model folder, a checkpoint or run folder (its newest checkpoint's model/), or a hub
+    #: id; unset = tether's starter model.
     model: str | None = None
     #: cpu, cuda, cuda:1, ...
     device: str = "cpu"
@@ -64,57 +67,38 @@ def serve_config(config: str | None, overrides: list[str], flags: dict[str, Any]
 
 
 def run_serve(cfg: ServeConfig, console: Console) -> None:
-    """Serve ``cfg.model`` behind the gateway until stopped; every call goes to the store."""
+    """Serve ``cfg.model`` behind the gateway until stopped; every call goes to the store.
+
+    The port is bound and served at once; while the model loads (minutes on a cold
+    start: the starter is built first) the server answers with a :class:`LoadingApp`
+    (``/healthz`` 503 ``{"status": "loading"}``), then with the gateway.
+    """
     if cfg.model:  # a misspelled or unreachable model fails here, before torch loads
         from tether.models import model_source
 
         model_source(cfg.model)
-    from tether.dashboard import PREFIX, Catalog, mount_dashboard
-    from tether.gateway import Gateway, bind_socket, create_app, make_server
-    from tether.records import RunStatus
+    from tether.gateway import LoadingApp, bind_socket, make_server
     from tether.run import end_status
-    from tether.store import Store
 
-    store = Path(cfg.store)
     host = cfg.gateway.host
     port = DEFAULT_PORT if cfg.gateway.port is None else cfg.gateway.port
-    key, key_path = _admin_key(store, host, cfg.gateway.admin_key)
+    key, key_path = _admin_key(Path(cfg.store), host, cfg.gateway.admin_key)
     gcfg = dataclasses.replace(
         cfg.gateway, port=port, admin_key=key, record_keys=_record_keys(cfg.gateway.record_keys)
     )
     gcfg.check_bind()
     sock = bind_socket(host, port)  # before the model loads: a port in use is one line now
     port = gcfg.port = sock.getsockname()[1]  # --port 0: the port the OS chose
-    model_path, engine, tokenizer = _load_engine(
-        cfg.model, device=cfg.device, max_batch_size=cfg.max_batch_size
-    )
-    store.parent.mkdir(parents=True, exist_ok=True)
-    db = Store(store)
-    gw = Gateway(engine, tokenizer, db, gcfg)
-    run = db.create_run({"command": "serve", "model": model_path, "tool_parser": gcfg.tool_parser})
-    gw.default_run_id = run.id
-    console.print(f"tether gateway on [bold]http://{host}:{port}[/]  store {store}")
-    if key_path:
-        console.print(
-            f"admin key in {key_path} (mode 600, kept across restarts): "
-            f"export TETHER_ADMIN_KEY=$(cat {key_path})",
-            soft_wrap=True,  # one line: the export command is copied as a whole
-        )
+    loading = LoadingApp()
+    server = make_server(loading, host, port, log_level="warning")
     console.print(
-        f"create a rollout: POST http://{host}:{port}/admin/rollouts  (Bearer: admin key)"
+        f"tether gateway on [bold]http://{host}:{port}[/]: loading the model "
+        "(GET /healthz answers 503 until it is ready)"
     )
-    app = create_app(gw)
-    catalog = Catalog.of_file(store, key="serve")
-    mount_dashboard(app, catalog, key, tokenizers=lambda _key, _run: tokenizer)
-    console.print(
-        f"dashboard: http://{host}:{port}{PREFIX}/  (log in with the admin key)", soft_wrap=True
-    )
-    if gcfg.record_keys:
-        console.print(
-            f"record mode: POST http://{host}:{port}/v1/chat/completions  "
-            f"(Bearer: one of {len(gcfg.record_keys)} record key(s))"
-        )
-    server = make_server(app, host, port, log_level="warning")
+    opened = _Opened(cfg, gcfg, key_path, console)
+    threading.Thread(
+        target=opened.load, args=(loading, server), name="tether-serve-load", daemon=True
+    ).start()
     status = RunStatus.FINISHED
     try:
         server.run(sockets=[sock])
@@ -122,9 +106,90 @@ def run_serve(cfg: ServeConfig, console: Console) -> None:
         status = end_status(type(exc))
         raise
     finally:
-        db.set_run_status(run.id, status)
-        db.close()
-        catalog.close()
+        opened.close(status)
+    if opened.error is not None:  # the model did not load: its one line, not a traceback
+        raise opened.error
+
+
+class _Opened:
+    """What ``tether serve`` opens once its model has loaded (on a thread, while the
+    server answers "loading"): the engine, the store and its run record, the app."""
+
+    def __init__(
+        self, cfg: ServeConfig, gcfg: GatewayConfig, key_path: Path | None, console: Console
+    ) -> None:
+        self.cfg, self.gcfg, self.key_path, self.console = cfg, gcfg, key_path, console
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._db: Any = None
+        self._run: Any = None
+        self._catalog: Any = None
+
+    def load(self, loading: Any, server: Any) -> None:
+        """Load, open, then hand the app to ``loading``; on failure stop ``server``."""
+        try:
+            cfg = self.cfg
+            model_path, engine, tokenizer = _load_engine(
+                cfg.model, self.console, device=cfg.device, max_batch_size=cfg.max_batch_size
+            )
+            with self._lock:
+                if self._closed:  # stopped while loading
+                    return
+                loading.ready(self._open(model_path, engine, tokenizer))
+        except BaseException as exc:
+            self.error = exc
+            server.should_exit = True
+
+    def _open(self, model_path: str, engine: Any, tokenizer: Any) -> Any:
+        from tether.dashboard import PREFIX, Catalog, mount_dashboard
+        from tether.gateway import Gateway, create_app
+        from tether.store import Store
+
+        gcfg, console = self.gcfg, self.console
+        host, port, store = gcfg.host, gcfg.port, Path(self.cfg.store)
+        store.parent.mkdir(parents=True, exist_ok=True)
+        self._db = db = Store(store)
+        gw = Gateway(engine, tokenizer, db, gcfg)
+        self._run = db.create_run(
+            {"command": "serve", "model": model_path, "tool_parser": gcfg.tool_parser}
+        )
+        gw.default_run_id = self._run.id
+        console.print(f"tether gateway on [bold]http://{host}:{port}[/]  store {store}")
+        if self.key_path:
+            console.print(
+                f"admin key in {self.key_path} (mode 600, kept across restarts): "
+                f"export TETHER_ADMIN_KEY=$(cat {self.key_path})",
+                soft_wrap=True,  # one line: the export command is copied as a whole
+            )
+        console.print(
+            f"create a rollout: POST http://{host}:{port}/admin/rollouts  (Bearer: admin key)"
+        )
+        app = create_app(gw)
+        self._catalog = Catalog.of_file(store, key="serve")
+        admin_key = gcfg.admin_key
+        assert admin_key, "serve made or read the admin key first (_admin_key)"
+        mount_dashboard(app, self._catalog, admin_key, tokenizers=lambda _k, _r: tokenizer)
+        console.print(
+            f"dashboard: http://{host}:{port}{PREFIX}/  (log in with the admin key)",
+            soft_wrap=True,
+        )
+        if gcfg.record_keys:
+            console.print(
+                f"record mode: POST http://{host}:{port}/v1/chat/completions  "
+                f"(Bearer: one of {len(gcfg.record_keys)} record key(s))"
+            )
+        return app
+
+    def close(self, status: Any) -> None:
+        """The run record ends with ``status``; the store and the catalog close."""
+        with self._lock:
+            self._closed = True
+            if self._db is not None:
+                self._db.set_run_status(self._run.id, status)
+                self._db.close()
+            if self._catalog is not None:
+                self._catalog.close()
 
 
 def _admin_key(store: Path, host: str, configured: str | None) -> tuple[str, Path | None]:
@@ -160,15 +225,16 @@ def _record_keys(given: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     return tuple(keys)
 
 
-def _load_engine(model: str | None, *, device: str, max_batch_size: int):
+def _load_engine(model: str | None, console: Console, *, device: str, max_batch_size: int):
     from tether.cli._progress import quiet_loading
+    from tether.cli._starter import starter_model
     from tether.engine import TransformersEngine
-    from tether.models import load_tokenizer
-    from tether.starter import build_starter
+    from tether.models import load_tokenizer, model_source
 
     quiet_loading()
 
-    path = model or str(build_starter(warm=True))
+    # a checkpoint or run folder: the model folder in it (recorded as the run's model)
+    path = model_source(model) if model else str(starter_model(console))
     tokenizer = load_tokenizer(path)
     engine = TransformersEngine.from_pretrained(
         path, tokenizer=tokenizer, device=device, max_batch_size=max_batch_size

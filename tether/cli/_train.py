@@ -66,8 +66,8 @@ def train(
     cfg = load_config(
         TrainConfig, config, [*(overrides or []), *(["resume=true"] if resume else [])]
     )
-    again = shlex.join(["tether", "train", str(config), *(overrides or []), "--resume"])
-    run_train(cfg, Console(soft_wrap=True), interrupts_of(ctx), resume_command=again)
+    again = shlex.join(["tether", "train", str(config), *(overrides or [])])
+    run_train(cfg, Console(soft_wrap=True), interrupts_of(ctx), command=again)
 
 
 @app.command("eval")
@@ -75,7 +75,10 @@ def eval_(
     ctx: typer.Context,
     config: Annotated[Path, typer.Argument(help="YAML config of the run.")],
     checkpoint: Annotated[
-        Path | None, typer.Option(help="A checkpoint folder (step-N) or model folder.")
+        Path | None,
+        typer.Option(
+            help="A checkpoint folder (step-N), a run folder (its newest checkpoint) or a model folder."
+        ),
     ] = None,
     overrides: Annotated[
         list[str] | None, typer.Argument(help="dotted.key=value overrides")

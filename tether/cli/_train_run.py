@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 
 from tether.cli._interrupt import Interrupts
 from tether.cli._progress import Progress, plot_curve, quiet_loading
+from tether.cli._starter import starter_model
 from tether.errors import UserError
+from tether.models import model_folder
 from tether.run import (
     CheckpointConfig,
     EvalConfig,
@@ -76,27 +77,6 @@ def demo_config(
     )
 
 
-@contextlib.contextmanager
-def _echo_logs(name: str, console: Console) -> Iterator[None]:
-    """Show logger ``name``'s INFO lines on ``console`` for the duration."""
-
-    class Echo(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            console.print(f"  {record.getMessage()}", highlight=False)
-
-    logger, handler = logging.getLogger(name), Echo(logging.INFO)
-    level, propagate = logger.level, logger.propagate
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-        logger.propagate = propagate
-
-
 def summary_line(
     evals: list[EvalResult], steps: int, minutes: float, updates: int | None = None
 ) -> str:
@@ -119,12 +99,19 @@ def summary_line(
     return line
 
 
-def interrupted_line(run: TrainingRun, resume_command: str | None) -> str:
-    """``interrupted at step N; last checkpoint: PATH|none[; resume with: COMMAND]``: N is the
-    step that was running (update N, or the eval after it; 0: the eval before training)."""
+def interrupted_line(run: TrainingRun, command: str | None) -> str:
+    """``interrupted at step N; last checkpoint: PATH; resume with: COMMAND --resume``, or
+    without a checkpoint (nothing to resume: the name stays free, see ``holds_run``)
+    ``...; last checkpoint: none; start it again with: COMMAND``. N is the step that was
+    running (update N, or the eval after it; 0: the eval before training). ``command``:
+    the ``tether train`` command line without ``--resume`` (None: not said)."""
     ckpt = run.last_checkpoint
     line = f"interrupted at step {run.step}; last checkpoint: {ckpt or 'none'}"
-    return f"{line}; resume with: {resume_command}" if resume_command else line
+    if command is None:
+        return line
+    if ckpt is None:
+        return f"{line}; start it again with: {command}"
+    return f"{line}; resume with: {command} --resume"
 
 
 def _on_interrupt(interrupts: Interrupts, describe: Callable[[], str]) -> None:
@@ -137,14 +124,14 @@ def _train(
     cfg: TrainConfig,
     console: Console,
     interrupts: Interrupts,
-    resume_command: str | None,
+    command: str | None,
     model_path: Path | None = None,
 ) -> tuple[list[EvalResult], TrainingRun]:
     """Run ``cfg`` to its end, or until a signal (then :class:`Interrupted` is raised)."""
     quiet_loading()
     progress = Progress(cfg.trainer.steps, console)
     run = TrainingRun(cfg, on_event=progress, model_path=model_path)
-    _on_interrupt(interrupts, lambda: interrupted_line(run, resume_command))
+    _on_interrupt(interrupts, lambda: interrupted_line(run, command))
 
     async def go() -> list[EvalResult]:
         with progress:
@@ -159,16 +146,19 @@ def run_train(
     console: Console,
     interrupts: Interrupts | None = None,
     *,
-    resume_command: str | None = None,
+    command: str | None = None,
 ) -> list[EvalResult]:
     """``tether train``: a new run (refused when its folder holds one) or, with
-    ``resume``, the continuation of the run of that name."""
+    ``resume``, the continuation of the run of that name. ``command``: its command line
+    without ``--resume``, for the message an interrupt prints."""
     t0 = time.monotonic()
     if rank_from_env() > 0:  # under torchrun / accelerate launch: this rank only trains
         raise SystemExit(serve_rank(cfg.trainer.collective_timeout_s, cfg.model.device))
     if not cfg.resume:
         check_new_run(Path(cfg.dir), cfg.name)
-    evals, run = _train(cfg, console, interrupts or Interrupts(), resume_command)
+    # the starter on a cold start: built here, saying so, not inside the live display
+    model_path = starter_model(console) if cfg.model.path == "starter" else None
+    evals, run = _train(cfg, console, interrupts or Interrupts(), command, model_path)
     png = plot_curve(run.history, evals, run.run_dir / "reward_curve.png")
     if png:
         console.print(f"reward curve: {png}")
@@ -189,13 +179,17 @@ def run_eval(
     console: Console,
     interrupts: Interrupts | None = None,
 ) -> EvalResult:
-    """``tether eval``: the config's model or a checkpoint, reported at the checkpoint's step."""
+    """``tether eval``: the config's model or a checkpoint (or a run folder: its newest),
+    reported at the checkpoint's step."""
     quiet_loading()
+    # a checkpoint's model/, a run's newest checkpoint's, or a model folder as it is
+    model_path = model_folder(checkpoint) if checkpoint else None
+    if model_path is None and cfg.model.path == "starter":
+        model_path = starter_model(console)  # a cold start says what it builds
+    if model_path is not None and (model_path.parent / "state.json").is_file():
+        checkpoint = model_path.parent  # the checkpoint whose step is reported
     step = int(checkpoint_state(checkpoint).get("step", 0)) if checkpoint else 0
     interrupts = interrupts or Interrupts()
-    model_path = (
-        checkpoint / "model" if checkpoint and (checkpoint / "model").is_dir() else checkpoint
-    )
     run = TrainingRun(  # command="eval": its store record is not a training run
         cfg, on_event=Progress(0, console, live=False), model_path=model_path, command="eval"
     )
@@ -223,8 +217,6 @@ def run_demo(
     eval_tasks: int = 100,
     model: Path | None = None,
 ) -> str:
-    from tether.starter import build_starter
-
     t0 = time.monotonic()
     where = "this CPU" if device == "cpu" else device
     console.print(
@@ -232,8 +224,7 @@ def run_demo(
     )
     console.print("1/3 starter model: build and supervised warm-up (cached after the first run)")
     quiet_loading()
-    with _echo_logs("tether.starter", console):  # the warm-up's progress, every 50 steps
-        model_path = model or Path(build_starter(warm=True))
+    model_path = model or starter_model(console)  # a cold start says what it builds
     console.print(f"  starter: {starter_line(model_path)}", highlight=False)
     cfg = demo_config(seed, steps, device, eval_tasks)
     replace_demo_run(Path(cfg.dir) / cfg.name, console)

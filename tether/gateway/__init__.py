@@ -10,7 +10,8 @@ hierarchy is drawn in ``_exceptions``), which only the HTTP layer turns into sta
 the engine's grammar constraint (docs/structured-outputs.md).
 
 The app and the servers (:func:`create_app`, :func:`make_server`, :func:`bind_socket`,
-:class:`BackgroundServer`, :class:`LoopServer`) are imported on first use, so
+:class:`BackgroundServer`, :class:`LoopServer`; :class:`LoadingApp`, what ``tether serve``
+answers while its model loads) are imported on first use, so
 ``from tether.gateway import GatewayConfig`` (or :class:`Gateway`) does not
 import FastAPI or uvicorn.
 """
@@ -33,7 +34,9 @@ _EXPORTS = {
     "GatewayConfig": "._config",
     "GatewayError": "._exceptions",
     "InvalidRequest": "._exceptions",
+    "LoadingApp": "._loading",
     "LoopServer": "._server",
+    "ModelLoading": "._exceptions",
     "OpenedRollout": "._core",
     "Unauthenticated": "._exceptions",
     "UnknownRollout": "._exceptions",
@@ -60,9 +63,11 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._exceptions import Forbidden as Forbidden
     from ._exceptions import GatewayError as GatewayError
     from ._exceptions import InvalidRequest as InvalidRequest
+    from ._exceptions import ModelLoading as ModelLoading
     from ._exceptions import Unauthenticated as Unauthenticated
     from ._exceptions import UnknownRollout as UnknownRollout
     from ._keyfile import admin_key_file as admin_key_file
+    from ._loading import LoadingApp as LoadingApp
     from ._server import BackgroundServer as BackgroundServer
     from ._server import LoopServer as LoopServer
     from ._server import bind_socket as bind_socket

@@ -31,33 +31,50 @@ class GatewayConfig:
     cap gets a 400 that names the cap, and the engine is never called.
     """
 
+    #: Address to bind; anything but a loopback address needs an admin key.
     host: str = "127.0.0.1"
     #: None: DEFAULT_PORT (8321) for ``tether serve``, any free port for a training run's
     #: gateway (so a run never collides with a server, or another run, by default).
     port: int | None = None
+    #: Key of the admin routes (create rollouts, read traces); TETHER_ADMIN_KEY can give it
+    #: instead. Unset on loopback: tether makes one and keeps it in a file (mode 600).
     admin_key: str | None = field(default=None, repr=False)
-    # Keys that may use record mode (``POST /v1/chat/completions`` without a rollout).
+    #: Keys that may use record mode (POST /v1/chat/completions without a rollout), each
+    #: at least 16 characters.
     record_keys: tuple[str, ...] = field(default=(), repr=False)
-    # The URL agents are told to use; default http://{host}:{port}. Set it when
-    # agents reach the gateway through another address (a pod, a proxy).
+    #: The URL agents are told to use; default http://{host}:{port}. Set it when agents
+    #: reach the gateway through another address (a pod, a proxy).
     public_url: str | None = None
+    #: Let agents post their own reward (POST /rollouts/{id}/reward, TETHER_REWARD_URL);
+    #: off: the route refuses them and agents are not told the URL.
     allow_agent_rewards: bool = False
+    #: How tool calls are read from the model's text: hermes (<tool_call> JSON), llama3_json or none.
     tool_parser: str = "hermes"
+    #: The model name /v1/models lists.
     served_model_name: str = "policy"
+    #: Largest request body accepted (bytes); a larger one gets a 413.
     max_body_bytes: int = 4 * 1024 * 1024
+    #: Most choices (n) one request may ask for.
     max_n: int = 16
+    #: Most completion tokens (max_tokens / max_completion_tokens) one request may ask for.
     max_tokens: int = 4096
+    #: Completion tokens of a request that names no max_tokens.
     default_max_tokens: int = 512
+    #: Most top_logprobs one request may ask for.
     max_top_logprobs: int = 20
+    #: Most messages in one request.
     max_messages: int = 512
+    #: Most tools in one request.
     max_tools: int = 128
     #: The context in tokens (prompt + max_tokens) a call may use; None: the model's own
     #: (the smaller of its max_position_embeddings and its tokenizer's model_max_length).
     #: It can only lower the model's.
     max_context: int | None = None
+    #: Seconds a call may wait for the engine's answer before it fails with a 504.
     engine_timeout_s: float = 300.0
-    # How long a call waits while admission is paused before a 503.
+    #: Seconds a call waits while admission is paused (an update) before a 503.
     admission_timeout_s: float = 600.0
+    #: Log each call's prompt and completion (off: no prompt text in logs).
     log_prompts: bool = False
     #: Render and tokenize only the new turns of a rollout's conversation (tether.chat.HistoryCache).
     render_cache: bool = True

@@ -32,6 +32,7 @@ from ._exceptions import (
     Forbidden,
     GatewayError,
     InvalidRequest,
+    ModelLoading,
     Unauthenticated,
     UnknownRollout,
 )
@@ -75,6 +76,7 @@ _STATUSES: tuple[tuple[type[Exception], int, str], ...] = (
     (Forbidden, 403, ""),
     (UnknownRollout, 404, ""),
     (Conflict, 409, ""),
+    (ModelLoading, 503, ""),  # not ready yet: nothing failed
     (InvalidMessages, 400, ""),
     (ChatError, 500, "gateway set-up error: "),  # no chat template, unknown parser
     (AdmissionTimeout, 503, ""),  # held while paused: the engine did not fail
@@ -102,7 +104,7 @@ def http_error(exc: Exception) -> ApiError | None:
     if match is None:
         return None
     _, status, prefix = match
-    if status in (500, 503) and not isinstance(exc, AdmissionTimeout):
+    if status in (500, 503) and not isinstance(exc, (AdmissionTimeout, ModelLoading)):
         log.error("%s: %s", type(exc).__name__, exc)  # the gateway's set-up or its store
     if isinstance(exc, StoreError) and status == 503:
         return ApiError(503, "trace store unavailable")

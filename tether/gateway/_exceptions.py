@@ -9,7 +9,8 @@
         ├── Unauthenticated              no key, a wrong key, an ended rollout's token (401)
         ├── Forbidden                    a key that may not do this (403)
         ├── UnknownRollout               no rollout with that id (404)
-        └── Conflict                     an id already taken, a superseded attempt (409)
+        ├── Conflict                     an id already taken, a superseded attempt (409)
+        └── ModelLoading                 the model is still loading (``tether serve``, 503)
 
 Each carries the request field it is about (``param``) and OpenAI's error ``code``
 where OpenAI has one (``context_length_exceeded``).
@@ -25,6 +26,7 @@ __all__ = [
     "Forbidden",
     "GatewayError",
     "InvalidRequest",
+    "ModelLoading",
     "Unauthenticated",
     "UnknownRollout",
 ]
@@ -65,3 +67,8 @@ class UnknownRollout(GatewayError):
 
 class Conflict(GatewayError):
     """An id already taken, or a write from an attempt that is no longer current."""
+
+
+class ModelLoading(GatewayError):
+    """A request before the model has loaded (``tether serve`` listens first; see
+    ``_loading.py``): retry once ``GET /healthz`` answers 200."""

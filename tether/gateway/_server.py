@@ -26,6 +26,8 @@ from fastapi import FastAPI
 
 from tether.errors import UserError
 
+from ._loading import LoadingApp
+
 __all__ = ["BackgroundServer", "LoopServer", "bind_socket", "make_server"]
 
 
@@ -38,7 +40,7 @@ class _QuietServer(uvicorn.Server):
 
 
 def make_server(
-    app: FastAPI,
+    app: FastAPI | LoadingApp,
     host: str,
     port: int,
     *,

@@ -10,6 +10,9 @@
 - :func:`model_source` (``_source.py``): the folder or hub id to pass to
   ``from_pretrained``, checked first, so a misspelled, private or offline model is one
   line within seconds; :func:`cached_snapshot` a hub id's cached folder, never a download;
+- :func:`model_folder` (``_folders.py``): the model folder a local path names — itself,
+  a checkpoint folder's ``model/``, or a run folder's newest checkpoint's ``model/``;
+  :func:`model_source` goes through it, so every caller accepts all three;
 - :func:`load_model`, :func:`load_tokenizer` (``_load.py``): ``from_pretrained`` through it.
 
 Every model tether serves or trains (the starter too: :mod:`tether.starter` builds
@@ -37,6 +40,7 @@ _EXPORTS = {
     "cached_snapshot": "._source",
     "load_model": "._load",
     "load_tokenizer": "._load",
+    "model_folder": "._folders",
     "model_source": "._source",
 }
 __all__ = list(_EXPORTS)
@@ -45,6 +49,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
     from ._errors import ModelError as ModelError
     from ._errors import ModelNotFound as ModelNotFound
+    from ._folders import model_folder as model_folder
     from ._load import load_model as load_model
     from ._load import load_tokenizer as load_tokenizer
     from ._source import cached_snapshot as cached_snapshot

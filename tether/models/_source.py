@@ -1,7 +1,8 @@
 """Where a model comes from: a local folder, the Hugging Face cache, or the Hub.
 
 :func:`model_source` runs before any ``from_pretrained``: a local folder is
-checked first; a name that is not one is asked of the Hub once, with the
+checked first (a checkpoint or run folder stands for the model folder in it,
+``_folders.py``; a folder without weights is one line); a name that is not one is asked of the Hub once, with the
 Hub's own client (short timeout, no retries), so a misspelled, private or
 offline model is one line within seconds instead of a minute of retries and
 a traceback. With ``HF_HUB_OFFLINE=1`` no request is made at all: a hub id
@@ -18,6 +19,7 @@ import os
 from pathlib import Path
 
 from tether.models._errors import ModelNotFound
+from tether.models._folders import check_weights, model_folder
 
 __all__ = ["cached_snapshot", "model_source"]
 
@@ -58,10 +60,14 @@ def model_source(name: str, kind: str = "model") -> str:
     names the fix) when there is none."""
     path = Path(name).expanduser()
     if path.is_dir():
+        path = model_folder(path)  # a checkpoint or run folder: the model folder in it
         if not any((path / f).is_file() for f in MARKERS[kind]):
             raise ModelNotFound(
-                f"model folder {name} has no {MARKERS[kind][0]}: pass a Hugging Face model folder"
+                f"model folder {path} has no {MARKERS[kind][0]}: pass a Hugging Face model "
+                "folder, a checkpoint folder (runs/NAME/checkpoints/step-N) or a run folder"
             )
+        if kind == "model":
+            check_weights(path)
         return str(path)
     if path.exists():
         raise ModelNotFound(

@@ -217,7 +217,7 @@ async def _model(
     from tether.models import load_model, load_tokenizer
 
     say(Status(f"loading the model {model_path or cfg.model.path}"))
-    path = model_path or resolve_model_path(cfg.model.path)
+    path = resolve_model_path(model_path or cfg.model.path)
     tokenizer = load_tokenizer(path)
     policy = load_model(path, dtype=torch.float32, device=cfg.model.device)
     trainer = PolicyTrainer(

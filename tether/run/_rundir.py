@@ -3,8 +3,10 @@
 A run folder holds one training run: its trace store (``traces.sqlite``) and
 its ``checkpoints/``. ``tether train`` refuses a new run under a name whose
 folder already holds one (:func:`check_new_run`: continue it with
-``--resume``, or pick the free name it suggests); records that ``tether eval``
-left in the store (config ``extra.command: eval``) do not count.
+``--resume``, or pick the free name it suggests). Only a checkpoint holds a name
+(:func:`holds_run`): a run stopped before its first one has nothing to resume, so
+the same command starts it again; records that ``tether eval`` left, or a run that
+failed at its first eval, stay in the store and do not count.
 
 Resuming (:func:`resume_point`) continues from the run's newest checkpoint:
 its step, its engine policy version and its run id (``state.json``, see
@@ -24,51 +26,47 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tether.errors import UserError
-from tether.records import Run, RunStatus
 from tether.store import NotFound, Store, StoreError
 from tether.trainer.checkpoint import checkpoint_state, latest_checkpoint
 
-__all__ = ["ResumePoint", "check_new_run", "free_name", "holds_run", "past_metrics", "resume_point"]
-
-
-def _is_eval(config: dict[str, Any]) -> bool:
-    extra = config.get("extra")
-    return isinstance(extra, dict) and extra.get("command") == "eval"
+__all__ = [
+    "ResumePoint",
+    "check_new_run",
+    "free_name",
+    "holds_run",
+    "past_metrics",
+    "resume_point",
+    "unreadable_store",
+]
 
 
 def holds_run(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a training run: a checkpoint, or a training record in its
-    store — not an eval's, and not one that failed before its first step (a broken agent
-    stopping the run at its first eval leaves nothing to continue, so fixing the agent and
-    training again under the same name works; that record stays in the store).
+    """Whether ``run_dir`` holds a training run that ``--resume`` can continue: a checkpoint.
 
-    It only looks: the store is opened read-only (``peek``: no file is made beside it,
-    nothing migrated). A store it cannot read that way (written by another tether
-    version, or damaged) counts as holding a run: the name is refused, not overwritten.
+    A folder without one (a run interrupted, or failed, before its first checkpoint; an
+    eval's records) leaves the name free: training again under it starts the run afresh,
+    and the earlier records stay in its store beside the new one. A store this tether
+    cannot read (written by another tether version, or damaged; :func:`unreadable_store`)
+    also counts as holding a run: the name is refused, not written into. Looking opens the
+    store read-only (``peek``: no file is made beside it, nothing migrated).
     """
     if latest_checkpoint(run_dir / "checkpoints") is not None:
         return True
+    return unreadable_store(run_dir) is not None
+
+
+def unreadable_store(run_dir: Path) -> str | None:
+    """Why ``run_dir``'s trace store cannot be read (None: it can, or there is none)."""
     db = run_dir / "traces.sqlite"
     if not db.is_file():
-        return False
+        return None
     try:
-        store = Store(db, peek=True)
-    except StoreError:
-        return True
-    with store:
-        return any(
-            not _is_eval(r.config) and not _failed_before_training(store, r)
-            for r in store.list_runs()
-        )
-
-
-def _failed_before_training(store: Store, run: Run) -> bool:
-    if run.status is not RunStatus.FAILED:
-        return False
-    return all(m.name.startswith("eval/") for m in store.metrics(run.id))
+        Store(db, peek=True).close()
+    except StoreError as exc:
+        return str(exc)
+    return None
 
 
 def free_name(directory: Path, name: str) -> str:
@@ -83,6 +81,12 @@ def free_name(directory: Path, name: str) -> str:
 def check_new_run(directory: Path, name: str) -> None:
     """Refuse a new run whose folder already holds one; the error offers both fixes."""
     run_dir = directory / name
+    why = unreadable_store(run_dir)
+    if why is not None and latest_checkpoint(run_dir / "checkpoints") is None:
+        raise UserError(
+            f"run {name!r} in {run_dir} has a trace store this tether cannot read ({why}): "
+            f"start a new run with name={free_name(directory, name)}"
+        )
     if holds_run(run_dir):
         raise UserError(
             f"run {name!r} already exists in {run_dir}: continue it with --resume, "
@@ -116,7 +120,7 @@ def resume_point(directory: Path, name: str, steps: int) -> ResumePoint:
         )
         fix = (
             "drop --resume to start it"
-            if not holds_run(run_dir)
+            if not holds_run(run_dir)  # interrupted before its first checkpoint: start again
             else f"drop --resume and start a new run with name={free_name(directory, name)}"
         )
         raise UserError(f"cannot resume run {name!r}: {where}; {fix}")

@@ -86,12 +86,17 @@ def end_status(exc_type: object) -> RunStatus:
     return RunStatus.FAILED
 
 
-def resolve_model_path(path: str) -> Path:
-    if path == "starter":
+def resolve_model_path(path: str | Path) -> Path:
+    """``model.path`` as a folder: the starter's (built once, cached), or for a local
+    checkpoint or run folder the model folder in it (:func:`tether.models.model_folder`);
+    a hub id unchanged."""
+    if str(path) == "starter":
         from tether.starter import build_starter
 
         return Path(build_starter(warm=True))
-    return Path(path)
+    from tether.models import model_folder
+
+    return model_folder(Path(path)) if Path(path).is_dir() else Path(path)
 
 
 def async_rollouts(

@@ -1,7 +1,8 @@
 """The training run's configuration: one dataclass per part, one YAML file.
 
-Every field is documented here; ``tether train CONFIG key.sub=value`` overrides
-any of them. Validation happens when a dataclass is built, and every error
+Every field is documented here, in the ``#:`` comment above it (``tether config``
+prints them with the effective values; docs/config.md is generated from them);
+``tether train CONFIG key.sub=value`` overrides any of them. Validation happens when a dataclass is built, and every error
 names the value, the rule and the fix.
 
 Paths: a relative path written in a config file (``agent.agent: agent.py:main``,
@@ -59,7 +60,9 @@ RolloutDtype = Literal["float32", "bfloat16", "int8"]
 
 @dataclass
 class ModelConfig:
-    #: A model folder or hub id; "starter" builds (or reuses) tether's warmed-up starter model.
+    #: A model folder, a checkpoint folder (its model/), a run folder (its newest
+    #: checkpoint's model/) or a hub id; "starter" builds (or reuses) tether's warmed-up
+    #: starter model.
     path: str = "starter"
     #: cpu, cuda, cuda:1, ...
     device: str = "cpu"
@@ -88,6 +91,8 @@ class TasksConfig:
     train_size: int = 2000
     #: Held-out (val) tasks used; 0 only with eval.enabled=false.
     val_size: int = 100
+    #: Seed of the calc task generator and of the order in which train tasks are drawn
+    #: (one seeded permutation per pass over them).
     seed: int = 0
     #: The share of a split-less file's tasks held out as val (seeded by tasks.seed), as
     #: ``train_test_split(test_size=0.1)`` would; at least one task when there are two or more.
@@ -146,6 +151,7 @@ class EvalConfig:
     samples: int = 4
     #: Also one greedy (temperature 0) rollout per task.
     greedy: bool = True
+    #: Sampling temperature of the eval's sampled rollouts (0: greedy).
     temperature: float = 1.0
 
     def __post_init__(self) -> None:
@@ -182,7 +188,9 @@ class TrainConfig:
     name: str = "calc"
     #: Where run folders go, relative to the current directory.
     dir: str = "runs"
+    #: The model trained and served (the policy), and where it runs.
     model: ModelConfig = field(default_factory=ModelConfig)
+    #: Where the tasks come from and how many of each split are used.
     tasks: TasksConfig = field(default_factory=TasksConfig)
     #: How agents start; default: the calc agent in-process (tether.starter.calc:agent).
     #: In a config file, agent.agent "path/file.py:fn" and agent.cwd are relative to the
@@ -192,10 +200,15 @@ class TrainConfig:
     agent: RunnerConfig = field(
         default_factory=lambda: RunnerConfig(mode="inprocess", agent="tether.starter.calc:agent")
     )
+    #: Rollouts per task and per update, and how they are graded.
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    #: The policy update: algorithm, optimizer, batching, sync or async (tether/trainer/config.py).
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    #: Held-out evaluation on the val split: how often and how many rollouts.
     eval: EvalConfig = field(default_factory=EvalConfig)
+    #: How often checkpoints are saved ({dir}/{name}/checkpoints/step-N) and how many are kept.
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    #: The run's gateway, which agents call: its address, caps and timeouts (tether/gateway/_config.py).
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     #: Metrics to TensorBoard (default), W&B, MLflow: a list of sinks, or a mapping
     #: (sinks, log_samples, ...); see tether/tracking/config.py and docs/tracking.md.

@@ -48,53 +48,54 @@ RUNNERS = ("local", "ray", "kubernetes")
 class RunnerConfig:
     """How to start the agent. Validated when built; errors name the value, rule and fix.
 
-    - ``mode``: ``"process"``, ``"pool"`` or ``"inprocess"``.
-    - ``command``: process mode's command line (a list, or a string split like a
-      shell would), e.g. ``["python", "agent.py"]``.
-    - ``agent``: pool and in-process modes' Python entry point,
-      ``"module:function"`` or ``"path/to/file.py:function"`` (relative to ``cwd``):
-      a ``main()`` that reads its env (pool; may be ``async``), or an
-      ``async def agent(task, client)`` (in-process).
-    - ``concurrency``: rollouts running at once.
-    - ``workers``: pool size (default: ``concurrency``); a pool runs at most
-      ``min(concurrency, workers)`` rollouts at once.
-    - ``timeout_s``: an attempt's deadline unless its launch sets one.
-    - ``grace_s``: time between SIGTERM and SIGKILL (or, in-process, between
-      cancelling the agent's task and abandoning it).
-    - ``max_output_bytes``: stdout+stderr kept per attempt (the tail).
-    - ``extra_env``: variables added to every agent's environment, on purpose.
-    - ``cwd``: the agents' working directory (default: the current one).
-    - ``runner``: ``"local"``, ``"ray"`` or ``"kubernetes"``; ``ray`` and
-      ``kubernetes`` hold their own settings.
-    - ``max_attempts``: attempts per rollout when attempts end by an
-      infrastructure fault (a foreign kill, a lost worker or node, an evicted
-      pod, an unreachable gateway); ``retry_agent_failures`` retries the
-      agent's own failures and timeouts too.
-    - ``max_memory_mb`` / ``max_open_files``: ``RLIMIT_AS`` / ``RLIMIT_NOFILE``
-      of each agent process (local and Ray command agents; Kubernetes uses
-      the pod's limits); None leaves the parent's.
-    - ``gateway_url``: the gateway's address as agents on other machines must
-      use it (Ray workers, pods), replacing the gateway's own ``public_url``
-      in their base URL; None keeps it.
+    Each field's help is the ``#:`` comment above it (also in docs/config.md, under
+    ``agent``).
     """
 
+    #: "process" (a fresh OS process per rollout, any language), "pool" (main() in one of
+    #: the warm worker processes) or "inprocess" (await agent(task, client) in the run's loop).
     mode: str = "process"
+    #: Process mode's command line (a list, or a string split like a shell would), e.g.
+    #: [python, agent.py].
     command: list[str] | None = None
+    #: Pool and in-process modes' Python entry point, "module:function" or
+    #: "path/to/file.py:function" (relative to cwd): a main() that reads its env (pool; may
+    #: be async), or an async def agent(task, client) (in-process).
     agent: str | None = None
+    #: Rollouts running at once.
     concurrency: int = 8
+    #: Pool size (None: concurrency); a pool runs at most min(concurrency, workers) at once.
     workers: int | None = None
+    #: An attempt's deadline in seconds, unless its launch sets one.
     timeout_s: float = 300.0
+    #: Seconds between SIGTERM and SIGKILL (in-process: between cancelling the agent's task
+    #: and abandoning it).
     grace_s: float = 5.0
+    #: Bytes of stdout + stderr kept per attempt (the tail).
     max_output_bytes: int = 16 * 1024
+    #: Variables added to every agent's environment, on purpose.
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: The agents' working directory (None: the current one).
     cwd: str | None = None
+    #: Where the modes run: "local" (this machine), "ray" (each attempt a Ray task) or
+    #: "kubernetes" (each attempt a Job); ray and kubernetes hold their own settings.
     runner: str = "local"
+    #: Attempts per rollout when attempts end by an infrastructure fault (a foreign kill, a
+    #: lost worker or node, an evicted pod, an unreachable gateway).
     max_attempts: int = 3
+    #: Also retry the agent's own failures and timeouts (up to max_attempts).
     retry_agent_failures: bool = False
+    #: RLIMIT_AS of each agent process in MiB (local and Ray command agents; Kubernetes uses
+    #: the pod's limits); None leaves the parent's.
     max_memory_mb: int | None = None
+    #: RLIMIT_NOFILE of each agent process; None leaves the parent's.
     max_open_files: int | None = None
+    #: The gateway's address as agents on other machines must use it (Ray workers, pods),
+    #: replacing the gateway's own public_url in their base URL; None keeps it.
     gateway_url: str | None = None
+    #: Ray settings (runner: ray): the cluster and what each attempt reserves.
     ray: RayConfig = field(default_factory=RayConfig)
+    #: Kubernetes settings (runner: kubernetes): how each attempt becomes a Job.
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
 
     def __post_init__(self) -> None:

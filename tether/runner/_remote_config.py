@@ -39,12 +39,19 @@ class RayConfig:
     - ``runtime_env``: passed to Ray as is (e.g. ``{"working_dir": "."}``).
     """
 
+    #: An existing Ray cluster ("auto", "ray://head:10001"); None starts a local Ray instance.
     address: str | None = None
+    #: CPUs of the local Ray instance started when address is None; None: Ray's own choice.
     local_num_cpus: int | None = None
+    #: CPUs one attempt reserves (Ray scheduling resource).
     num_cpus: float = 1.0
+    #: GPUs one attempt reserves.
     num_gpus: float = 0.0
+    #: Memory one attempt reserves, in MiB; None reserves none.
     memory_mb: int | None = None
+    #: Custom Ray resources one attempt reserves, by name.
     resources: dict[str, float] = field(default_factory=dict)
+    #: Passed to Ray as it is (e.g. {"working_dir": "."}).
     runtime_env: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -76,19 +83,35 @@ class KubernetesConfig:
     - ``resync_s``: the watch is restarted (and Jobs listed) at least this often.
     """
 
+    #: Namespace of the Jobs (a DNS label).
     namespace: str = "default"
+    #: A YAML file holding a Job (or a bare pod template) with the agent's image, command
+    #: and resources; without one, image plus the runner's command make the container.
     template: str | None = None
+    #: Container image of the agent when there is no template.
     image: str | None = None
+    #: Kubeconfig file; None: the in-cluster config inside a pod, else ~/.kube/config.
     kubeconfig: str | None = None
+    #: Kubeconfig context; None: its current one.
     context: str | None = None
+    #: How a pod gets its rollout token: "secret" (a Secret per attempt, read through
+    #: secretKeyRef) or "env" (a plain env value in the Job spec).
     token_as: str = "secret"
+    #: CPU request and limit set when the template has none.
     cpu: str = "1"
+    #: Memory request and limit set when the template has none.
     memory: str = "1Gi"
+    #: Seconds finished Jobs stay for inspection.
     ttl_s_after_finished: int = 600
+    #: Job creation rate limit (a token bucket's rate).
     jobs_per_s: float = 5.0
+    #: Job creation burst (the token bucket's size).
     burst: int = 10
+    #: The watch is restarted (and Jobs listed) at least this often, in seconds.
     resync_s: float = 30.0
+    #: Prefix of the Job names (a DNS label of at most 20 characters).
     name_prefix: str = "tether"
+    #: Service account of the pods; None: the namespace's default.
     service_account: str | None = None
 
     def __post_init__(self) -> None:

@@ -23,9 +23,13 @@ def _positive(section: str, **values: float) -> None:
 
 @dataclass
 class LoraConfig:
+    #: LoRA rank: the inner dimension of each adapter.
     r: int = 8
+    #: LoRA scaling: each adapter's output is multiplied by alpha / r.
     alpha: int = 16
+    #: Dropout on each adapter's input while training, in [0, 1).
     dropout: float = 0.0
+    #: Names of the modules that get an adapter (the attention projections by default).
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
     )
@@ -45,8 +49,11 @@ class LoraConfig:
 class TrainerConfig:
     #: Number of updates.
     steps: int = 60
+    #: AdamW learning rate.
     lr: float = 2e-4
+    #: AdamW weight decay.
     weight_decay: float = 0.0
+    #: AdamW betas (two numbers in [0, 1)).
     betas: tuple[float, float] = (0.9, 0.99)
     #: Gradient-norm clip; 0 turns it off.
     grad_clip: float = 1.0
@@ -54,12 +61,16 @@ class TrainerConfig:
     advantage: str = "grpo"
     #: Policy loss: ppo_clip or reinforce.
     policy_loss: str = "ppo_clip"
+    #: PPO-clip lower bound: the ratio is clipped at 1 - clip_low where the advantage is negative.
     clip_low: float = 0.2
+    #: PPO-clip upper bound: the ratio is clipped at 1 + clip_high where the advantage is positive
+    #: (above clip_low: clip-higher).
     clip_high: float = 0.28
     #: token_mean, seq_mean, rollout_mean, seq_mean_token_sum_norm.
     aggregation: str = "token_mean"
     #: KL to the starting model; 0 keeps no reference model.
     kl_coef: float = 0.0
+    #: Estimator of the KL term (with kl_coef > 0): k1, k2 or k3.
     kl_estimator: str = "k3"
     #: Truncated importance sampling: > 0 takes the PPO ratio against the trainer's own
     #: pre-update logprobs and weights each token by min(π_trainer / π_engine, tis_cap)
@@ -103,7 +114,9 @@ class TrainerConfig:
     #: Async: seconds a model call arriving during an update is held before a 503;
     #: unset = gateway.admission_timeout_s.
     hold_timeout_s: float | None = None
+    #: Seed of torch and Python's random for the run (sampling and training).
     seed: int = 0
+    #: LoRA adapters (peft) instead of a full fine-tune; checkpoints hold the merged model.
     lora: LoraConfig | None = None
 
     def __post_init__(self) -> None:
