@@ -27,7 +27,6 @@ checking when it is trained.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter, deque
@@ -42,6 +41,7 @@ from tether.run._collect import (
     RetryPolicy,
     RolloutOutcome,
     cancel_opened,
+    end_quietly,
     finish_outcome,
     gather_ended,
     run_attempts,
@@ -173,12 +173,10 @@ class AsyncRollouts:
                 self.gw, self.runner, opened, task, self.retry, None, self.run_id
             )
         except asyncio.CancelledError:
-            with contextlib.suppress(Exception):  # it may have ended meanwhile
-                self.gw.finish_rollout(  # its current attempt
-                    opened.rollout_id,
-                    RolloutStatus.CANCELLED,
-                    error="cancelled: training ended while the rollout ran",
-                )
+            end_quietly(  # its current attempt: retries moved it on
+                self.gw, opened, RolloutStatus.CANCELLED,
+                "cancelled: training ended while the rollout ran", current=True,
+            )  # fmt: skip
             raise
         return finish_outcome(
             self.gw, final, task, result, self.grader, group, self.success_threshold

@@ -30,7 +30,6 @@ attempt (``_grading``); ``_failures`` says it once per collection.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Coroutine
@@ -57,6 +56,7 @@ __all__ = [
     "RolloutOutcome",
     "cancel_opened",
     "collect_groups",
+    "end_quietly",
     "finish_all",
     "finish_outcome",
     "gather_ended",
@@ -179,19 +179,10 @@ async def run_attempts(
         try:
             result = await runner.run(_launch(gw, o, task, run_id))
         except asyncio.CancelledError:
-            with contextlib.suppress(Exception):  # it may have been finished meanwhile
-                gw.finish_rollout(
-                    o.rollout_id, RolloutStatus.CANCELLED, attempt=o.attempt, error="cancelled"
-                )
+            end_quietly(gw, o, RolloutStatus.CANCELLED, "cancelled")
             raise
         except Exception as exc:  # the runner itself broke: the attempt ends failed, the run stops
-            with contextlib.suppress(Exception):
-                gw.finish_rollout(
-                    o.rollout_id,
-                    RolloutStatus.FAILED,
-                    attempt=o.attempt,
-                    error=f"the runner raised: {exc!r}",
-                )
+            end_quietly(gw, o, RolloutStatus.FAILED, f"the runner raised: {exc!r}")
             raise
         if not policy.retries(result):
             return o, result
@@ -235,15 +226,10 @@ def finish_outcome(
         try:
             raw, flag, source, fault = _reward(result, task.data, grader, gw)
         except Exception as exc:  # a grader bug (UserError) or a store fault: end it, then raise
-            with contextlib.suppress(Exception):
-                gw.finish_rollout(
-                    opened.rollout_id,
-                    RolloutStatus.FAILED,
-                    attempt=opened.attempt,
-                    error=f"grading failed: {exc}",
-                    exit_code=result.exit_code,
-                    output_tail=result.output_tail,
-                )
+            end_quietly(
+                gw, opened, RolloutStatus.FAILED, f"grading failed: {exc}",
+                exit_code=result.exit_code, output_tail=result.output_tail,
+            )  # fmt: skip
             raise
         reward = clean_reward(raw)
     error = result.error
@@ -363,7 +349,23 @@ def finish_all(
 def cancel_opened(gw: Gateway, opened: list[OpenedRollout], why: str) -> None:
     """End rollouts that were opened but will not run as ``cancelled`` (``why`` as the error)."""
     for o in opened:
-        with contextlib.suppress(Exception):  # one that already ended stays as it ended
-            gw.finish_rollout(
-                o.rollout_id, RolloutStatus.CANCELLED, attempt=o.attempt, error=f"cancelled: {why}"
-            )
+        end_quietly(gw, o, RolloutStatus.CANCELLED, f"cancelled: {why}")
+
+
+def end_quietly(
+    gw: Gateway,
+    opened: OpenedRollout,
+    status: RolloutStatus,
+    error: str,
+    *,
+    current: bool = False,
+    **attempt_end: Any,
+) -> None:
+    """End ``opened``'s attempt (``current``: whatever attempt the rollout is at) with
+    ``status`` and ``error`` on the way out of a failure; a rollout that already ended
+    stays as it ended, and a store fault here must not hide the failure being handled."""
+    try:
+        attempt = None if current else opened.attempt
+        gw.finish_rollout(opened.rollout_id, status, attempt=attempt, error=error, **attempt_end)
+    except Exception as exc:
+        log.debug("rollout %s not ended as %s: %s", opened.rollout_id, status.value, exc)
