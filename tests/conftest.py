@@ -72,4 +72,5 @@ def make_gateway(store: Any, tokenizer: Any):
     return make
 
 
+from tests.dashboard_stores import runs_dir  # noqa: E402, F401  two run folders (dashboard tests)
 from tests.tracking_run import tracked  # noqa: E402, F401  the tracked run (tests/tracking_run.py)

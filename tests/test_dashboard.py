@@ -1,288 +1,50 @@
-"""The dashboard over real stores, in-process (the ASGI app through httpx): login and its
-attacks, every page for awkward stores (empty, a crashed run, a rollout without calls, a
-failed engine call, hostile text), the rollouts table against a plain-Python reference,
-the read-only store, the vendored chart library. The browser test is
-tests/test_dashboard_browser.py."""
+"""The dashboard's pages over real stores, in-process (the ASGI app through httpx): every
+page for awkward stores (empty, a crashed run, a rollout without calls, a failed engine
+call, hostile text), the rollouts table against a plain-Python reference, the read-only
+store, the vendored chart library. The login and the command are
+tests/test_dashboard_auth.py; the browser test is tests/test_dashboard_browser.py."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import html
 import json
-import math
-import os
 import random
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
-from tests.helpers import TETHER, free_port
-from tether.dashboard import Catalog, create_server_app, mount_dashboard
-from tether.records import Call, CallStatus, Reward, RewardSource, Rollout, RunStatus
+from tests.dashboard_stores import (
+    HOSTILE,
+    KEY,
+    ROOT,
+    get_all,
+    visible,
+)
+from tether.dashboard import Catalog, create_server_app
+from tether.records import Call, Reward, RewardSource, Rollout
 from tether.store import Store, StoreError
-
-KEY = "dash-admin-key-0123456789"
-ORIGIN = "http://127.0.0.1:8322"
-HOSTILE = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=1"><b>bold</b>'
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _rollout(
-    s: Store,
-    rid: str,
-    run_id: str,
-    group: str,
-    *,
-    reward: float | None,
-    calls: list[dict[str, Any]] = (),  # type: ignore[assignment]
-    status: str = "succeeded",
-    task_id: str = "t1",
-) -> None:
-    s.create_rollout(Rollout(id=rid, run_id=run_id, group_id=group, task_id=task_id, task={}))
-    a = s.start_attempt(rid)
-    for c in calls:
-        s.record_call(Call(rollout_id=rid, seq=0, attempt=a, policy_version=0, **c))
-    s.finish_rollout(rid, status, attempt=a, reward=reward, reward_source="grader")
-
-
-def _call(prompt: list[int], completion: list[int], **kw: Any) -> dict[str, Any]:
-    lps = [-0.05 * (i + 1) for i in range(len(completion))]
-    return {"prompt_ids": prompt, "completion_ids": completion, "logprobs": lps, **kw}
-
-
-@pytest.fixture
-def runs_dir(tmp_path: Path) -> Path:
-    """Two run folders: ``good`` (metrics, an eval, a checkpoint, a group of two, a
-    hostile rollout, one with no calls, one with a failed engine call) and ``crashed``
-    (a run that failed before any metric)."""
-    with Store(tmp_path / "good" / "traces.sqlite") as s:
-        run = s.create_run(
-            {"name": "good", "model": {"path": "nowhere"}, "trainer": {"steps": 4}}, "good-1"
-        )
-        for step in range(3):
-            s.log_metrics(run.id, step, {"reward_mean": 0.25 * step, "loss": 1.0, "rss_mb": 9.0})
-        s.log_metrics(run.id, 0, {"eval/sampled_success": 0.5, "eval/greedy_success": 0.25})
-        s.log_metrics(run.id, 1, {"groups_dropped": 1.0, "loss": math.nan})
-        _rollout(s, "good-1-s0-g0-0", run.id, "good-1-s0-g0", reward=1.0,
-                 calls=[_call([1, 2, 3], [4, 5])])  # fmt: skip
-        _rollout(s, "good-1-s0-g0-1", run.id, "good-1-s0-g0", reward=0.0,
-                 calls=[_call([1, 2, 3], [6]), _call([1, 2, 3, 6, 9], [7, 8])])  # fmt: skip
-        long_line = "y" * 50_000
-        hostile = {
-            "request": {"messages": [{"role": "user", "content": HOSTILE + long_line},
-                                     {"role": "tool", "content": HOSTILE, "tool_call_id": "c1"}]},
-            "response": {"choices": [{"message": {"role": "assistant", "content": HOSTILE,
-                         "tool_calls": [{"function": {"name": HOSTILE, "arguments": HOSTILE}}]}}]},
-        }  # fmt: skip
-        _rollout(s, "good-1-s1-g0-0", run.id, "good-1-s1-g0", reward=1.0,
-                 calls=[_call([1, 2], [3], **hostile)])  # fmt: skip
-        _rollout(s, "good-1-s1-g0-1", run.id, "good-1-s1-g0", reward=None, status="failed")
-        _rollout(s, "good-1-s2-g0-0", run.id, "good-1-s2-g0", reward=0.5,
-                 calls=[_call([1], [2], status=CallStatus.FAILED, error="engine: " + HOSTILE)])  # fmt: skip
-        for i in range(2):  # an eval's group: never trained on, so no advantage
-            _rollout(s, f"good-1-eval0-s-g0-{i}", run.id, "good-1-eval0-s-g0", reward=float(i),
-                     calls=[_call([1, 2], [3])])  # fmt: skip
-        from tether.records import Checkpoint
-
-        s.add_checkpoint(Checkpoint(run_id=run.id, step=2, path="/ck/step-2"))
-    with Store(tmp_path / "crashed" / "traces.sqlite") as s:
-        run = s.create_run({"name": "crashed"}, "crashed-1")
-        s.set_run_status(run.id, RunStatus.FAILED)
-    return tmp_path
-
-
-def _client(app: Any) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=ORIGIN)
-
-
-async def _login(c: httpx.AsyncClient, key: str = KEY) -> httpx.Response:
-    return await c.post("/ui/login", data={"key": key}, headers={"Origin": ORIGIN})
-
-
-def _get_all(app: Any, urls: list[str]) -> list[httpx.Response]:
-    async def go() -> list[httpx.Response]:
-        async with _client(app) as c:
-            assert (await _login(c)).status_code == 303
-            return [await c.get(u) for u in urls]
-
-    return asyncio.run(go())
-
-
-def _visible(page: str) -> str:
-    """The page's text as a browser shows it (tags dropped, entities decoded)."""
-    return html.unescape(re.sub(r"<[^>]+>", "", page))
-
-
-# -- the login and its attacks -----------------------------------------------------------
-
-
-def _routes(app: Any) -> list[tuple[str, str]]:
-    out = []
-    for route in app.routes:
-        for method in sorted(getattr(route, "methods", None) or ()):
-            if method != "HEAD":
-                out.append((method, route.path))
-    return out
-
-
-def test_every_route_but_login_and_static_files_refuses_without_a_session(runs_dir: Path) -> None:
-    """Enumerated from the app, so a page added later without the check fails here."""
-    app = create_server_app(Catalog(runs_dir=runs_dir), KEY)
-    dashboard = next(r.app for r in app.routes if getattr(r, "path", "") == "/ui")
-    routes = _routes(dashboard)
-    assert len(routes) >= 8
-
-    async def go() -> None:
-        async with _client(app) as c:
-            for method, path in routes:
-                url = "/ui" + path.format(key="good", run_id="good-1", rollout_id="good-1-s0-g0-0")
-                for cookies in ({}, {"tether_ui": "forged"}, {"tether_ui": KEY}):
-                    c.cookies.clear()
-                    for k, v in cookies.items():
-                        c.cookies.set(k, v)
-                    r = await c.request(method, url, headers={"Origin": ORIGIN})
-                    if path == "/login":
-                        assert r.status_code in (200, 401), (method, path)
-                        continue
-                    assert r.status_code == 401, (method, path, cookies, r.status_code)
-                    shown = r.text.replace(url, "")  # the login form's "next" is the URL
-                    assert "good-1" not in shown and "reward" not in shown.lower()
-                    if url.endswith(".json"):
-                        assert r.json()["error"] == "log in to the dashboard first"
-                    else:  # the login form (a page: at its URL, coming back here after)
-                        assert 'name="key"' in r.text
-                        assert method == "POST" or f'value="{url}"' in r.text
-            c.cookies.clear()
-            feed = "/ui/s/good/run/good-1/metrics.json?after=oops"
-            assert (await c.get(feed)).status_code == 401  # the session before the query
-            assert (await _login(c)).status_code == 303
-            bad = await c.get(feed)
-            assert bad.status_code == 400 and "after ('oops')" in bad.json()["error"]
-            c.cookies.clear()
-            static = await c.get("/ui/static/app.js")
-            assert static.status_code == 200 and "textContent" in static.text
-
-    asyncio.run(go())
-
-
-def test_login_sets_a_strict_httponly_cookie_and_logout_ends_the_session(runs_dir: Path) -> None:
-    app = create_server_app(Catalog(runs_dir=runs_dir), KEY)
-
-    async def go() -> None:
-        async with _client(app) as c:
-            wrong = await _login(c, "not-the-key")
-            assert wrong.status_code == 401 and "wrong admin key" in wrong.text
-            assert "set-cookie" not in wrong.headers and "not-the-key" not in wrong.text
-            r = await c.post(
-                "/ui/login", data={"key": KEY, "next": "/ui/s/good/run/good-1"},
-                headers={"Origin": ORIGIN},
-            )  # fmt: skip
-            assert r.status_code == 303 and r.headers["location"] == "/ui/s/good/run/good-1"
-            cookie = r.headers["set-cookie"]
-            for flag in ("HttpOnly", "SameSite=strict", "Path=/ui/", "Max-Age="):
-                assert flag in cookie, cookie
-            assert KEY not in cookie and KEY not in r.headers["location"]
-            token = c.cookies.get("tether_ui")
-            page = await c.get("/ui/s/good/run/good-1")
-            assert page.status_code == 200 and KEY not in page.text
-            for name, value in {
-                "content-security-policy": "script-src 'self'",
-                "x-frame-options": "DENY",
-                "x-content-type-options": "nosniff",
-                "cache-control": "no-store",
-                "referrer-policy": "same-origin",
-            }.items():
-                assert value in page.headers[name]
-            # logging out needs the same origin too; then the old token is dead
-            assert (
-                await c.post("/ui/logout", headers={"Origin": "http://evil.example"})
-            ).status_code == 403
-            out = await c.post("/ui/logout", headers={"Origin": ORIGIN})
-            assert out.status_code == 303 and out.headers["location"] == "/ui/login"
-            c.cookies.clear()
-            c.cookies.set("tether_ui", token)
-            assert (await c.get("/ui/")).status_code == 401
-
-    asyncio.run(go())
-
-
-def test_posts_from_another_origin_and_open_redirects_are_refused(runs_dir: Path) -> None:
-    app = create_server_app(Catalog(runs_dir=runs_dir), KEY)
-
-    async def go() -> None:
-        async with _client(app) as c:
-            for headers in (
-                {"Origin": "http://evil.example"},
-                {"Origin": "null"},
-                {},  # neither Origin nor Sec-Fetch-Site: not known to be ours
-                {"Sec-Fetch-Site": "cross-site"},
-            ):
-                r = await c.post("/ui/login", data={"key": KEY}, headers=headers)
-                assert r.status_code == 403 and "set-cookie" not in r.headers, headers
-            r = await c.post(
-                "/ui/login", data={"key": KEY}, headers={"Sec-Fetch-Site": "same-origin"}
-            )
-            assert r.status_code == 303
-            for evil in ("//evil.example/x", "https://evil.example", "/ui/\\evil", "/elsewhere"):
-                r = await c.post(
-                    "/ui/login", data={"key": KEY, "next": evil}, headers={"Origin": ORIGIN}
-                )
-                assert r.headers["location"] == "/ui/", evil
-            big = await c.post(
-                "/ui/login", content=b"key=" + b"k" * 20000, headers={"Origin": ORIGIN,
-                "Content-Type": "application/x-www-form-urlencoded"},
-            )  # fmt: skip
-            assert big.status_code == 400
-
-    asyncio.run(go())
-
-
-def test_mounted_on_a_gateway_app_it_keeps_its_own_login(runs_dir: Path) -> None:
-    from fastapi import FastAPI
-
-    gateway_like = FastAPI()
-
-    @gateway_like.get("/healthz")
-    def health() -> dict[str, str]:
-        return {"status": "ok"}
-
-    mount_dashboard(gateway_like, Catalog.of_file(runs_dir / "good" / "traces.sqlite"), KEY)
-
-    async def go() -> None:
-        async with _client(gateway_like) as c:
-            assert (await c.get("/ui/")).status_code == 401
-            assert (await c.get("/healthz")).status_code == 200
-            assert (await _login(c)).status_code == 303
-            page = await c.get("/ui/")
-            assert page.status_code == 200 and "/ui/s/good/run/good-1" in page.text
-
-    asyncio.run(go())
-
 
 # -- the pages ------------------------------------------------------------------------------
 
 
 def test_an_empty_folder_and_an_empty_store_render(tmp_path: Path) -> None:
     app = create_server_app(Catalog(runs_dir=tmp_path / "nothing-yet"), KEY)
-    (runs,) = _get_all(app, ["/ui/"])
+    (runs,) = get_all(app, ["/ui/"])
     assert runs.status_code == 200 and "No runs yet" in runs.text
     Store(tmp_path / "empty" / "traces.sqlite").close()
     app = create_server_app(Catalog(runs_dir=tmp_path), KEY)
-    runs, missing = _get_all(app, ["/ui/", "/ui/s/empty/run/nope"])
+    runs, missing = get_all(app, ["/ui/", "/ui/s/empty/run/nope"])
     assert runs.status_code == 200 and "No runs yet" in runs.text
     assert missing.status_code == 404 and "no run &#39;nope&#39;" in missing.text
 
 
 def test_runs_and_run_pages_show_status_steps_best_eval_events_and_config(runs_dir: Path) -> None:
     app = create_server_app(Catalog(runs_dir=runs_dir), KEY)
-    runs, good, crashed, feed, later, idle, ended = _get_all(
+    runs, good, crashed, feed, later, idle, ended = get_all(
         app,
         [
             "/ui/",
@@ -294,16 +56,16 @@ def test_runs_and_run_pages_show_status_steps_best_eval_events_and_config(runs_d
             "/ui/s/crashed/run/crashed-1/metrics.json",
         ],
     )
-    text = _visible(runs.text)
+    text = visible(runs.text)
     assert "good" in text and "crashed" in text and "failed" in text
     assert "3 / 4" in text and "50% / 25%" in text  # steps of trainer.steps; best evals
     assert "<polyline" in runs.text  # the reward sparkline
     assert good.status_code == 200 and crashed.status_code == 200
-    events = _visible(good.text)
+    events = visible(good.text)
     assert "held-out success: sampled 50%, greedy 25%" in events
     assert "1 group(s) dropped: an unusable reward" in events
     assert "checkpoint /ck/step-2" in events
-    assert "run failed" in _visible(crashed.text) and "No metrics yet" in crashed.text
+    assert "run failed" in visible(crashed.text) and "No metrics yet" in crashed.text
     data = feed.json()
     assert data["status"] == "running" and data["last"] == 13 and len(data["points"]) == 13
     assert data["head"]["steps"] == "3 / 4" and data["head"]["best"] == "sampled 50%, greedy 25%"
@@ -320,7 +82,7 @@ def test_runs_and_run_pages_show_status_steps_best_eval_events_and_config(runs_d
 
 def test_hostile_text_is_escaped_everywhere_and_long_lines_are_cut(runs_dir: Path) -> None:
     app = create_server_app(Catalog(runs_dir=runs_dir), KEY)
-    (page,) = _get_all(app, ["/ui/s/good/rollout/good-1-s1-g0-0"])
+    (page,) = get_all(app, ["/ui/s/good/rollout/good-1-s1-g0-0"])
     assert page.status_code == 200
     assert "<script>window" not in page.text and "<img src=x" not in page.text
     assert "<b>bold" not in page.text
@@ -334,7 +96,7 @@ def test_hostile_text_is_escaped_everywhere_and_long_lines_are_cut(runs_dir: Pat
 
 def test_a_rollout_without_calls_and_a_failed_engine_call_render(runs_dir: Path) -> None:
     app = create_server_app(Catalog(runs_dir=runs_dir), KEY)
-    no_calls, failed, evaluated, evals = _get_all(
+    no_calls, failed, evaluated, evals = get_all(
         app,
         [
             "/ui/s/good/rollout/good-1-s1-g0-1",
@@ -359,11 +121,11 @@ def test_a_rollout_shows_tokens_by_logprob_advantages_and_the_merged_sample(
     runs_dir: Path,
 ) -> None:
     app = create_server_app(Catalog(runs_dir=runs_dir), KEY)
-    (page,) = _get_all(app, ["/ui/s/good/rollout/good-1-s0-g0-1"])
+    (page,) = get_all(app, ["/ui/s/good/rollout/good-1-s0-g0-1"])
     toks = re.findall(r'<span class="tok p(\d)" data-id="(\d+)" data-lp="([-\d.]+)"', page.text)
     # call 0: token 6; call 1: tokens 7, 8 (bucket = floor(10 p)); the sample repeats them
     assert toks[:3] == [("9", "6", "-0.0500"), ("9", "7", "-0.0500"), ("9", "8", "-0.1000")]
-    text = _visible(page.text)
+    text = visible(page.text)
     assert "2 call(s) → 1 sample(s), 1 merged" in text  # call 1 extends call 0's sequence
     assert "2 call(s) merged · 7 tokens · 3 trained · advantage -0.707" in text
     assert "adv 0.707" in text  # its group mate (grpo over rewards 1 and 0)
@@ -389,7 +151,7 @@ def test_the_outcome_badge_is_the_tasks_and_the_time_is_each_attempts_own(tmp_pa
                     "UPDATE rollouts SET finished_at = ? WHERE id = ?", (11.0 + 2 * i, rid)
                 )
     app = create_server_app(Catalog(runs_dir=tmp_path), KEY)
-    table, page = _get_all(app, ["/ui/s/b/run/b-1/rollouts", "/ui/s/b/rollout/b-1-s0-g0-1"])
+    table, page = get_all(app, ["/ui/s/b/run/b-1/rollouts", "/ui/s/b/rollout/b-1-s0-g0-1"])
     cells = re.findall(r"<tr>\s*<td><a class=\"rollout-link\".*?</tr>", table.text, re.S)
     outcomes = [re.search(r'class="outcome ([\w-]+)"', c).group(1) for c in cells]
     assert outcomes == ["success", "fail", "fail", "no-reward"]
@@ -504,58 +266,6 @@ def test_the_vendored_chart_library_matches_its_readme() -> None:
     assert len(re.findall(r"[0-9a-f]{64}", readme)) == 3
 
 
-# -- tether dashboard, the command ---------------------------------------------------------
-
-
-def _env(**extra: str) -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if k != "TETHER_ADMIN_KEY"}, **extra}
-
-
-def test_tether_dashboard_serves_a_runs_folder_with_the_key_file_it_names(runs_dir: Path) -> None:
-    port = free_port()
-    proc = subprocess.Popen(
-        [*TETHER, "dashboard", "--dir", str(runs_dir), "--port", str(port)],
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert proc.poll() is None
-                time.sleep(0.2)
-        key_file = runs_dir / "admin_key"
-        assert key_file.stat().st_mode & 0o777 == 0o600
-        with httpx.Client(base_url=base) as c:
-            assert c.get("/", follow_redirects=True).status_code == 401
-            r = c.post("/ui/login", data={"key": key_file.read_text().strip()},
-                       headers={"Origin": base})  # fmt: skip
-            assert r.status_code == 303
-            page = c.get("/ui/")
-            assert page.status_code == 200 and "crashed" in page.text and "good" in page.text
-    finally:
-        proc.terminate()
-        out = proc.communicate(timeout=30)[0]
-    assert f"tether dashboard on {base}/ui/  (every run under {runs_dir}/)" in out, out
-    assert f"log in with the admin key: cat {runs_dir / 'admin_key'}" in out, out
-    assert key_file.read_text().strip() not in out
-
-
-def test_tether_dashboard_refuses_an_open_bind_without_a_key_and_a_missing_store(
-    tmp_path: Path,
-) -> None:
-    for args, message in (
-        (["--host", "0.0.0.0"], "refusing to bind 0.0.0.0 without an admin key"),
-        (["--store", str(tmp_path / "nope.sqlite")], "no trace store at"),
-    ):
-        r = subprocess.run([*TETHER, "dashboard", "--dir", str(tmp_path), *args],
-                           capture_output=True, text=True, timeout=120, env=_env())  # fmt: skip
-        assert r.returncode == 2 and message in r.stderr, r.stderr
-        assert len(r.stderr.strip().splitlines()) == 1
-
-
 def test_the_tooltip_gets_the_top_alternatives_the_agent_asked_for(tmp_path: Path) -> None:
     """Chat and completions shapes of ``logprobs`` both reach the token's ``data-top``."""
     chat = {"choices": [{"message": {"role": "assistant", "content": "ab"}, "logprobs": {
@@ -572,7 +282,7 @@ def test_the_tooltip_gets_the_top_alternatives_the_agent_asked_for(tmp_path: Pat
             a = s.start_attempt(rid)
             s.record_call(Call(rid, 0, [1], [5, 6], [-0.1, -0.2], 0, attempt=a, response=response))
     app = create_server_app(Catalog(runs_dir=tmp_path), KEY)
-    chat_page, text_page = _get_all(app, ["/ui/s/s/rollout/r-chat", "/ui/s/s/rollout/r-text"])
+    chat_page, text_page = get_all(app, ["/ui/s/s/rollout/r-chat", "/ui/s/s/rollout/r-text"])
     tops = re.findall(r"data-top='([^']*)'>([^<]*)<", chat_page.text)
     # tojson writes "<" as \u003c inside the attribute: markup never appears raw
     assert "<b>" not in chat_page.text and "\\u003cb\\u003e" in chat_page.text
@@ -621,12 +331,12 @@ def test_the_rollout_page_shows_what_the_grader_raised_and_the_run_its_held_out_
             "KeyError: 'answr'",
         )
     app = create_server_app(Catalog(runs_dir=tmp_path), KEY)
-    page, run_page = _get_all(app, ["/ui/s/g/rollout/g-1-s0-g0-0", "/ui/s/g/run/g-1"])
+    page, run_page = get_all(app, ["/ui/s/g/rollout/g-1-s0-g0-0", "/ui/s/g/run/g-1"])
     assert page.status_code == 200
-    text = _visible(page.text)
+    text = visible(page.text)
     assert "the grader raised" in text
     assert 'File "/x/grader.py", line 6, in grade' in html.unescape(page.text)
     assert 'return task["answr"]' in html.unescape(page.text)
-    events = _visible(run_page.text)
+    events = visible(run_page.text)
     assert "held-out success: sampled 50%; mean reward 0.625" in events
     assert "held-out mean reward" in html.unescape(run_page.text)

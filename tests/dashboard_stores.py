@@ -1,0 +1,108 @@
+"""Stores and clients the dashboard's tests share (tests/test_dashboard*.py): two run
+folders (``runs_dir``), a logged-in in-process client, the page's visible text."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tether.records import Call, CallStatus, Rollout, RunStatus
+from tether.store import Store
+
+KEY = "dash-admin-key-0123456789"
+ORIGIN = "http://127.0.0.1:8322"
+HOSTILE = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=1"><b>bold</b>'
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def add_rollout(
+    s: Store,
+    rid: str,
+    run_id: str,
+    group: str,
+    *,
+    reward: float | None,
+    calls: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    status: str = "succeeded",
+    task_id: str = "t1",
+) -> None:
+    s.create_rollout(Rollout(id=rid, run_id=run_id, group_id=group, task_id=task_id, task={}))
+    a = s.start_attempt(rid)
+    for c in calls:
+        s.record_call(Call(rollout_id=rid, seq=0, attempt=a, policy_version=0, **c))
+    s.finish_rollout(rid, status, attempt=a, reward=reward, reward_source="grader")
+
+
+def call(prompt: list[int], completion: list[int], **kw: Any) -> dict[str, Any]:
+    lps = [-0.05 * (i + 1) for i in range(len(completion))]
+    return {"prompt_ids": prompt, "completion_ids": completion, "logprobs": lps, **kw}
+
+
+@pytest.fixture
+def runs_dir(tmp_path: Path) -> Path:
+    """Two run folders: ``good`` (metrics, an eval, a checkpoint, a group of two, a
+    hostile rollout, one with no calls, one with a failed engine call) and ``crashed``
+    (a run that failed before any metric)."""
+    with Store(tmp_path / "good" / "traces.sqlite") as s:
+        run = s.create_run(
+            {"name": "good", "model": {"path": "nowhere"}, "trainer": {"steps": 4}}, "good-1"
+        )
+        for step in range(3):
+            s.log_metrics(run.id, step, {"reward_mean": 0.25 * step, "loss": 1.0, "rss_mb": 9.0})
+        s.log_metrics(run.id, 0, {"eval/sampled_success": 0.5, "eval/greedy_success": 0.25})
+        s.log_metrics(run.id, 1, {"groups_dropped": 1.0, "loss": math.nan})
+        add_rollout(s, "good-1-s0-g0-0", run.id, "good-1-s0-g0", reward=1.0,
+                 calls=[call([1, 2, 3], [4, 5])])  # fmt: skip
+        add_rollout(s, "good-1-s0-g0-1", run.id, "good-1-s0-g0", reward=0.0,
+                 calls=[call([1, 2, 3], [6]), call([1, 2, 3, 6, 9], [7, 8])])  # fmt: skip
+        long_line = "y" * 50_000
+        hostile = {
+            "request": {"messages": [{"role": "user", "content": HOSTILE + long_line},
+                                     {"role": "tool", "content": HOSTILE, "tool_call_id": "c1"}]},
+            "response": {"choices": [{"message": {"role": "assistant", "content": HOSTILE,
+                         "tool_calls": [{"function": {"name": HOSTILE, "arguments": HOSTILE}}]}}]},
+        }  # fmt: skip
+        add_rollout(s, "good-1-s1-g0-0", run.id, "good-1-s1-g0", reward=1.0,
+                 calls=[call([1, 2], [3], **hostile)])  # fmt: skip
+        add_rollout(s, "good-1-s1-g0-1", run.id, "good-1-s1-g0", reward=None, status="failed")
+        add_rollout(s, "good-1-s2-g0-0", run.id, "good-1-s2-g0", reward=0.5,
+                 calls=[call([1], [2], status=CallStatus.FAILED, error="engine: " + HOSTILE)])  # fmt: skip
+        for i in range(2):  # an eval's group: never trained on, so no advantage
+            add_rollout(s, f"good-1-eval0-s-g0-{i}", run.id, "good-1-eval0-s-g0", reward=float(i),
+                     calls=[call([1, 2], [3])])  # fmt: skip
+        from tether.records import Checkpoint
+
+        s.add_checkpoint(Checkpoint(run_id=run.id, step=2, path="/ck/step-2"))
+    with Store(tmp_path / "crashed" / "traces.sqlite") as s:
+        run = s.create_run({"name": "crashed"}, "crashed-1")
+        s.set_run_status(run.id, RunStatus.FAILED)
+    return tmp_path
+
+
+def client(app: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=ORIGIN)
+
+
+async def login(c: httpx.AsyncClient, key: str = KEY) -> httpx.Response:
+    return await c.post("/ui/login", data={"key": key}, headers={"Origin": ORIGIN})
+
+
+def get_all(app: Any, urls: list[str]) -> list[httpx.Response]:
+    async def go() -> list[httpx.Response]:
+        async with client(app) as c:
+            assert (await login(c)).status_code == 303
+            return [await c.get(u) for u in urls]
+
+    return asyncio.run(go())
+
+
+def visible(page: str) -> str:
+    """The page's text as a browser shows it (tags dropped, entities decoded)."""
+    return html.unescape(re.sub(r"<[^>]+>", "", page))
