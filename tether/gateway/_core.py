@@ -51,7 +51,6 @@ class Gateway:
         self.engine = engine
         self.tokenizer = tokenizer
         self.store = store
-        self._config = config
         self.keys = Keys(config.admin_key, config.record_keys)
         self.calls = ModelCalls(engine, tokenizer, store, config)
         root = secrets.randbits(62) if seed is None else int(seed)
@@ -71,13 +70,13 @@ class Gateway:
 
     @property
     def config(self) -> GatewayConfig:
-        return self._config
+        return self.calls.config
 
     @config.setter
     def config(self, config: GatewayConfig) -> None:
         """A new config (a run sets ``public_url`` once its port is known) for both services;
         the keys stay those the gateway was built with."""
-        self._config = self.lifecycle.config = config
+        self.lifecycle.config = config
         self.calls.configure(config)
 
     @property
