@@ -90,3 +90,17 @@ def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
         return model
     merge: Any = copy.deepcopy(model).merge_and_unload  # a peft model's method
     return merge()
+
+
+def adapter_weights(model: Any) -> dict[str, torch.Tensor]:
+    """A peft model's adapter tensors as ``save_pretrained`` writes them (names without
+    the adapter's name), on the CPU."""
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def adapter_config(model: Any) -> dict[str, Any]:
+    """A peft model's adapter config as ``adapter_config.json`` holds it (JSON-safe)."""
+    config = model.peft_config["default"].to_dict()
+    return {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}

@@ -5,6 +5,10 @@
 - :class:`TransformersEngine` — embedded, continuous batching, prefix
   caching, CPU or CUDA; :class:`EngineStats` its counters (both imported
   lazily, so importing :mod:`tether.engine` does not import torch)
+- :class:`RemoteEngine` — vLLM or SGLang servers (token ids in and out, several replicas,
+  weights pushed by LoRA adapter, safetensors on disk or a broadcast);
+  :class:`EngineConfig` (the run config's ``engine:``) and :func:`connect_engine` build it
+  (docs/engines.md)
 - :class:`TokenDelta` — what ``Engine.generate_stream`` yields per sampled token
   (then the :class:`GenerateResult`); :func:`engine_stream` streams any engine
   (one without ``generate_stream`` through ``generate``)
@@ -35,16 +39,19 @@ _EXPORTS = {
     "Constraint": "._constraint",
     "ConstraintError": "._constraint",
     "Engine": "._protocol",
+    "EngineConfig": "._config",
     "EngineError": "._protocol",
     "EngineFailed": "._protocol",
     "EngineStats": "._worker",
     "EngineTimeout": "._protocol",
     "GenerateResult": "._protocol",
     "MissingStructuredExtra": "._constraint",
+    "RemoteEngine": "._remote",
     "SamplingParams": "._protocol",
     "TokenDelta": "._stream",
     "TransformersEngine": "._transformers",
     "UnsupportedConstraint": "._constraint",
+    "connect_engine": "._connect",
     "end_of_turn_ids": "._turns",
     "engine_stream": "._stream",
     "json_schema_format": "._constraint",
@@ -55,6 +62,8 @@ __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+    from ._config import EngineConfig as EngineConfig
+    from ._connect import connect_engine as connect_engine
     from ._constraint import Constraint as Constraint
     from ._constraint import ConstraintError as ConstraintError
     from ._constraint import MissingStructuredExtra as MissingStructuredExtra
@@ -69,6 +78,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._protocol import EngineTimeout as EngineTimeout
     from ._protocol import GenerateResult as GenerateResult
     from ._protocol import SamplingParams as SamplingParams
+    from ._remote import RemoteEngine as RemoteEngine
     from ._rollout_copy import rollout_copy as rollout_copy
     from ._rollout_copy import weight_bytes as weight_bytes
     from ._stream import TokenDelta as TokenDelta

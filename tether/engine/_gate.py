@@ -115,11 +115,15 @@ class AdmissionGate:
             if t0 is not None:  # not settled by resume(): timed out or cancelled
                 self.held_seconds += time.monotonic() - t0
 
-    async def pause(self) -> None:
-        """Stop admitting; return when nothing is in flight."""
+    def hold_new(self) -> None:
+        """Stop admitting, leaving the calls in flight running (see :meth:`pause`)."""
         self._bind()
         self.paused = True
         self._open.clear()
+
+    async def pause(self) -> None:
+        """Stop admitting; return when nothing is in flight."""
+        self.hold_new()
         await self._idle.wait()
 
     def resume(self) -> None:

@@ -3,8 +3,8 @@
 The gateway owns tokenization; an engine never sees text except to check
 stop strings. Every engine implements :class:`Engine`: today the embedded
 transformers engine and the fake engines for tests (:mod:`tether.engine.testing`).
-There is no remote engine yet; a vLLM (or SGLang) server engine would implement
-this same contract (issue 23; docs/gpu.md, "What it would take to plug vLLM in").
+and the remote engine over vLLM or SGLang servers (:class:`~tether.engine.RemoteEngine`,
+docs/engines.md).
 """
 
 from __future__ import annotations
@@ -79,6 +79,10 @@ class SamplingParams:
     top_logprobs: int = 0
     ignore_eos: bool = False
     constraint: Constraint | None = None
+    #: Which conversation the call belongs to (the gateway sets the rollout id): an
+    #: engine with several replicas keeps one conversation's calls on one replica, where
+    #: its prefix is cached. Sampling does not depend on it.
+    affinity: str | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):

@@ -44,6 +44,7 @@ class ServerInfo:
     model: str  # the served model's name (what a request's ``model`` field names)
     max_positions: int | None  # the server's max model length, None if it does not say
     weight_version: int  # the version the server reports now (0 for fresh weights)
+    ranks: int = 1  # the processes the replica adds to a weight-broadcast group (its TP × PP)
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,8 @@ class ServerAPI(Protocol):
         """Sample ``params.n`` completions (token ids in; ids and the sampled tokens'
         unprocessed logprobs out). ``adapter`` names the LoRA adapter to serve from (the
         ``lora`` transport), None for the base weights. ``policy_version`` is the weight
-        version the server reports for this answer. A constraint goes as the server's
+        version the server reports for this answer, or -1 when the server does not say
+        (the engine then records its own version, exact while no push overlaps a call). A constraint goes as the server's
         structured-output request (xgrammar structural tag)."""
         ...
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from tether._hf import merged_copy
+from tether._hf import adapter_config, adapter_weights, merged_copy
 from tether.trainer import algorithms as A
 from tether.trainer._forward import enable_gradient_checkpointing, forward_logprobs
 from tether.trainer.config import TrainerConfig
@@ -131,6 +131,18 @@ class PolicyTrainer:
             merged = merged_copy(self.model)
             return {k: v.detach().cpu() for k, v in merged.state_dict().items()}
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+
+    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapter's weights as peft saves them (a remote engine's ``lora`` push)."""
+        if self.cfg.lora is None:
+            raise ValueError("adapter_state_dict needs trainer.lora")
+        return adapter_weights(self.model)
+
+    def adapter_config(self) -> dict[str, Any]:
+        """The LoRA adapter's ``adapter_config.json`` (JSON-safe); needs trainer.lora."""
+        if self.cfg.lora is None:
+            raise ValueError("adapter_config needs trainer.lora")
+        return adapter_config(self.model)
 
     # -- the update -------------------------------------------------------------
 

@@ -1,0 +1,408 @@
+"""The remote engine: vLLM or SGLang servers behind tether's :class:`Engine` contract.
+
+The gateway still owns the chat template and tokenization: :class:`RemoteEngine` sends
+token ids to a server and gets token ids and the sampled tokens' logprobs back, through
+a :class:`~tether.engine._server_api.ServerAPI` that speaks one server's routes
+(``_vllm.py``, ``_sglang.py``). What every server shares lives here:
+
+- **replicas** (``_replicas.py``): a call goes to the replica its rollout hashes to; a
+  replica that cannot be reached is left out until a health check finds it up again,
+  with the engine's current weights (a replica that missed a push stays out);
+- **errors**: a transport fault is ``EngineFailed("cannot reach the vLLM server at
+  URL: ...")``, a read past ``timeout_s`` is ``EngineTimeout``, an error answer is
+  ``EngineFailed`` with the server's message;
+- **a weight push** (:meth:`RemoteEngine.update_weights`): hold new calls, pause every
+  reachable replica (``pause_mode``: ``wait`` lets calls in flight finish first), push
+  by ``transport`` (``_push.py``: a safetensors folder, a LoRA adapter folder, or a
+  broadcast), check that every replica reports the new version, flush the prefix
+  caches, and only then resume them all and admit calls again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from tether.engine._gate import AdmissionGate
+from tether.engine._protocol import EngineFailed, EngineTimeout, GenerateResult, SamplingParams
+from tether.engine._push import BroadcastGroup, prune, save_adapter, save_full, tensor_metas
+from tether.engine._replicas import Replica, ReplicaSet
+from tether.engine._server_api import PauseMode, ServerAPI, Transport
+from tether.engine._stream import TokenDelta
+
+__all__ = ["RemoteEngine"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_SHOWN = {"vllm": "vLLM", "sglang": "SGLang"}
+#: The LoRA adapter name the servers load each pushed adapter under (in place).
+ADAPTER = "tether-policy"
+
+
+class RemoteEngine:
+    """Serve through inference servers (see the module docstring); build it with
+    :meth:`connect`, which checks every replica first.
+
+    ``weights_dir`` is a folder the servers can read (``disk`` and ``lora``);
+    ``model_dir`` the model folder whose config files go beside pushed full weights;
+    ``lora_config`` the trainer's ``LoraConfig.to_dict()`` (``lora``).
+    """
+
+    supports_constraints = True
+
+    def __init__(
+        self,
+        api: ServerAPI,
+        urls: list[str],
+        *,
+        transport: Transport = "disk",
+        weights_dir: str | os.PathLike[str] | None = None,
+        model_dir: str | os.PathLike[str] | None = None,
+        lora_config: Mapping[str, Any] | None = None,
+        keep_weights: int = 2,
+        nccl: tuple[str, int, str] = ("127.0.0.1", 0, "nccl"),
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        health_interval_s: float = 5.0,
+        pause_mode: PauseMode = "wait",
+        http_transport: httpx.AsyncBaseTransport | None = None,
+    ):
+        if transport not in api.transports:
+            raise EngineFailed(
+                f"the {_SHOWN.get(api.name, api.name)} adapter has no {transport!r} transport; "
+                f"engine.transport must be one of {', '.join(api.transports)}"
+            )
+        if transport in ("disk", "lora") and weights_dir is None:
+            raise EngineFailed(f"the {transport} transport needs a weights_dir the servers read")
+        if transport == "lora" and lora_config is None:
+            raise EngineFailed("engine.transport=lora needs a LoRA trainer: set trainer.lora")
+        self.api, self.replicas, self.transport = api, ReplicaSet(urls), transport
+        self.shown = _SHOWN.get(api.name, api.name)
+        self.weights_dir = Path(weights_dir) if weights_dir is not None else None
+        self.model_dir = Path(model_dir) if model_dir is not None else None
+        self.lora_config = dict(lora_config) if lora_config is not None else None
+        self.keep_weights, self.nccl = keep_weights, nccl
+        self.pause_mode: PauseMode = pause_mode
+        self.timeout_s, self.health_interval_s = timeout_s, health_interval_s
+        key = api_key or os.environ.get("TETHER_ENGINE_API_KEY")
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            headers={"Authorization": f"Bearer {key}"} if key else None,
+            transport=http_transport,
+        )
+        self._gate = AdmissionGate()
+        self._push_lock = asyncio.Lock()
+        self._version = 0
+        self._ranks: dict[str, int] = {}
+        self._group: BroadcastGroup | None = None
+        self._group_members: tuple[str, ...] = ()
+        self._health: asyncio.Task[None] | None = None
+        self.model: str | None = None
+        self.max_positions: int | None = None
+        self.adapter: str | None = None  # the adapter calls name, once one is pushed
+
+    @classmethod
+    async def connect(cls, api: ServerAPI, urls: list[str], **kwargs: Any) -> RemoteEngine:
+        """Build the engine and check every replica (EngineFailed naming the one that fails)."""
+        engine = cls(api, urls, **kwargs)
+        try:
+            await engine.start()
+        except BaseException:
+            await engine.close()
+            raise
+        return engine
+
+    @property
+    def wants_adapter(self) -> bool:
+        """Whether :meth:`update_weights` takes the LoRA adapter's weights (``lora``)
+        rather than the full merged weights."""
+        return self.transport == "lora"
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    # -- start-up and health ----------------------------------------------------------
+
+    async def start(self) -> None:
+        infos = await asyncio.gather(
+            *(self._on(r, self.api.info(self._client, r.url)) for r in self.replicas)
+        )
+        models = {i.model for i in infos}
+        if len(models) > 1:
+            raise EngineFailed(
+                f"the {self.shown} servers serve different models ({', '.join(sorted(models))}): "
+                "start every replica with the same model"
+            )
+        versions = {r.url: i.weight_version for r, i in zip(self.replicas, infos, strict=True)}
+        if len(set(versions.values())) > 1:
+            raise EngineFailed(
+                f"the {self.shown} servers report different weight versions {versions}: "
+                "restart them from the same weights"
+            )
+        self.model = models.pop()
+        self._version = infos[0].weight_version
+        self._ranks = {r.url: i.ranks for r, i in zip(self.replicas, infos, strict=True)}
+        lengths = [i.max_positions for i in infos if i.max_positions]
+        self.max_positions = min(lengths) if lengths else None
+        self._health = asyncio.create_task(self._health_loop())
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            await self.check_health()
+
+    async def check_health(self) -> None:
+        """Ask every replica its weight version; one that answers with the engine's
+        version is up, any other is left out (down, or it missed a push)."""
+        if self._push_lock.locked():
+            return  # versions move during a push
+        for r in self.replicas:
+            try:
+                version = await asyncio.wait_for(
+                    self.api.weight_version(self._client, r.url), self.health_interval_s
+                )
+            except Exception as exc:  # any failure to answer: not serving
+                self.replicas.mark_down(r, f"health check failed: {exc!r}")
+                continue
+            if version == self._version:
+                self.replicas.mark_up(r)
+            else:
+                self.replicas.mark_down(r, f"serves weights v{version}, not v{self._version}")
+
+    # -- generation --------------------------------------------------------------------
+
+    async def _on(self, replica: Replica, call: Awaitable[T]) -> T:
+        """Await ``call`` to ``replica``, mapping transport faults (see the module docstring)."""
+        try:
+            return await call
+        except httpx.TimeoutException as exc:
+            raise EngineTimeout(
+                f"the {self.shown} server at {replica.url} did not answer within {self.timeout_s:g} s"
+            ) from exc
+        except httpx.TransportError as exc:
+            self.replicas.mark_down(replica, repr(exc))
+            raise EngineFailed(
+                f"cannot reach the {self.shown} server at {replica.url}: {exc or type(exc).__name__}"
+            ) from exc
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
+        async with self._gate.admit():
+            replica = self.replicas.pick(params.affinity)
+            request_id = f"tether-{uuid.uuid4().hex}"
+            replica.in_flight += 1
+            try:
+                call = self.api.generate(
+                    self._client, replica.url, prompt_ids, params,
+                    request_id=request_id, adapter=self.adapter,
+                )  # fmt: skip
+                result = await self._on(replica, call)
+            except asyncio.CancelledError:
+                self._abort_later(replica, request_id)
+                raise
+            finally:
+                replica.in_flight -= 1
+        return self._versioned(result)
+
+    async def generate_stream(
+        self, prompt_ids: list[int], params: SamplingParams
+    ) -> AsyncGenerator[TokenDelta | GenerateResult, None]:
+        async with self._gate.admit():
+            replica = self.replicas.pick(params.affinity)
+            request_id = f"tether-{uuid.uuid4().hex}"
+            stream = self.api.stream(
+                self._client, replica.url, prompt_ids, params,
+                request_id=request_id, adapter=self.adapter,
+            )  # fmt: skip
+            replica.in_flight += 1
+            done = False
+            try:
+                while True:
+                    try:
+                        item = await self._on(replica, anext(stream))
+                    except StopAsyncIteration:
+                        break
+                    if isinstance(item, GenerateResult):
+                        done = True
+                        item = self._versioned(item)
+                    yield item
+            finally:
+                replica.in_flight -= 1
+                await stream.aclose()
+                if not done:  # closed early: the server must stop generating it
+                    self._abort_later(replica, request_id)
+
+    def _versioned(self, result: GenerateResult) -> GenerateResult:
+        if result.policy_version < 0:  # the server does not say: the version it serves
+            result.policy_version = self._version
+        return result
+
+    def _abort_later(self, replica: Replica, request_id: str) -> None:
+        async def abort() -> None:
+            try:
+                await self.api.abort(self._client, replica.url, request_id)
+            except Exception as exc:  # best effort: the server also aborts on disconnect
+                log.debug("abort of %s on %s failed: %r", request_id, replica.url, exc)
+
+        asyncio.get_running_loop().create_task(abort())
+
+    # -- pause and weights -------------------------------------------------------------
+
+    async def _each(self, replicas: list[Replica], make: Any) -> list[Any]:
+        """``make(replica)`` for every replica at once, transport faults mapped."""
+        return await asyncio.gather(*(self._on(r, make(r)) for r in replicas))
+
+    async def pause(self) -> None:
+        await self._gate.pause()
+        await self._each(
+            self.replicas.live(), lambda r: self.api.pause(self._client, r.url, "wait")
+        )
+
+    async def resume(self) -> None:
+        await self._each(self.replicas.live(), lambda r: self.api.resume(self._client, r.url))
+        self._gate.resume()
+
+    async def update_weights(
+        self, state_dict: dict[str, Any], *, version: int | None = None
+    ) -> int:
+        """Push ``state_dict`` (full weights, or the adapter's with ``wants_adapter``) to
+        every reachable replica; returns the new version, which each replica reports."""
+        new = self._version + 1 if version is None else int(version)
+        async with self._push_lock:
+            if self.pause_mode == "wait":
+                await self._gate.pause()
+            else:
+                self._gate.hold_new()
+            targets = await self._reachable()
+            try:
+                await self._each(
+                    targets, lambda r: self.api.pause(self._client, r.url, self.pause_mode)
+                )
+                await self._push(targets, state_dict, new)
+                await self._check_versions(targets, new)
+                await self._each(targets, lambda r: self.api.flush_cache(self._client, r.url))
+                self._version = new
+                for r in targets:
+                    self.replicas.mark_up(r)
+            finally:  # every replica has the weights (or the push failed) before any resumes
+                await asyncio.gather(
+                    *(self.api.resume(self._client, r.url) for r in targets), return_exceptions=True
+                )
+                self._gate.resume()
+        log.info(
+            "pushed weights v%d to %d %s server(s) by %s",
+            new,
+            len(targets),
+            self.shown,
+            self.transport,
+        )
+        return new
+
+    async def _reachable(self) -> list[Replica]:
+        """The replicas that answer now (down ones are asked again: they may be back)."""
+        out = []
+        for r in self.replicas:
+            try:
+                await asyncio.wait_for(self.api.weight_version(self._client, r.url), 10.0)
+            except Exception as exc:
+                self.replicas.mark_down(r, f"not reachable for the weight push: {exc!r}")
+                continue
+            out.append(r)
+        if not out:
+            raise EngineFailed(f"no {self.shown} server is reachable for the weight push")
+        return out
+
+    async def _check_versions(self, targets: list[Replica], new: int) -> None:
+        got = await self._each(targets, lambda r: self.api.weight_version(self._client, r.url))
+        wrong = {r.url: v for r, v in zip(targets, got, strict=True) if v != new}
+        if wrong:
+            raise EngineFailed(
+                f"after pushing weights v{new} the {self.shown} server(s) report {wrong}: "
+                "the push did not take; see the servers' logs"
+            )
+
+    async def _push(self, targets: list[Replica], state_dict: dict[str, Any], new: int) -> None:
+        api, client = self.api, self._client
+        if self.transport == "disk":
+            assert self.weights_dir is not None
+            folder = self.weights_dir / f"v{new}"
+            await asyncio.to_thread(save_full, state_dict, folder, self.model_dir)
+            await self._each(
+                targets, lambda r: api.update_from_disk(client, r.url, str(folder), new)
+            )
+            prune(self.weights_dir, "v", self.keep_weights)
+        elif self.transport == "lora":
+            assert self.weights_dir is not None and self.lora_config is not None
+            folder = self.weights_dir / f"lora-v{new}"
+            await asyncio.to_thread(save_adapter, state_dict, self.lora_config, folder)
+            await self._each(
+                targets, lambda r: api.load_lora(client, r.url, ADAPTER, str(folder), new)
+            )
+            self.adapter = ADAPTER
+            prune(self.weights_dir, "lora-v", self.keep_weights)
+        else:
+            group = await self._broadcast_group(targets)
+            metas = tensor_metas(state_dict)
+            name = group.group_name
+            await asyncio.gather(
+                asyncio.to_thread(group.broadcast, state_dict),
+                self._each(targets, lambda r: api.update_from_nccl(client, r.url, metas, group_name=name, version=new)),
+            )  # fmt: skip
+
+    async def _broadcast_group(self, targets: list[Replica]) -> BroadcastGroup:
+        """The broadcast group of ``targets`` (made anew when the replicas changed)."""
+        members = tuple(r.url for r in targets)
+        if self._group is not None and members == self._group_members:
+            return self._group
+        if self._group is not None:
+            self._group.close()
+        address, port, backend = self.nccl
+        port = port or _free_port(address)
+        world = 1 + sum(self._ranks.get(u, 1) for u in members)
+        group = BroadcastGroup(
+            address,
+            port,
+            world,
+            backend=backend,
+            group_name=f"tether-weights-{uuid.uuid4().hex[:8]}",
+        )
+        offsets, rank = [], 1
+        for u in members:
+            offsets.append(rank)
+            rank += self._ranks.get(u, 1)
+        joins = [
+            self._on(r, self.api.init_nccl(
+                self._client, r.url, master_address=address, master_port=port,
+                rank_offset=off, world_size=world, backend=backend, group_name=group.group_name,
+            ))
+            for r, off in zip(targets, offsets, strict=True)
+        ]  # fmt: skip
+        await asyncio.gather(asyncio.to_thread(group.join), *joins)
+        self._group, self._group_members = group, members
+        return group
+
+    async def close(self) -> None:
+        self._gate.close()
+        if self._health is not None:
+            self._health.cancel()
+            self._health = None
+        if self._group is not None:
+            self._group.close()
+            self._group = None
+        await self._client.aclose()
+
+
+def _free_port(address: str) -> int:
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
