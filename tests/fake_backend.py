@@ -310,10 +310,17 @@ class FakeBackend:
         return {k: v.detach().clone() for k, v in merged.state_dict().items()}
 
     async def join_group(
-        self, master_address: str, master_port: int, rank: int, world_size: int
+        self,
+        master_address: str,
+        master_port: int,
+        rank: int,
+        world_size: int,
+        prefix: str | None = None,
     ) -> None:
         """Join the trainer's broadcast group as ``rank``; returns once the group is made
-        (the trainer, rank 0, hosts the ``TCPStore`` and joins concurrently)."""
+        (the trainer, rank 0, hosts the ``TCPStore`` and joins concurrently). ``prefix``:
+        the group is built on ``PrefixStore(prefix, store)`` (a group name), else on the
+        store itself."""
 
         def join() -> Any:
             store = dist.TCPStore(  # pyright: ignore[reportPrivateImportUsage]
@@ -323,6 +330,8 @@ class FakeBackend:
                 is_master=False,
                 timeout=datetime.timedelta(seconds=60),
             )
+            if prefix is not None:
+                store = dist.PrefixStore(prefix, store)
             return dist.ProcessGroupGloo(store, rank, world_size, datetime.timedelta(seconds=60))
 
         self._group = await asyncio.to_thread(join)
@@ -353,16 +362,21 @@ class FakeBackend:
 
 @contextlib.contextmanager
 def launch_fake(
-    module: str, model_dir: str | Path, *args: str, health: str = "/health", timeout: float = 120
+    module: str,
+    model_dir: str | Path,
+    *args: str,
+    health: str = "/health",
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
 ) -> Iterator[str]:
     """Run ``python -m <module> --model DIR --port 0 --port-file F [args]`` from the repo
     root; yield its base URL once ``health`` answers 200; stop it (SIGTERM, then SIGKILL)
-    on exit."""
+    on exit. ``env`` is added to this process's environment."""
     with tempfile.TemporaryDirectory(prefix="fake-server-") as tmp:
         port_file = Path(tmp) / "port"
         cmd = [sys.executable, "-m", module, "--model", str(model_dir), "--port", "0"]
         cmd += ["--port-file", str(port_file), *args]
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, **(env or {}), "PYTHONPATH": str(REPO)}
         log = open(Path(tmp) / "log", "w+b")  # noqa: SIM115  closed below
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
