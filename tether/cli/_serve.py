@@ -39,6 +39,20 @@ def serve(
     max_batch_size: Annotated[
         int | None, typer.Option(help="Most sequences the engine decodes at once (64).")
     ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            help="transformers (embedded, default), vllm or sglang: a server you started "
+            "(--engine-url; docs/engines.md)."
+        ),
+    ] = None,
+    engine_url: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="URL",
+            help="A vLLM/SGLang server's base URL (http://host:8000); repeat for replicas.",
+        ),
+    ] = None,
     tool_parser: Annotated[
         str | None, typer.Option(help="Tool-call format of the model: hermes, llama3_json.")
     ] = None,
@@ -66,6 +80,8 @@ def serve(
         "store": None if store is None else str(store),
         "device": device,
         "max_batch_size": max_batch_size,
+        "engine": engine,
+        "engine_url": engine_url or None,
         "tool_parser": tool_parser,
         "allow_agent_rewards": allow_agent_rewards,
         "record_keys": record_key or None,

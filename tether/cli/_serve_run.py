@@ -6,6 +6,7 @@ the flags are shortcuts for a few keys) and the gateway + engine it runs.
     tether serve                                  # the starter model on 127.0.0.1:8321
     tether serve serve.yaml gateway.log_prompts=true gateway.max_tokens=2048
     tether serve model=Qwen/Qwen2.5-0.5B-Instruct --port 9000
+    tether serve --model Qwen/Qwen2.5-0.5B-Instruct --engine vllm --engine-url http://gpu:8000
 
 A flag given on the command line wins over the file and the overrides.
 """
@@ -22,14 +23,17 @@ from typing import Any
 from rich.console import Console
 
 from tether.configio import load_config
+from tether.engine import EngineConfig
 from tether.errors import UserError
 from tether.gateway import DEFAULT_PORT, GatewayConfig, admin_key_file, is_loopback
 from tether.records import RunStatus
 
 __all__ = ["ServeConfig", "run_serve", "serve_config"]
 
-#: The flags of ``tether serve`` that set a key of ``gateway:``; the others set a top-level key.
+#: The flags of ``tether serve`` that set a key of ``gateway:``, and of ``engine:``; the
+#: others set a top-level key.
 GATEWAY_FLAGS = ("host", "port", "tool_parser", "allow_agent_rewards", "record_keys")
+ENGINE_FLAGS = {"engine": "kind", "engine_url": "urls"}
 
 
 @dataclass
@@ -39,8 +43,12 @@ class ServeConfig:
     model: str | None = None
     #: cpu, cuda, cuda:1, ...
     device: str = "cpu"
-    #: Most sequences the engine decodes at once.
+    #: Most sequences the embedded engine decodes at once.
     max_batch_size: int = 64
+    #: The embedded engine (kind: transformers, the default) or vLLM / SGLang servers you
+    #: started (kind, urls; docs/engines.md). model then names the model they serve, whose
+    #: tokenizer the gateway uses.
+    engine: EngineConfig = field(default_factory=EngineConfig)
     #: The SQLite trace store file; relative to the current directory.
     store: str = ".tether/traces.sqlite"
     #: host, port, record_keys, log_prompts, the caps, ... (tether/gateway/_config.py).
@@ -63,6 +71,9 @@ def serve_config(config: str | None, overrides: list[str], flags: dict[str, Any]
         gateway["record_keys"] = tuple(gateway["record_keys"])
     if gateway:
         given["gateway"] = dataclasses.replace(cfg.gateway, **gateway)
+    engine = {field: given.pop(flag) for flag, field in ENGINE_FLAGS.items() if flag in given}
+    if engine:
+        given["engine"] = dataclasses.replace(cfg.engine, **engine)
     return dataclasses.replace(cfg, **given) if given else cfg
 
 
@@ -130,9 +141,7 @@ class _Opened:
         """Load, open, then hand the app to ``loading``; on failure stop ``server``."""
         try:
             cfg = self.cfg
-            model_path, engine, tokenizer = _load_engine(
-                cfg.model, self.console, device=cfg.device, max_batch_size=cfg.max_batch_size
-            )
+            model_path, engine, tokenizer = _load_engine(cfg, self.console)
             with self._lock:
                 if self._closed:  # stopped while loading
                     return
@@ -225,18 +234,41 @@ def _record_keys(given: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     return tuple(keys)
 
 
-def _load_engine(model: str | None, console: Console, *, device: str, max_batch_size: int):
+def _load_engine(cfg: ServeConfig, console: Console) -> tuple[str, Any, Any]:
     from tether.cli._progress import quiet_loading
     from tether.cli._starter import starter_model
-    from tether.engine import TransformersEngine
     from tether.models import load_tokenizer, model_source
 
     quiet_loading()
 
     # a checkpoint or run folder: the model folder in it (recorded as the run's model)
-    path = model_source(model) if model else str(starter_model(console))
+    path = model_source(cfg.model) if cfg.model else str(starter_model(console))
     tokenizer = load_tokenizer(path)
+    if cfg.engine.remote:
+        return path, _remote_engine(cfg.engine, console), tokenizer
+    from tether.engine import TransformersEngine
+
     engine = TransformersEngine.from_pretrained(
-        path, tokenizer=tokenizer, device=device, max_batch_size=max_batch_size
+        path, tokenizer=tokenizer, device=cfg.device, max_batch_size=cfg.max_batch_size
     )
     return path, engine, tokenizer
+
+
+def _remote_engine(cfg: EngineConfig, console: Console) -> Any:
+    """The servers of ``cfg``, checked here (one line naming a server that fails), then
+    handed over to the gateway's event loop."""
+    import asyncio
+
+    from tether.engine import connect_engine
+
+    async def connect() -> Any:
+        engine = await connect_engine(cfg)
+        await engine.handover()
+        return engine
+
+    engine = asyncio.run(connect())
+    console.print(
+        f"engine: {cfg.kind} server(s) {', '.join(cfg.urls)} serving {engine.model} "
+        f"(weights v{engine.policy_version})"
+    )
+    return engine

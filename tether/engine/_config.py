@@ -43,7 +43,7 @@ class EngineConfig:
     #: nccl (tensors on the GPU) or gloo (on the CPU; what the tests use).
     nccl_backend: Literal["nccl", "gloo"] = "nccl"
     #: The servers' API key (sent as a Bearer token); default: $TETHER_ENGINE_API_KEY.
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
     #: Seconds one generation request may take before it fails as a timeout.
     timeout_s: float = 600.0
     #: Seconds between health checks of the servers (a down one is retried).

@@ -82,10 +82,6 @@ class RemoteEngine:
                 f"the {_SHOWN.get(api.name, api.name)} adapter has no {transport!r} transport; "
                 f"engine.transport must be one of {', '.join(api.transports)}"
             )
-        if transport in ("disk", "lora") and weights_dir is None:
-            raise EngineFailed(f"the {transport} transport needs a weights_dir the servers read")
-        if transport == "lora" and lora_config is None:
-            raise EngineFailed("engine.transport=lora needs a LoRA trainer: set trainer.lora")
         self.api, self.replicas, self.transport = api, ReplicaSet(urls), transport
         self.shown = _SHOWN.get(api.name, api.name)
         self.weights_dir = Path(weights_dir) if weights_dir is not None else None
@@ -95,13 +91,16 @@ class RemoteEngine:
         self.pause_mode: PauseMode = pause_mode
         self.timeout_s, self.health_interval_s = timeout_s, health_interval_s
         key = api_key or os.environ.get("TETHER_ENGINE_API_KEY")
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s, connect=10.0),
-            headers={"Authorization": f"Bearer {key}"} if key else None,
-            transport=http_transport,
-        )
+        self._client_args: dict[str, Any] = {
+            "timeout": httpx.Timeout(timeout_s, connect=10.0),
+            "headers": {"Authorization": f"Bearer {key}"} if key else None,
+            "transport": http_transport,
+        }
+        self._client = httpx.AsyncClient(**self._client_args)
         self._gate = AdmissionGate()
         self._push_lock = asyncio.Lock()
+        self._start_lock = asyncio.Lock()
+        self._started = False
         self._version = 0
         self._ranks: dict[str, int] = {}
         self._group: BroadcastGroup | None = None
@@ -135,6 +134,14 @@ class RemoteEngine:
     # -- start-up and health ----------------------------------------------------------
 
     async def start(self) -> None:
+        """Check every replica (model, version, context length) and start the health
+        checks; the first call does it when :meth:`connect` did not."""
+        async with self._start_lock:
+            if not self._started:
+                await self._start()
+                self._started = True
+
+    async def _start(self) -> None:
         infos = await asyncio.gather(
             *(self._on(r, self.api.info(self._client, r.url)) for r in self.replicas)
         )
@@ -156,6 +163,18 @@ class RemoteEngine:
         lengths = [i.max_positions for i in infos if i.max_positions]
         self.max_positions = min(lengths) if lengths else None
         self._health = asyncio.create_task(self._health_loop())
+
+    async def handover(self) -> None:
+        """Let the engine be used from another event loop (``tether serve`` checks the
+        servers on its loading thread): the HTTP client and the health checks start
+        again on the loop of the next call, which checks the servers once more."""
+        if self._health is not None:
+            self._health.cancel()
+            self._health = None
+        await self._client.aclose()
+        self._client = httpx.AsyncClient(**self._client_args)
+        self._start_lock, self._push_lock = asyncio.Lock(), asyncio.Lock()
+        self._started = False
 
     async def _health_loop(self) -> None:
         while True:
@@ -197,6 +216,7 @@ class RemoteEngine:
             ) from exc
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
+        await self.start()
         async with self._gate.admit():
             replica = self.replicas.pick(params.affinity)
             request_id = f"tether-{uuid.uuid4().hex}"
@@ -217,6 +237,7 @@ class RemoteEngine:
     async def generate_stream(
         self, prompt_ids: list[int], params: SamplingParams
     ) -> AsyncGenerator[TokenDelta | GenerateResult, None]:
+        await self.start()
         async with self._gate.admit():
             replica = self.replicas.pick(params.affinity)
             request_id = f"tether-{uuid.uuid4().hex}"
@@ -263,6 +284,7 @@ class RemoteEngine:
         return await asyncio.gather(*(self._on(r, make(r)) for r in replicas))
 
     async def pause(self) -> None:
+        await self.start()
         await self._gate.pause()
         await self._each(
             self.replicas.live(), lambda r: self.api.pause(self._client, r.url, "wait")
@@ -277,6 +299,7 @@ class RemoteEngine:
     ) -> int:
         """Push ``state_dict`` (full weights, or the adapter's with ``wants_adapter``) to
         every reachable replica; returns the new version, which each replica reports."""
+        await self.start()
         new = self._version + 1 if version is None else int(version)
         async with self._push_lock:
             if self.pause_mode == "wait":
@@ -333,6 +356,10 @@ class RemoteEngine:
 
     async def _push(self, targets: list[Replica], state_dict: dict[str, Any], new: int) -> None:
         api, client = self.api, self._client
+        if self.transport in ("disk", "lora") and self.weights_dir is None:
+            raise EngineFailed(f"the {self.transport} transport needs engine.weights_dir")
+        if self.transport == "lora" and self.lora_config is None:
+            raise EngineFailed("engine.transport=lora needs a LoRA trainer: set trainer.lora")
         if self.transport == "disk":
             assert self.weights_dir is not None
             folder = self.weights_dir / f"v{new}"

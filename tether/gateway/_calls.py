@@ -104,7 +104,7 @@ class ModelCalls:
         asked = req.max_completion_tokens or req.max_tokens
         params = sampling_params(
             self.config, req, max_tokens=asked, top_logprobs=top, override=override,
-            stop_ids=self.stop_ids,
+            stop_ids=self.stop_ids, affinity=rollout_id,
         )  # fmt: skip
         constraint = constraint_for(
             response_format=req.response_format,
@@ -136,7 +136,7 @@ class ModelCalls:
         """Check and encode one text completion (a ``CompletionRequest``: text or token ids)."""
         params = sampling_params(
             self.config, req, max_tokens=req.max_tokens, top_logprobs=req.logprobs or 0,
-            override=override, stop_ids=self.stop_ids,
+            override=override, stop_ids=self.stop_ids, affinity=rollout_id,
         )  # fmt: skip
         if isinstance(req.prompt, str):
             prompt_ids = self.tokenizer.encode(req.prompt, add_special_tokens=False)

@@ -41,9 +41,11 @@ def sampling_params(
     top_logprobs: int,
     override: dict[str, float],
     stop_ids: Sequence[int],
+    affinity: str | None = None,
 ) -> SamplingParams:
     """Check the caps and build the engine's sampling parameters; ``override`` (the
-    rollout's, e.g. greedy evaluation) wins over the request's temperature and top_p."""
+    rollout's, e.g. greedy evaluation) wins over the request's temperature and top_p;
+    ``affinity`` (the rollout id) keeps a rollout's calls on one engine replica."""
     temperature = override.get("temperature", req.temperature)
     top_p = override.get("top_p", req.top_p)
     if req.n > cfg.max_n:
@@ -67,6 +69,7 @@ def sampling_params(
         stop_token_ids=tuple(stop_ids),
         seed=req.seed,
         top_logprobs=top_logprobs,
+        affinity=affinity,
     )
 
 

@@ -77,7 +77,7 @@ from tether.run._failures import check_collection
 from tether.run._learn import learn_metrics
 from tether.run._parts import PartsView, RunParts, open_parts
 from tether.run._rundir import ResumePoint, past_metrics, resume_point
-from tether.run._setup import async_rollouts
+from tether.run._setup import async_rollouts, engine_weights
 from tether.run._tasks import tasks_for_step
 from tether.run.config import TrainConfig
 from tether.tracking import sample_rows
@@ -162,7 +162,7 @@ class TrainingRun(PartsView):
         self.step = self.start_step = load_checkpoint(at.path, self.trainer)
         self.last_checkpoint = at.path
         version = await self.engine.update_weights(
-            self.trainer.state_dict(),
+            engine_weights(self.trainer, self.engine),
             **({} if at.policy_version is None else {"version": at.policy_version}),
         )
         if at.run_id is not None:
@@ -291,7 +291,7 @@ class TrainingRun(PartsView):
             m.update(await asyncio.to_thread(parts.trainer.update, samples))
             self._clean_steps = parts.trainer.optimizer_steps
             m["update_s"] = time.perf_counter() - t1
-            version = await engine.update_weights(parts.trainer.state_dict())
+            version = await engine.update_weights(engine_weights(parts.trainer, engine))
             if version != version_before + 1:
                 raise TrainerError(
                     f"engine policy version went {version_before} -> {version}, expected +1"

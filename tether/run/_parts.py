@@ -230,6 +230,8 @@ async def _model(
     )
     if ranks is not None:
         ranks.hello(trainer, path, cfg.model.train_dtype)
+    if engine is None and cfg.engine.remote:
+        engine = await _remote_engine(cfg, say, path, trainer)
     share = engine is None and trainer.can_share_weights()  # one copy, not two
     if engine is None:
         m = cfg.model
@@ -251,6 +253,21 @@ async def _model(
             cfg.model.rollout_dtype,
         )
     return {"model_path": path, "tokenizer": tokenizer, "trainer": trainer, "engine": engine}
+
+
+async def _remote_engine(cfg: TrainConfig, say: Say, path: Path, trainer: PolicyTrainer) -> Engine:
+    """The vLLM or SGLang servers of ``cfg.engine``, checked; pushes go by its transport."""
+    from tether.engine import connect_engine
+
+    e = cfg.engine
+    say(Status(f"connecting to the {e.kind} server(s) {', '.join(e.urls)} ({e.transport} weights)"))
+    return await connect_engine(
+        e,
+        weights_dir=Path(cfg.dir).resolve() / cfg.name / "weights",
+        model_dir=path,
+        lora_config=trainer.adapter_config() if e.transport == "lora" else None,
+        pause_mode="wait",
+    )
 
 
 def _records(

@@ -31,6 +31,7 @@ __all__ = [
     "admin_key_path",
     "async_rollouts",
     "end_status",
+    "engine_weights",
     "gateway_config",
     "record_config",
     "resolve_model_path",
@@ -122,3 +123,11 @@ def async_rollouts(
         first_group=start_step * cfg.rollout.batch_groups,
         success_threshold=cfg.rollout.success_threshold,
     )
+
+
+def engine_weights(trainer: Any, engine: Any) -> dict[str, Any]:
+    """What ``engine.update_weights`` takes from ``trainer``: the LoRA adapter's weights
+    for a remote engine that loads adapters (``wants_adapter``), else the full weights."""
+    if getattr(engine, "wants_adapter", False):
+        return trainer.adapter_state_dict()
+    return trainer.state_dict()

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tether.engine import EngineConfig
 from tether.errors import UserError
 from tether.gateway import GatewayConfig
 from tether.run._paths import resolve_file_paths
@@ -29,6 +30,7 @@ from tether.trainer.config import LoraConfig, TrainerConfig
 
 __all__ = [
     "CheckpointConfig",
+    "EngineConfig",
     "EvalConfig",
     "LoraConfig",
     "ModelConfig",
@@ -190,6 +192,9 @@ class TrainConfig:
     dir: str = "runs"
     #: The model trained and served (the policy), and where it runs.
     model: ModelConfig = field(default_factory=ModelConfig)
+    #: Which engine serves rollouts: the embedded one (default) or vLLM / SGLang servers
+    #: you started, sent new weights after every update (docs/engines.md).
+    engine: EngineConfig = field(default_factory=EngineConfig)
     #: Where the tasks come from and how many of each split are used.
     tasks: TasksConfig = field(default_factory=TasksConfig)
     #: How agents start; default: the calc agent in-process (tether.starter.calc:agent).
@@ -227,6 +232,22 @@ class TrainConfig:
                 "the evals run on them; raise it or set eval.enabled=false"
             )
         self._check_async()
+        self._check_engine()
+
+    def _check_engine(self) -> None:
+        e = self.engine
+        if not e.remote:
+            return
+        if e.transport == "lora" and self.trainer.lora is None:
+            raise UserError(
+                "engine.transport=lora pushes the LoRA adapter, so it needs a LoRA trainer: "
+                "set trainer.lora (e.g. trainer.lora.r=16) or use engine.transport=disk"
+            )
+        if self.model.rollout_dtype != "float32":
+            raise UserError(
+                f"model.rollout_dtype ({self.model.rollout_dtype}) is the embedded engine's; "
+                f"with engine.kind={e.kind} the server's own --dtype decides"
+            )
 
     def _check_async(self) -> None:
         t, b = self.trainer, self.rollout.batch_groups
