@@ -1,0 +1,390 @@
+"""The vLLM adapter (``tether/engine/_vllm.py``) against the fake vLLM server.
+
+The fake (``tests/fake_vllm.py``) runs in its own process on a loopback port and serves
+tether's embedded engine on the starter model, so its tokens and logprobs are compared
+with an embedded :class:`TransformersEngine` in this process. What only a real vLLM
+server can show (its kernels, bf16 logprobs, PyNccl) is not covered here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from tests.fake_backend import launch_fake
+from tests.fake_vllm import COMPLETION_FIELDS
+from tether.engine import Constraint, EngineFailed, SamplingParams
+from tether.engine._constraint import json_schema_format
+from tether.engine._protocol import GenerateResult
+from tether.engine._server_api import TensorMeta
+from tether.engine._stream import TokenDelta
+from tether.engine._transformers import TransformersEngine
+from tether.engine._vllm import VLLMServer, completion_body
+from tether.errors import UserError
+
+DEV_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
+PROMPT = "<|im_start|>user\nwhat is 12 + 30?<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def vllm_url(starter_dir: Path) -> Iterator[str]:
+    """A fake vLLM server as tether needs it: dev mode, processed logprobs, LoRA, NCCL."""
+    args = ("--logprobs-mode", "processed_logprobs", "--enable-lora")
+    args += ("--weight-transfer-config", '{"backend": "nccl"}')
+    with launch_fake("tests.fake_vllm", starter_dir, *args, env=DEV_ENV) as url:
+        yield url
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=60) as c:
+        yield c
+
+
+@pytest.fixture
+async def ref(starter_dir: Path) -> AsyncIterator[TransformersEngine]:
+    """The embedded engine on the same model: what the fake must answer."""
+    engine = TransformersEngine.from_pretrained(str(starter_dir), seed=0)
+    yield engine
+    await engine.close()
+
+
+@pytest.fixture
+def prompt(tokenizer: Any) -> list[int]:
+    return tokenizer.encode(PROMPT)
+
+
+async def gen(client: httpx.AsyncClient, url: str, prompt: list[int], **kw: Any) -> GenerateResult:
+    adapter = kw.pop("adapter", None)
+    server = VLLMServer()
+    return await server.generate(
+        client, url, prompt, SamplingParams(**kw), request_id=f"t-{id(kw)}", adapter=adapter
+    )
+
+
+def assert_same(got: GenerateResult, want: GenerateResult) -> None:
+    assert len(got.completions) == len(want.completions)
+    for g, w in zip(got.completions, want.completions, strict=True):
+        assert g.token_ids == w.token_ids
+        assert g.finish_reason == w.finish_reason
+        assert max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs, strict=True)) <= 1e-5
+
+
+# -- generation ------------------------------------------------------------------------
+
+
+async def test_info_reports_the_model_its_length_and_version(vllm_url, client) -> None:
+    info = await VLLMServer().info(client, vllm_url)
+    assert info.max_positions == 2048 and info.weight_version == 0 and info.ranks == 1
+
+
+async def test_greedy_and_seeded_generations_equal_the_embedded_engine(
+    vllm_url, client, ref, prompt
+) -> None:
+    for kw in ({"temperature": 0.0}, {"temperature": 0.7, "seed": 3}, {"seed": 5, "n": 3}):
+        params = SamplingParams(max_tokens=16, **kw)
+        got = await gen(client, vllm_url, prompt, max_tokens=16, **kw)
+        assert got.policy_version == -1  # vLLM's answer names no version: the engine's
+        assert_same(got, await ref.generate(prompt, params))
+
+
+async def test_top_logprobs_are_the_k_most_likely(vllm_url, client, ref, prompt) -> None:
+    got = await gen(client, vllm_url, prompt, temperature=0.0, max_tokens=6, top_logprobs=3)
+    want = await ref.generate(prompt, SamplingParams(temperature=0.0, max_tokens=6, top_logprobs=3))
+    tops, ref_tops = got.completions[0].top_logprobs, want.completions[0].top_logprobs
+    assert tops is not None and ref_tops is not None
+    for g, w in zip(tops, ref_tops, strict=True):
+        assert list(g) == list(w)
+        assert all(abs(g[t] - w[t]) <= 1e-5 for t in g)
+
+
+async def test_a_stop_token_ends_the_completion_and_is_included(
+    vllm_url, client, ref, prompt
+) -> None:
+    free = await gen(client, vllm_url, prompt, temperature=0.0, max_tokens=12, ignore_eos=True)
+    stop = free.completions[0].token_ids[4]
+    first = free.completions[0].token_ids.index(stop)
+    got = await gen(client, vllm_url, prompt, temperature=0.0, max_tokens=12, stop_token_ids=[stop])
+    c = got.completions[0]
+    assert c.token_ids == free.completions[0].token_ids[: first + 1]
+    assert c.finish_reason == "stop" and len(c.logprobs) == len(c.token_ids)
+    assert c.logprobs[-1] == pytest.approx(free.completions[0].logprobs[first], abs=1e-5)
+
+
+async def test_a_seed_reproduces_its_samples(vllm_url, client, prompt) -> None:
+    a = await gen(client, vllm_url, prompt, seed=11, max_tokens=16, n=2)
+    b = await gen(client, vllm_url, prompt, seed=11, max_tokens=16, n=2)
+    c = await gen(client, vllm_url, prompt, seed=12, max_tokens=16, n=2)
+    ids = lambda r: [x.token_ids for x in r.completions]  # noqa: E731
+    assert ids(a) == ids(b) != ids(c)
+
+
+async def test_streamed_deltas_equal_the_final_result(vllm_url, client, ref, prompt) -> None:
+    params = SamplingParams(seed=2, n=2, max_tokens=20, top_logprobs=2)
+    stream = VLLMServer().stream(client, vllm_url, prompt, params, request_id="s1", adapter=None)
+    items = [item async for item in stream]
+    result = items[-1]
+    assert isinstance(result, GenerateResult)
+    deltas = [d for d in items[:-1] if isinstance(d, TokenDelta)]
+    for i, c in enumerate(result.completions):
+        mine = [d for d in deltas if d.index == i]
+        assert [d.token_id for d in mine] == c.token_ids
+        assert [d.logprob for d in mine] == c.logprobs
+        assert mine[-1].finish_reason == c.finish_reason and mine[0].finish_reason is None
+    assert_same(result, await ref.generate(prompt, params))
+
+
+async def test_an_abort_mid_stream_ends_with_the_partial_tokens(vllm_url, client, prompt) -> None:
+    server = VLLMServer()
+    params = SamplingParams(seed=1, max_tokens=1500, ignore_eos=True)
+    stream = server.stream(client, vllm_url, prompt, params, request_id="ab1", adapter=None)
+    seen = 0
+    async for item in stream:
+        if isinstance(item, TokenDelta):
+            seen += 1
+            if seen == 3:
+                await server.abort(client, vllm_url, "ab1")
+        else:
+            c = item.completions[0]
+            assert c.finish_reason == "abort"
+            assert seen <= len(c.token_ids) < 1500 and len(c.logprobs) == len(c.token_ids)
+    await server.abort(client, vllm_url, "no-such-request")  # unknown ids are no error
+
+
+async def test_closing_a_stream_stops_the_generation_on_the_server(
+    vllm_url, client, prompt
+) -> None:
+    server = VLLMServer()
+    params = SamplingParams(seed=1, max_tokens=2000, ignore_eos=True)
+    stream = server.stream(client, vllm_url, prompt, params, request_id="cl1", adapter=None)
+    async for item in stream:
+        assert isinstance(item, TokenDelta)
+        break
+    await stream.aclose()
+    # nothing left in flight: a draining pause returns at once, not after 2000 tokens
+    await asyncio.wait_for(server.pause(client, vllm_url, "wait"), 3)
+    await server.resume(client, vllm_url)
+
+
+async def test_a_json_schema_constraint_gives_json_that_parses(
+    vllm_url, client, tokenizer, prompt
+) -> None:
+    props = {"ok": {"type": "boolean"}, "op": {"enum": ["add", "sub"]}}
+    schema = {"type": "object", "properties": props, "required": ["ok", "op"]}
+    constraint = Constraint.of(json_schema_format(schema), "json")
+    got = await gen(client, vllm_url, prompt, seed=4, max_tokens=60, constraint=constraint)
+    c = got.completions[0]
+    assert c.finish_reason == "stop"
+    text = tokenizer.decode(c.token_ids[:-1])  # the end-of-turn token closes the grammar
+    assert set(json.loads(text)) == {"ok", "op"}
+
+
+async def test_top_p_below_one_is_refused_before_sending(prompt) -> None:
+    with pytest.raises(UserError, match="top_p"):
+        completion_body(prompt, SamplingParams(top_p=0.9), request_id="x", adapter=None,
+                        stream=False)  # fmt: skip
+
+
+async def test_every_field_sent_is_a_vllm_completion_field(prompt) -> None:
+    params = SamplingParams(seed=1, stop=("\n",), stop_token_ids=(3,), top_logprobs=2,
+                            constraint=Constraint.of({"type": "const_string", "value": "x"}))  # fmt: skip
+    for stream in (False, True):
+        body = completion_body(prompt, params, request_id="x", adapter="a", stream=stream)
+        assert set(body) <= COMPLETION_FIELDS
+
+
+async def test_a_misspelt_field_is_refused_by_the_fake(vllm_url, client, prompt) -> None:
+    body = completion_body(prompt, SamplingParams(), request_id="x", adapter=None, stream=False)
+    body["max_token"] = body.pop("max_tokens")
+    resp = await client.post(f"{vllm_url}/v1/completions", json=body)
+    assert resp.status_code == 400
+    assert "max_token" in resp.json()["error"]["message"]
+
+
+async def test_an_unreachable_server_is_a_transport_error(client) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(httpx.ConnectError):
+        await VLLMServer().info(client, f"http://127.0.0.1:{port}")
+
+
+# -- pause and resume ------------------------------------------------------------------
+
+
+async def test_pause_wait_drains_then_holds_new_calls(vllm_url, client, prompt) -> None:
+    server = VLLMServer()
+    running = asyncio.create_task(gen(client, vllm_url, prompt, seed=1, max_tokens=60,
+                                      ignore_eos=True))  # fmt: skip
+    await asyncio.sleep(0.3)
+    await server.pause(client, vllm_url, "wait")
+    assert running.done() and running.result().completions[0].finish_reason == "length"
+    assert (await client.get(f"{vllm_url}/is_paused")).json() == {"is_paused": True}
+    held = asyncio.create_task(gen(client, vllm_url, prompt, seed=1, max_tokens=5))
+    await asyncio.sleep(0.5)
+    assert not held.done()
+    await server.resume(client, vllm_url)
+    assert len((await held).completions[0].token_ids) <= 5
+
+
+async def test_pause_abort_ends_calls_with_their_partial_tokens(vllm_url, client, prompt) -> None:
+    server = VLLMServer()
+    running = asyncio.create_task(gen(client, vllm_url, prompt, seed=1, max_tokens=1500,
+                                      ignore_eos=True))  # fmt: skip
+    await asyncio.sleep(0.5)
+    await server.pause(client, vllm_url, "abort")
+    c = (await running).completions[0]
+    assert c.finish_reason == "abort" and 0 < len(c.token_ids) < 1500
+    await server.resume(client, vllm_url)
+
+
+async def test_pause_keep_parks_calls_and_continues_them(vllm_url, client, prompt) -> None:
+    server = VLLMServer()
+    running = asyncio.create_task(gen(client, vllm_url, prompt, seed=1, max_tokens=400,
+                                      ignore_eos=True))  # fmt: skip
+    await asyncio.sleep(0.5)
+    await server.pause(client, vllm_url, "keep")
+    await server.flush_cache(client, vllm_url)
+    await asyncio.sleep(0.3)
+    assert not running.done()
+    await server.resume(client, vllm_url)
+    c = (await running).completions[0]
+    assert c.finish_reason == "length" and len(c.token_ids) == len(c.logprobs) == 400
+
+
+# -- weights (these change the module's server: they run last) ---------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _changed(state: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + 0.02 * torch.randn(v.shape, generator=g) for k, v in state.items()}
+
+
+async def test_nccl_update_over_gloo_loads_the_broadcast_weights(
+    vllm_url, client, ref, prompt
+) -> None:
+    server = VLLMServer()
+    new = _changed(ref.model.state_dict(), 0)
+    port = _free_port()
+    trainer: dict[str, Any] = {}
+
+    def join() -> None:  # the trainer: rank 0, its own store and group, no global group
+        store = torch.distributed.TCPStore(  # pyright: ignore[reportPrivateImportUsage]
+            "127.0.0.1", port, 2, is_master=True, timeout=datetime.timedelta(seconds=60)
+        )
+        trainer["pg"] = torch.distributed.ProcessGroupGloo(
+            store, 0, 2, datetime.timedelta(seconds=60)
+        )  # pyright: ignore[reportPrivateImportUsage]
+
+    def broadcast() -> None:
+        for t in new.values():
+            trainer["pg"].broadcast(t.contiguous(), 0).wait()
+
+    await asyncio.gather(
+        asyncio.to_thread(join),
+        server.init_nccl(client, vllm_url, master_address="127.0.0.1", master_port=port,
+                         rank_offset=1, world_size=2, backend="gloo", group_name=""),
+    )  # fmt: skip
+    metas = [
+        TensorMeta(k, str(v.dtype).removeprefix("torch."), tuple(v.shape)) for k, v in new.items()
+    ]
+    before = await gen(client, vllm_url, prompt, temperature=0.0, max_tokens=12)
+    await server.pause(client, vllm_url, "wait")
+    await asyncio.gather(
+        asyncio.to_thread(broadcast),
+        server.update_from_nccl(client, vllm_url, metas, group_name="", version=1),
+    )
+    await server.flush_cache(client, vllm_url)
+    await server.resume(client, vllm_url)
+    assert await server.weight_version(client, vllm_url) == 1
+    after = await gen(client, vllm_url, prompt, temperature=0.0, max_tokens=12)
+    await ref.update_weights(new)
+    assert_same(after, await ref.generate(prompt, SamplingParams(temperature=0.0, max_tokens=12)))
+    assert after.completions[0].logprobs != before.completions[0].logprobs
+
+
+async def test_a_lora_adapter_is_served_by_name_with_its_version(
+    vllm_url, client, starter_dir, prompt, tmp_path
+) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(starter_dir)
+    cfg = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
+    get_peft_model(model, cfg).save_pretrained(tmp_path / "adapter")
+    server = VLLMServer()
+    await server.load_lora(client, vllm_url, "tether-policy", str(tmp_path / "adapter"), 2)
+    assert await server.weight_version(client, vllm_url) == 2
+    models = (await client.get(f"{vllm_url}/v1/models")).json()["data"]
+    assert {"tether-policy"} == {m["id"] for m in models if m.get("parent")}
+    got = await gen(
+        client, vllm_url, prompt, temperature=0.0, max_tokens=8, adapter="tether-policy"
+    )
+    assert len(got.completions[0].token_ids) >= 1
+    await server.load_lora(client, vllm_url, "tether-policy", str(tmp_path / "adapter"), 3)
+    assert await server.weight_version(client, vllm_url) == 3  # in place, under one name
+    with pytest.raises(EngineFailed, match="does not exist"):
+        await gen(client, vllm_url, prompt, temperature=0.0, max_tokens=4, adapter="nope")
+
+
+# -- a server in the wrong mode, with the disk backend ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def raw_url(starter_dir: Path) -> Iterator[str]:
+    """vLLM's defaults (raw logprobs), the disk weight-transfer backend."""
+    args = ("--weight-transfer-config", '{"backend": "disk"}')
+    with launch_fake("tests.fake_vllm", starter_dir, *args, env=DEV_ENV) as url:
+        yield url
+
+
+@pytest.mark.slow
+async def test_raw_logprobs_mode_is_refused_naming_the_flag(raw_url, client) -> None:
+    with pytest.raises(EngineFailed, match="--logprobs-mode processed_logprobs"):
+        await VLLMServer().info(client, raw_url)
+
+
+@pytest.mark.slow
+async def test_disk_update_loads_the_folder_and_reports_its_version(
+    raw_url, client, ref, prompt, tmp_path
+) -> None:
+    from safetensors.torch import save_file
+
+    new = _changed(ref.model.state_dict(), 1)
+    save_file({k: v.contiguous() for k, v in new.items()}, str(tmp_path / "model.safetensors"))
+    server = VLLMServer()
+    greedy = SamplingParams(temperature=0.0, max_tokens=12)
+    await server.pause(client, raw_url, "wait")
+    await server.update_from_disk(client, raw_url, str(tmp_path), 3)
+    await server.update_from_disk(client, raw_url, str(tmp_path), 4)  # init happens once
+    await server.resume(client, raw_url)
+    assert await server.weight_version(client, raw_url) == 4
+    await ref.update_weights(new)
+    got = await gen(client, raw_url, prompt, temperature=0.0, max_tokens=12)
+    assert_same(got, await ref.generate(prompt, greedy))
+
+
+@pytest.mark.slow
+async def test_dev_routes_are_absent_without_dev_mode(starter_dir, client) -> None:
+    with (
+        launch_fake("tests.fake_vllm", starter_dir) as url,
+        pytest.raises(EngineFailed, match="VLLM_SERVER_DEV_MODE=1"),
+    ):
+        await VLLMServer().info(client, url)
