@@ -1,0 +1,401 @@
+"""SGLang's native HTTP server as a tether engine: :class:`SGLangServer` (a ServerAPI).
+
+Built against SGLang 0.5.6 and later (read at sgl-project/sglang main, mid-2026:
+``python/sglang/srt/entrypoints/http_server.py``, ``managers/io_struct.py``,
+``managers/tokenizer_manager.py``, ``sampling/sampling_params.py``,
+``layers/sampler.py``). 0.5.6 is the floor: ``/pause_generation`` takes a ``mode``
+from then on (earlier releases take no body) and ``sampling_seed`` exists. Verified
+only against ``tests/fake_sglang.py``, not against a live server.
+
+What the sources say and how this adapter uses it:
+
+- ``POST /generate`` with ``input_ids``, ``sampling_params`` (a dict SGLang turns into
+  its ``SamplingParams``: an unknown key fails the request), ``rid``,
+  ``return_logprob``, ``top_logprobs_num``, ``lora_path`` (an adapter's name) and
+  ``stream``. The answer has ``output_ids`` (through the stop token) and ``meta_info``:
+  ``output_token_logprobs`` as ``[logprob, token_id, text]`` triples,
+  ``output_top_logprobs``, ``finish_reason`` (``{"type": "stop", "matched": id or
+  str}``, ``{"type": "length", ...}``, ``{"type": "abort", "message": ...}``, or null
+  while running) and ``weight_version`` (a string label).
+- Logprobs are ``log_softmax(logits / T)`` before top-k/top-p (T = 1 when greedy), what
+  tether records, unless the server runs with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``
+  (then T = 1 always): do not set it. SGLang applies a grammar's token mask before its
+  log-softmax, so with a constraint its logprobs are the masked distribution's.
+- ``n > 1`` goes out as n requests (rids ``{request_id}#{i}``, seeds ``seed + i``):
+  SGLang gives the copies of one parallel-sampling request fresh random rids (no abort
+  by id) and one ``sampling_seed``. The seed only acts on a server started with
+  ``--enable-deterministic-inference``, which seeds unseeded requests with 42, so an
+  unseeded call gets a random seed per completion here.
+- Streams must be cumulative (a server without ``--incremental-streaming-output``):
+  each ``data:`` event holds all ids and logprobs so far; :meth:`SGLangServer.info`
+  checks the flag. ``/abort_request`` ``{"rid"}`` ends a request with its partial tokens.
+- Pause modes: tether's ``keep`` is SGLang's ``retract`` (running requests go back to
+  the queue and are recomputed on the new weights), ``abort`` is ``abort``; ``wait``
+  waits for this adapter's requests to the replica to finish, then pauses. Weight
+  versions are strings; tether sends integers and reads ``"default"`` as 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import Any
+
+import httpx
+
+from tether.engine._protocol import Completion, EngineFailed, GenerateResult, SamplingParams
+from tether.engine._remote_http import check, sse_events
+from tether.engine._server_api import PauseMode, ServerInfo, TensorMeta, Transport
+from tether.engine._stream import TokenDelta
+
+__all__ = ["SGLangServer"]
+
+_NAME = "SGLang"
+_PAUSE_MODES = {"keep": "retract", "abort": "abort", "wait": "retract"}
+
+
+def _version(value: Any, url: str) -> int | None:
+    """An integer weight version from SGLang's label (``"default"`` is 0)."""
+    if value is None:
+        return None
+    if str(value) == "default":
+        return 0
+    try:
+        return int(str(value))
+    except ValueError:
+        raise EngineFailed(
+            f"{_NAME} server at {url} reports weight version {value!r}; tether needs integer "
+            "versions: start it with --weight-version 0"
+        ) from None
+
+
+def _rids(request_id: str, n: int) -> list[str]:
+    width = len(str(n - 1))  # equal widths: no sibling's rid is a prefix of another's
+    return [f"{request_id}#{i:0{width}d}" for i in range(n)]
+
+
+def _bodies(
+    prompt_ids: Sequence[int], p: SamplingParams, rids: list[str], adapter: str | None
+) -> list[dict[str, Any]]:
+    """The /generate requests of one call, one per completion: seeds ``seed + i``, or
+    random ones when unseeded. The sampling keys with defaults are sent anyway (a
+    server's ``--preferred-sampling-params`` would fill the ones left out)."""
+    sampling: dict[str, Any] = dict(
+        max_new_tokens=p.max_tokens,
+        temperature=p.temperature,  # < 1e-6: greedy (SGLang: top_k 1, T 1)
+        top_p=p.top_p,
+        top_k=-1,
+        min_p=0.0,
+        repetition_penalty=1.0,
+        ignore_eos=p.ignore_eos,
+    )
+    tag = p.constraint.structural_tag if p.constraint is not None else None
+    optional = {"stop": list(p.stop), "stop_token_ids": list(p.stop_token_ids)}
+    sampling.update((k, v) for k, v in {**optional, "structural_tag": tag}.items() if v)
+    extra = {"top_logprobs_num": p.top_logprobs, "lora_path": adapter}
+    base = {"input_ids": list(prompt_ids), "return_logprob": True}
+    base.update((k, v) for k, v in extra.items() if v)
+    out = []
+    for i, rid in enumerate(rids):
+        seed = random.randrange(2**31) if p.seed is None else p.seed + i
+        out.append({**base, "rid": rid, "sampling_params": {**sampling, "sampling_seed": seed}})
+    return out
+
+
+def _finish(reason: Any, url: str) -> str | None:
+    """tether's finish reason of SGLang's, None while running; an abort with an error
+    status (a bad grammar, an overloaded server) is EngineFailed."""
+    if reason is None:
+        return None
+    kind = reason.get("type") if isinstance(reason, dict) else str(reason)
+    if kind == "abort" and isinstance(reason, dict) and reason.get("status_code"):
+        raise EngineFailed(f"{_NAME} server at {url} failed the request: {reason.get('message')}")
+    if kind in ("stop", "length", "abort"):
+        return kind
+    raise EngineFailed(f"{_NAME} server at {url} sent an unknown finish reason {reason!r}")
+
+
+class _Answer:
+    """One completion read from one (or, streaming, successive cumulative) answer."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.top: list[dict[int, float]] = []
+        self.finish: str | None = None
+        self.version: int | None = None
+
+    def update(self, out: dict[str, Any], url: str) -> int:
+        """Take an answer (the full output so far); return how many tokens are new."""
+        meta = out.get("meta_info") or {}
+        triples = meta.get("output_token_logprobs") or []
+        ids = [int(i) for i in out.get("output_ids") or []]
+        if len(triples) != len(ids) or any(
+            int(t[1]) != i for t, i in zip(triples, ids, strict=True)
+        ):
+            raise EngineFailed(
+                f"{_NAME} server at {url} sent output_ids that do not match "
+                "output_token_logprobs (is it streaming incrementally?)"
+            )
+        old = len(self.ids)
+        self.ids = ids
+        self.logprobs = [float(t[0]) for t in triples]
+        tops = meta.get("output_top_logprobs") or []
+        self.top = [{int(e[1]): float(e[0]) for e in row or []} for row in tops]
+        self.finish = _finish(meta.get("finish_reason"), url)
+        version = _version(meta.get("weight_version"), url)
+        self.version = self.version if version is None else version
+        return len(ids) - old
+
+    def deltas(self, index: int, new: int) -> list[TokenDelta]:
+        out = []
+        for k in range(len(self.ids) - new, len(self.ids)):
+            top = self.top[k] if k < len(self.top) else None
+            last = k == len(self.ids) - 1
+            fin = self.finish if last else None
+            out.append(TokenDelta(index, self.ids[k], self.logprobs[k], top, fin))
+        return out
+
+    def completion(self, top_logprobs: int) -> Completion:
+        top = self.top if top_logprobs else None
+        return Completion(self.ids, self.logprobs, self.finish or "abort", top)
+
+
+class SGLangServer:
+    """SGLang's native routes for one replica per call (see the module docstring)."""
+
+    name = "sglang"
+    transports: tuple[Transport, ...] = ("lora", "disk", "nccl")
+
+    def __init__(self) -> None:
+        self._live: dict[str, list[str]] = {}  # tether request id -> its SGLang rids
+        self._busy: dict[str, int] = {}  # url -> requests in flight through this adapter
+        self._idle: dict[str, asyncio.Event] = {}
+
+    # -- start-up and state ---------------------------------------------------------------
+
+    async def info(self, client: httpx.AsyncClient, url: str) -> ServerInfo:
+        models = check(await client.get(f"{url}/v1/models"), _NAME)
+        card = models["data"][0]
+        server = check(await client.get(f"{url}/get_server_info"), _NAME) or {}
+        if server.get("incremental_streaming_output"):
+            raise EngineFailed(
+                f"{_NAME} server at {url} streams incrementally; tether reads cumulative "
+                "streams: start it without --incremental-streaming-output"
+            )
+        if server.get("skip_tokenizer_init"):
+            raise EngineFailed(
+                f"{_NAME} server at {url} runs without a tokenizer (stop strings fail): "
+                "start it without --skip-tokenizer-init"
+            )
+        version = await self.weight_version(client, url)
+        ranks = int(server.get("tp_size") or 1) * int(server.get("pp_size") or 1)
+        return ServerInfo(str(card["id"]), card.get("max_model_len"), version, ranks)
+
+    async def weight_version(self, client: httpx.AsyncClient, url: str) -> int:
+        body = check(await client.get(f"{url}/get_weight_version"), _NAME) or {}
+        return _version(body.get("weight_version", "default"), url) or 0
+
+    # -- generation ---------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _request(self, url: str, request_id: str, n: int) -> AsyncIterator[list[str]]:
+        """The rids of one tether request, known to :meth:`abort` and counted as busy."""
+        rids = _rids(request_id, n)
+        self._live[request_id] = rids
+        self._busy[url] = self._busy.get(url, 0) + 1
+        self._idle.setdefault(url, asyncio.Event()).clear()
+        try:
+            yield rids
+        finally:
+            self._live.pop(request_id, None)
+            self._busy[url] -= 1
+            if not self._busy[url]:
+                self._idle[url].set()
+
+    async def generate(
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        request_id: str,
+        adapter: str | None,
+    ) -> GenerateResult:
+        async with self._request(url, request_id, params.n) as rids:
+            bodies = _bodies(prompt_ids, params, rids, adapter)
+            tasks = [asyncio.ensure_future(self._post(client, url, b)) for b in bodies]
+            try:
+                answers = await asyncio.gather(*tasks)
+            except BaseException:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                await self._abort_rids(client, url, rids)
+                raise
+        return self._result(list(answers), params)
+
+    async def _post(self, client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> _Answer:
+        out = check(await client.post(f"{url}/generate", json=body), _NAME)
+        answer = _Answer()
+        answer.update(out, url)
+        return answer
+
+    def _result(self, answers: list[_Answer], params: SamplingParams) -> GenerateResult:
+        versions = [a.version for a in answers if a.version is not None]
+        # an abort before prefill reports no version: -1, the engine records its own
+        version = max(versions) if versions else -1
+        comps = [a.completion(params.top_logprobs) for a in answers]
+        return GenerateResult(comps, version, {"engine": "sglang"})
+
+    async def stream(
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        request_id: str,
+        adapter: str | None,
+    ) -> AsyncGenerator[TokenDelta | GenerateResult, None]:
+        async with self._request(url, request_id, params.n) as rids:
+            queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+            answers = [_Answer() for _ in rids]
+            bodies = _bodies(prompt_ids, params, rids, adapter)
+            tasks = [
+                asyncio.ensure_future(self._pump(client, url, {**b, "stream": True}, i, queue))
+                for i, b in enumerate(bodies)
+            ]
+            try:
+                running = len(tasks)
+                while running:
+                    i, item = await queue.get()
+                    if isinstance(item, BaseException):
+                        raise item
+                    if item is None:  # that request's stream ended
+                        running -= 1
+                        continue
+                    new = answers[i].update(item, url)
+                    for delta in answers[i].deltas(i, new):
+                        yield delta
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                if any(a.finish is None for a in answers):
+                    await self._abort_rids(client, url, rids)
+        yield self._result(answers, params)
+
+    async def _pump(
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        body: dict[str, Any],
+        index: int,
+        queue: asyncio.Queue[tuple[int, Any]],
+    ) -> None:
+        """Put each ``data:`` event of one streamed request on ``queue``, then None."""
+        try:
+            async with client.stream("POST", f"{url}/generate", json=body) as resp:
+                if not resp.is_success:
+                    await resp.aread()
+                    check(resp, _NAME)
+                async for event in sse_events(resp):
+                    if "error" in event:
+                        message = (event["error"] or {}).get("message", event["error"])
+                        raise EngineFailed(f"{_NAME} server at {url} failed the request: {message}")
+                    queue.put_nowait((index, event))
+        except Exception as exc:
+            queue.put_nowait((index, exc))
+            return
+        queue.put_nowait((index, None))
+
+    async def abort(self, client: httpx.AsyncClient, url: str, request_id: str) -> None:
+        await self._abort_rids(client, url, self._live.get(request_id, []))
+
+    async def _abort_rids(self, client: httpx.AsyncClient, url: str, rids: list[str]) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            for rid in rids:
+                await client.post(f"{url}/abort_request", json={"rid": rid})
+
+    # -- pause, resume, cache -----------------------------------------------------------
+
+    async def pause(self, client: httpx.AsyncClient, url: str, mode: PauseMode) -> None:
+        if mode == "wait" and self._busy.get(url):
+            await self._idle[url].wait()
+        body = {"mode": _PAUSE_MODES[mode]}
+        check(await client.post(f"{url}/pause_generation", json=body), _NAME)
+
+    async def resume(self, client: httpx.AsyncClient, url: str) -> None:
+        check(await client.post(f"{url}/continue_generation", json={}), _NAME)
+
+    async def flush_cache(self, client: httpx.AsyncClient, url: str) -> None:
+        resp = await client.post(f"{url}/flush_cache")
+        if not resp.is_success:  # a 200 answer is plain text, not JSON
+            check(resp, _NAME)
+
+    # -- weights ------------------------------------------------------------------------
+
+    async def _update(
+        self, client: httpx.AsyncClient, url: str, route: str, body: dict[str, Any]
+    ) -> None:
+        resp = await client.post(f"{url}/{route}", json=body)
+        with contextlib.suppress(ValueError):
+            out = resp.json()
+            if isinstance(out, dict) and out.get("success") is False:
+                message = out.get("error_message") or out.get("message") or "failed"
+                raise EngineFailed(f"{_NAME} server at {url} failed /{route}: {message}")
+        check(resp, _NAME)
+
+    async def load_lora(
+        self, client: httpx.AsyncClient, url: str, name: str, path: str, version: int
+    ) -> None:
+        # a name can be loaded once: unload the previous adapter first (none is no error)
+        with contextlib.suppress(EngineFailed):
+            await self._update(client, url, "unload_lora_adapter", {"lora_name": name})
+        await self._update(client, url, "load_lora_adapter", {"lora_name": name, "lora_path": path})
+        body = {"new_version": str(version), "abort_all_requests": False}
+        await self._update(client, url, "update_weight_version", body)
+
+    async def update_from_disk(
+        self, client: httpx.AsyncClient, url: str, path: str, version: int
+    ) -> None:
+        body = {"model_path": path, "weight_version": str(version)}
+        await self._update(client, url, "update_weights_from_disk", body)
+
+    async def init_nccl(
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        backend: str,
+        group_name: str,
+    ) -> None:
+        body = dict(master_address=master_address, master_port=master_port, backend=backend)
+        body.update(rank_offset=rank_offset, world_size=world_size, group_name=group_name)
+        await self._update(client, url, "init_weights_update_group", body)
+
+    async def update_from_nccl(
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        tensors: Sequence[TensorMeta],
+        *,
+        group_name: str,
+        version: int,
+    ) -> None:
+        body = {
+            "names": [t.name for t in tensors],
+            "dtypes": [t.dtype for t in tensors],
+            "shapes": [list(t.shape) for t in tensors],
+            "group_name": group_name,
+            "weight_version": str(version),
+        }
+        await self._update(client, url, "update_weights_from_distributed", body)
