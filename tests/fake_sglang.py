@@ -489,7 +489,7 @@ def make_app(fake: FakeSGLang) -> FastAPI:
         if not fake.args.enable_lora:
             error = "LoRA is not enabled. Please set `--enable-lora` to True."
         elif obj.lora_name in b.adapters:
-            error = f"The LoRA adapter {obj.lora_name} is already loaded."
+            error = f"Failed to load LoRA adapter {obj.lora_name} because it is already loaded"
         if error is None:
             try:
                 await fake.exclusive(b.load_adapter(obj.lora_name, obj.lora_path, None))

@@ -141,7 +141,7 @@ async def test_stream_deltas_equal_the_result(client: Any, url: str, prompt: lis
 async def test_abort_mid_stream_keeps_partial_tokens(
     client: Any, url: str, prompt: list[int]
 ) -> None:
-    params = SamplingParams(max_tokens=400, temperature=1.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=1000, temperature=1.0, ignore_eos=True)
     stream = api.stream(client, url, prompt, params, request_id="long", adapter=None)
     seen = 0
     result = None
@@ -154,19 +154,19 @@ async def test_abort_mid_stream_keeps_partial_tokens(
                 await api.abort(client, url, "long")
     assert result is not None
     c = result.completions[0]
-    assert c.finish_reason == "abort" and 3 <= len(c.token_ids) < 400
+    assert c.finish_reason == "abort" and 3 <= len(c.token_ids) < 1000
     assert len(c.logprobs) == len(c.token_ids)
 
 
 async def test_abort_a_plain_generate(client: Any, url: str, prompt: list[int]) -> None:
-    params = SamplingParams(max_tokens=400, temperature=1.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=1000, temperature=1.0, ignore_eos=True)
     call = asyncio.ensure_future(
         api.generate(client, url, prompt, params, request_id="plain", adapter=None)
     )
     await asyncio.sleep(0.5)
     await api.abort(client, url, "plain")
     c = (await call).completions[0]
-    assert c.finish_reason == "abort" and 0 < len(c.token_ids) < 400
+    assert c.finish_reason == "abort" and 0 < len(c.token_ids) < 1000
 
 
 async def test_json_constraint_output_parses(
@@ -212,7 +212,7 @@ async def test_pause_keep_holds_and_continues(client: Any, url: str, prompt: lis
 async def test_pause_abort_ends_calls_and_wait_waits(
     client: Any, url: str, prompt: list[int]
 ) -> None:
-    params = SamplingParams(max_tokens=400, temperature=1.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=1000, temperature=1.0, ignore_eos=True)
     call = asyncio.ensure_future(
         api.generate(client, url, prompt, params, request_id="doomed", adapter=None)
     )
@@ -229,7 +229,7 @@ async def test_pause_abort_ends_calls_and_wait_waits(
 
 
 async def test_flush_cache_refused_while_running(client: Any, url: str, prompt: list[int]) -> None:
-    params = SamplingParams(max_tokens=400, temperature=1.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=1000, temperature=1.0, ignore_eos=True)
     call = asyncio.ensure_future(
         api.generate(client, url, prompt, params, request_id="busy", adapter=None)
     )

@@ -130,8 +130,8 @@ class _Answer:
     def update(self, out: dict[str, Any], url: str) -> int:
         """Take an answer (the full output so far); return how many tokens are new."""
         meta = out.get("meta_info") or {}
-        triples = meta.get("output_token_logprobs") or []
-        ids = [int(i) for i in out.get("output_ids") or []]
+        ids = [int(i) for i in out.get("output_ids") or []]  # through the stop token
+        triples = (meta.get("output_token_logprobs") or [])[: len(ids)]
         if len(triples) != len(ids) or any(
             int(t[1]) != i for t, i in zip(triples, ids, strict=True)
         ):
@@ -184,11 +184,6 @@ class SGLangServer:
             raise EngineFailed(
                 f"{_NAME} server at {url} streams incrementally; tether reads cumulative "
                 "streams: start it without --incremental-streaming-output"
-            )
-        if server.get("skip_tokenizer_init"):
-            raise EngineFailed(
-                f"{_NAME} server at {url} runs without a tokenizer (stop strings fail): "
-                "start it without --skip-tokenizer-init"
             )
         version = await self.weight_version(client, url)
         ranks = int(server.get("tp_size") or 1) * int(server.get("pp_size") or 1)
