@@ -158,6 +158,18 @@ async def test_abort_mid_stream_keeps_partial_tokens(
     assert len(c.logprobs) == len(c.token_ids)
 
 
+async def test_closing_the_stream_aborts_the_request(
+    client: Any, url: str, prompt: list[int]
+) -> None:
+    params = SamplingParams(max_tokens=1000, temperature=1.0, ignore_eos=True)
+    stream = api.stream(client, url, prompt, params, request_id="left", adapter=None)
+    got = [await anext(stream), await anext(stream)]
+    assert all(isinstance(d, TokenDelta) for d in got)
+    await stream.aclose()
+    await asyncio.sleep(0.3)
+    await api.flush_cache(client, url)  # refused (400) while the request still ran
+
+
 async def test_abort_a_plain_generate(client: Any, url: str, prompt: list[int]) -> None:
     params = SamplingParams(max_tokens=1000, temperature=1.0, ignore_eos=True)
     call = asyncio.ensure_future(
@@ -273,6 +285,18 @@ async def test_unknown_fields(client: Any, url: str) -> None:
     assert resp.status_code == 500  # SGLang's SamplingParams(**d) raises TypeError
 
 
+async def test_fake_parallel_sampling_answers_a_list(client: Any, url: str) -> None:
+    """SGLang's own n > 1 (which the adapter does not use): one answer per sample, each
+    with a fresh rid, every one with the request's sampling_seed."""
+    sp = {"max_new_tokens": 5, "n": 2, "temperature": 1.0, "sampling_seed": 3}
+    body = {"input_ids": [1, 2, 3], "sampling_params": sp, "rid": "mine", "return_logprob": True}
+    out = (await client.post(f"{url}/generate", json=body)).json()
+    assert isinstance(out, list) and len(out) == 2
+    assert len({o["meta_info"]["id"] for o in out} | {"mine"}) == 3
+    assert out[0]["output_ids"] == out[1]["output_ids"]  # one seed: the same sample twice
+    assert out[0]["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
+
+
 async def test_unreachable_server_is_one_line_naming_it(prompt: list[int]) -> None:
     engine = RemoteEngine(SGLangServer(), ["http://127.0.0.1:9"], timeout_s=5)
     try:
@@ -372,12 +396,20 @@ async def test_distributed_update_over_gloo(
 async def test_remote_engine_pushes_to_the_fake(
     fresh_url: str, starter_dir: Path, prompt: list[int], tmp_path: Path
 ) -> None:
-    """The lead's RemoteEngine with this adapter: a disk push, then a gloo broadcast."""
+    """RemoteEngine with this adapter: a disk push, then a broadcast over gloo."""
     engine = RemoteEngine(SGLangServer(), [fresh_url], transport="disk", weights_dir=tmp_path,
                           model_dir=starter_dir, pause_mode="keep")  # fmt: skip
     try:
         assert await engine.update_weights(_changed(starter_dir)) == 1
         result = await engine.generate(prompt, SamplingParams(temperature=0, max_tokens=4))
         assert result.policy_version == 1
+    finally:
+        await engine.close()
+    engine = RemoteEngine(SGLangServer(), [fresh_url], transport="nccl",
+                          nccl=("127.0.0.1", 0, "gloo"), pause_mode="abort")  # fmt: skip
+    try:
+        assert await engine.update_weights(_changed(starter_dir), version=2) == 2
+        result = await engine.generate(prompt, SamplingParams(temperature=0, max_tokens=4))
+        assert result.policy_version == 2
     finally:
         await engine.close()
