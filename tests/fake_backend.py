@@ -331,7 +331,7 @@ class FakeBackend:
                 timeout=datetime.timedelta(seconds=60),
             )
             if prefix is not None:
-                store = dist.PrefixStore(prefix, store)
+                store = dist.PrefixStore(prefix, store)  # pyright: ignore[reportPrivateImportUsage]
             return dist.ProcessGroupGloo(store, rank, world_size, datetime.timedelta(seconds=60))
 
         self._group = await asyncio.to_thread(join)

@@ -48,105 +48,39 @@ from tether.engine._stream import TokenDelta
 VERSION = "0.29.0"
 
 #: The fields of vLLM's CompletionRequest (0.28-0.29).
-COMPLETION_FIELDS = frozenset(
-    [
-        "model",
-        "prompt",
-        "echo",
-        "frequency_penalty",
-        "logit_bias",
-        "logprobs",
-        "max_tokens",
-        "n",
-        "presence_penalty",
-        "seed",
-        "stop",
-        "stream",
-        "stream_options",
-        "suffix",
-        "temperature",
-        "top_p",
-        "user",
-        "use_beam_search",
-        "top_k",
-        "min_p",
-        "repetition_penalty",
-        "length_penalty",
-        "stop_token_ids",
-        "include_stop_str_in_output",
-        "ignore_eos",
-        "min_tokens",
-        "skip_special_tokens",
-        "spaces_between_special_tokens",
-        "truncate_prompt_tokens",
-        "truncation_side",
-        "allowed_token_ids",
-        "prompt_logprobs",
-        "logprob_token_ids",
-        "bad_words",
-        "prompt_embeds",
-        "add_special_tokens",
-        "response_format",
-        "structured_outputs",
-        "priority",
-        "request_id",
-        "session_id",
-        "return_tokens_as_token_ids",
-        "return_token_ids",
-        "cache_salt",
-        "kv_transfer_params",
-        "vllm_xargs",
-    ]
-)
+# fmt: off
+COMPLETION_FIELDS = frozenset({
+    "model", "prompt", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens",
+    "n", "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix",
+    "temperature", "top_p", "user", "use_beam_search", "top_k", "min_p",
+    "repetition_penalty", "length_penalty", "stop_token_ids", "include_stop_str_in_output",
+    "ignore_eos", "min_tokens", "skip_special_tokens", "spaces_between_special_tokens",
+    "truncate_prompt_tokens", "truncation_side", "allowed_token_ids", "prompt_logprobs",
+    "logprob_token_ids", "bad_words", "prompt_embeds", "add_special_tokens",
+    "response_format", "structured_outputs", "priority", "request_id", "session_id",
+    "return_tokens_as_token_ids", "return_token_ids", "cache_salt", "kv_transfer_params",
+    "vllm_xargs",
+})
 #: Those the fake honours; the others are refused as not implemented.
-HONOURED = frozenset(
-    [
-        "model",
-        "prompt",
-        "logprobs",
-        "max_tokens",
-        "n",
-        "presence_penalty",
-        "frequency_penalty",
-        "seed",
-        "stop",
-        "stream",
-        "stream_options",
-        "temperature",
-        "top_p",
-        "user",
-        "top_k",
-        "min_p",
-        "repetition_penalty",
-        "stop_token_ids",
-        "include_stop_str_in_output",
-        "ignore_eos",
-        "min_tokens",
-        "skip_special_tokens",
-        "spaces_between_special_tokens",
-        "structured_outputs",
-        "request_id",
-        "return_tokens_as_token_ids",
-        "return_token_ids",
-    ]
-)
+HONOURED = frozenset({
+    "model", "prompt", "logprobs", "max_tokens", "n", "presence_penalty",
+    "frequency_penalty", "seed", "stop", "stream", "stream_options", "temperature", "top_p",
+    "user", "top_k", "min_p", "repetition_penalty", "stop_token_ids",
+    "include_stop_str_in_output", "ignore_eos", "min_tokens", "skip_special_tokens",
+    "spaces_between_special_tokens", "structured_outputs", "request_id",
+    "return_tokens_as_token_ids", "return_token_ids",
+})
+# fmt: on
 #: Sampling fields vLLM fills from generation_config when absent, and their neutral values.
 NEUTRAL = {"top_k": (0, -1), "min_p": (0.0,), "repetition_penalty": (1.0,)}
 NEUTRAL |= {"presence_penalty": (0.0,), "frequency_penalty": (0.0,)}
-STRUCTURED_FIELDS = frozenset(
-    [
-        "json",
-        "regex",
-        "choice",
-        "grammar",
-        "json_object",
-        "disable_fallback",
-        "disable_any_whitespace",
-        "disable_additional_properties",
-        "whitespace_pattern",
-        "structural_tag",
-    ]
-)
+# fmt: off
+STRUCTURED_FIELDS = frozenset({
+    "json", "regex", "choice", "grammar", "json_object", "disable_fallback",
+    "disable_any_whitespace", "disable_additional_properties", "whitespace_pattern",
+    "structural_tag",
+})
+# fmt: on
 _TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
 
 

@@ -37,6 +37,7 @@ is -1 and the engine records the version it serves. The weight version is a stri
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -46,7 +47,7 @@ from typing import Any
 import httpx
 
 from tether.engine._protocol import Completion, EngineFailed, GenerateResult, SamplingParams
-from tether.engine._remote_http import check, sse_events
+from tether.engine._remote_http import check, error_message, sse_events
 from tether.engine._server_api import PauseMode, ServerInfo, TensorMeta, Transport
 from tether.engine._stream import TokenDelta
 from tether.errors import UserError
@@ -256,8 +257,9 @@ class VLLMServer:
                 await resp.aread()
                 check(resp, SHOWN)
             async for event in sse_events(resp):
-                if event.get("error"):
-                    raise EngineFailed(f"vLLM server at {url} failed mid-stream: {event['error']}")
+                if event.get("error") or event.get("object") == "error":  # newer, older shape
+                    message = error_message(event, json.dumps(event))
+                    raise EngineFailed(f"vLLM server at {url} failed mid-stream: {message}")
                 for ch in event.get("choices") or []:
                     for delta in _deltas(ch, rows, params.top_logprobs, url):
                         yield delta
