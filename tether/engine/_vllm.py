@@ -327,6 +327,10 @@ class VLLMServer:
         body = {"init_info": info}
         check(await client.post(f"{url}/init_weight_transfer_engine", json=body), SHOWN)
 
+    def group_prefix(self, group_name: str) -> str | None:
+        """vLLM's group has no name: the trainer builds it on the bare store."""
+        return None
+
     async def update_from_nccl(
         self,
         client: httpx.AsyncClient,
