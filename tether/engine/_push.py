@@ -106,7 +106,8 @@ def tensor_metas(state_dict: Mapping[str, torch.Tensor]) -> list[TensorMeta]:
 
 
 class BroadcastGroup:
-    """Rank 0 of the weight-broadcast group (see the module docstring).
+    """Rank 0 of the weight-broadcast group (see the module docstring), its process
+    group built on the store under ``prefix`` when given (as the server's side is).
 
     :meth:`join` blocks until every server rank has joined (run it in a thread while the
     servers are told to join); :meth:`broadcast` sends tensors in order.
@@ -120,12 +121,13 @@ class BroadcastGroup:
         *,
         backend: str,
         group_name: str,
+        prefix: str | None = None,
         timeout_s: float = 300.0,
     ):
         if backend not in ("nccl", "gloo"):
             raise ValueError(f"engine.nccl_backend ({backend!r}) must be nccl or gloo")
         self.address, self.port, self.world_size = address, port, world_size
-        self.backend, self.group_name = backend, group_name
+        self.backend, self.group_name, self.prefix = backend, group_name, prefix
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self._pg: Any = None
         self._store: Any = None
@@ -141,7 +143,7 @@ class BroadcastGroup:
             wait_for_workers=False,
             timeout=self.timeout,
         )
-        store = dist.PrefixStore(f"{self.group_name}/", self._store)
+        store = self._store if self.prefix is None else dist.PrefixStore(self.prefix, self._store)
         if self.backend == "gloo":
             self._pg = dist.ProcessGroupGloo(store, 0, self.world_size, self.timeout)
         else:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Mapping
 from pathlib import Path
@@ -33,7 +32,7 @@ import httpx
 
 from tether.engine._gate import AdmissionGate
 from tether.engine._protocol import EngineFailed, EngineTimeout, GenerateResult, SamplingParams
-from tether.engine._push import BroadcastGroup, prune, save_adapter, save_full, tensor_metas
+from tether.engine._remote_push import WeightPusher
 from tether.engine._replicas import Replica, ReplicaSet
 from tether.engine._server_api import PauseMode, ServerAPI, Transport
 from tether.engine._stream import TokenDelta
@@ -45,8 +44,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _SHOWN = {"vllm": "vLLM", "sglang": "SGLang"}
-#: The LoRA adapter name the servers load each pushed adapter under (in place).
-ADAPTER = "tether-policy"
 
 
 class RemoteEngine:
@@ -84,10 +81,15 @@ class RemoteEngine:
             )
         self.api, self.replicas, self.transport = api, ReplicaSet(urls), transport
         self.shown = _SHOWN.get(api.name, api.name)
-        self.weights_dir = Path(weights_dir) if weights_dir is not None else None
-        self.model_dir = Path(model_dir) if model_dir is not None else None
-        self.lora_config = dict(lora_config) if lora_config is not None else None
-        self.keep_weights, self.nccl = keep_weights, nccl
+        self._pusher = WeightPusher(
+            api,
+            transport,
+            weights_dir=Path(weights_dir) if weights_dir is not None else None,
+            model_dir=Path(model_dir) if model_dir is not None else None,
+            lora_config=lora_config,
+            keep=keep_weights,
+            nccl=nccl,
+        )
         self.pause_mode: PauseMode = pause_mode
         self.timeout_s, self.health_interval_s = timeout_s, health_interval_s
         key = api_key or os.environ.get("TETHER_ENGINE_API_KEY")
@@ -102,13 +104,9 @@ class RemoteEngine:
         self._start_lock = asyncio.Lock()
         self._started = False
         self._version = 0
-        self._ranks: dict[str, int] = {}
-        self._group: BroadcastGroup | None = None
-        self._group_members: tuple[str, ...] = ()
         self._health: asyncio.Task[None] | None = None
         self.model: str | None = None
         self.max_positions: int | None = None
-        self.adapter: str | None = None  # the adapter calls name, once one is pushed
 
     @classmethod
     async def connect(cls, api: ServerAPI, urls: list[str], **kwargs: Any) -> RemoteEngine:
@@ -126,6 +124,11 @@ class RemoteEngine:
         """Whether :meth:`update_weights` takes the LoRA adapter's weights (``lora``)
         rather than the full merged weights."""
         return self.transport == "lora"
+
+    @property
+    def adapter(self) -> str | None:
+        """The LoRA adapter calls name (``lora`` transport, once one is pushed), else None."""
+        return self._pusher.adapter
 
     @property
     def policy_version(self) -> int:
@@ -159,7 +162,7 @@ class RemoteEngine:
             )
         self.model = models.pop()
         self._version = infos[0].weight_version
-        self._ranks = {r.url: i.ranks for r, i in zip(self.replicas, infos, strict=True)}
+        self._pusher.ranks = {r.url: i.ranks for r, i in zip(self.replicas, infos, strict=True)}
         lengths = [i.max_positions for i in infos if i.max_positions]
         self.max_positions = min(lengths) if lengths else None
         self._health = asyncio.create_task(self._health_loop())
@@ -224,7 +227,7 @@ class RemoteEngine:
             try:
                 call = self.api.generate(
                     self._client, replica.url, prompt_ids, params,
-                    request_id=request_id, adapter=self.adapter,
+                    request_id=request_id, adapter=self._pusher.adapter,
                 )  # fmt: skip
                 result = await self._on(replica, call)
             except asyncio.CancelledError:
@@ -243,7 +246,7 @@ class RemoteEngine:
             request_id = f"tether-{uuid.uuid4().hex}"
             stream = self.api.stream(
                 self._client, replica.url, prompt_ids, params,
-                request_id=request_id, adapter=self.adapter,
+                request_id=request_id, adapter=self._pusher.adapter,
             )  # fmt: skip
             replica.in_flight += 1
             done = False
@@ -311,7 +314,7 @@ class RemoteEngine:
                 await self._each(
                     targets, lambda r: self.api.pause(self._client, r.url, self.pause_mode)
                 )
-                await self._push(targets, state_dict, new)
+                await self._pusher.push(self._client, self._each, targets, state_dict, new)
                 await self._check_versions(targets, new)
                 await self._each(targets, lambda r: self.api.flush_cache(self._client, r.url))
                 self._version = new
@@ -354,82 +357,10 @@ class RemoteEngine:
                 "the push did not take; see the servers' logs"
             )
 
-    async def _push(self, targets: list[Replica], state_dict: dict[str, Any], new: int) -> None:
-        api, client = self.api, self._client
-        if self.transport in ("disk", "lora") and self.weights_dir is None:
-            raise EngineFailed(f"the {self.transport} transport needs engine.weights_dir")
-        if self.transport == "lora" and self.lora_config is None:
-            raise EngineFailed("engine.transport=lora needs a LoRA trainer: set trainer.lora")
-        if self.transport == "disk":
-            assert self.weights_dir is not None
-            folder = self.weights_dir / f"v{new}"
-            await asyncio.to_thread(save_full, state_dict, folder, self.model_dir)
-            await self._each(
-                targets, lambda r: api.update_from_disk(client, r.url, str(folder), new)
-            )
-            prune(self.weights_dir, "v", self.keep_weights)
-        elif self.transport == "lora":
-            assert self.weights_dir is not None and self.lora_config is not None
-            folder = self.weights_dir / f"lora-v{new}"
-            await asyncio.to_thread(save_adapter, state_dict, self.lora_config, folder)
-            await self._each(
-                targets, lambda r: api.load_lora(client, r.url, ADAPTER, str(folder), new)
-            )
-            self.adapter = ADAPTER
-            prune(self.weights_dir, "lora-v", self.keep_weights)
-        else:
-            group = await self._broadcast_group(targets)
-            metas = tensor_metas(state_dict)
-            name = group.group_name
-            await asyncio.gather(
-                asyncio.to_thread(group.broadcast, state_dict),
-                self._each(targets, lambda r: api.update_from_nccl(client, r.url, metas, group_name=name, version=new)),
-            )  # fmt: skip
-
-    async def _broadcast_group(self, targets: list[Replica]) -> BroadcastGroup:
-        """The broadcast group of ``targets`` (made anew when the replicas changed)."""
-        members = tuple(r.url for r in targets)
-        if self._group is not None and members == self._group_members:
-            return self._group
-        if self._group is not None:
-            self._group.close()
-        address, port, backend = self.nccl
-        port = port or _free_port(address)
-        world = 1 + sum(self._ranks.get(u, 1) for u in members)
-        group = BroadcastGroup(
-            address,
-            port,
-            world,
-            backend=backend,
-            group_name=f"tether-weights-{uuid.uuid4().hex[:8]}",
-        )
-        offsets, rank = [], 1
-        for u in members:
-            offsets.append(rank)
-            rank += self._ranks.get(u, 1)
-        joins = [
-            self._on(r, self.api.init_nccl(
-                self._client, r.url, master_address=address, master_port=port,
-                rank_offset=off, world_size=world, backend=backend, group_name=group.group_name,
-            ))
-            for r, off in zip(targets, offsets, strict=True)
-        ]  # fmt: skip
-        await asyncio.gather(asyncio.to_thread(group.join), *joins)
-        self._group, self._group_members = group, members
-        return group
-
     async def close(self) -> None:
         self._gate.close()
         if self._health is not None:
             self._health.cancel()
             self._health = None
-        if self._group is not None:
-            self._group.close()
-            self._group = None
+        self._pusher.close()
         await self._client.aclose()
-
-
-def _free_port(address: str) -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]

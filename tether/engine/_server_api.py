@@ -153,6 +153,12 @@ class ServerAPI(Protocol):
         joining; the trainer joins concurrently."""
         ...
 
+    def group_prefix(self, group_name: str) -> str | None:
+        """The store prefix the server's side of the broadcast group builds on (SGLang:
+        ``"{group_name}/"``; vLLM's group has no name: None), which the trainer's side
+        must use too."""
+        ...
+
     async def update_from_nccl(
         self,
         client: httpx.AsyncClient,
