@@ -9,7 +9,7 @@ CompletionResponse, CompletionStreamResponse, CompletionLogProbs),
 ``/start_weight_update``, ``/update_weights``, ``/finish_weight_update``,
 ``/update_weight_version``, ``/weight_info``, ``/get_world_size``),
 ``vllm/distributed/weight_transfer/nccl_engine.py`` and ``disk_engine.py`` (init and
-update infos), ``vllm/frontend/entrypoints/serve/dev/cache/api_router.py``
+update infos; the disk backend is vLLM PR #52152, not in a release up to 0.29), ``vllm/frontend/entrypoints/serve/dev/cache/api_router.py``
 (``/reset_prefix_cache``), ``.../serve/lora/api_router.py`` (``/v1/load_lora_adapter``),
 ``.../instrumentator/server_info.py`` (``/server_info``).
 
@@ -26,7 +26,9 @@ Not done: text prompts, beam search, top-k/min-p/penalties other than neutral (4
 from the model's generation_config), top_p < 1 under processed logprobs and temperatures
 other than 0 and 1 under raw logprobs (the fake cannot compute those values: 400); the
 NCCL group is gloo on a ``TCPStore`` (vLLM builds a ``StatelessProcessGroup`` with
-PyNccl); one LoRA adapter is served at a time, merged into the weights.
+PyNccl); one LoRA adapter is served at a time, merged into the weights; a constrained
+token's logprob is the unconstrained one (vLLM masks the logits first, so its value is
+renormalised over the allowed tokens).
 """
 
 from __future__ import annotations

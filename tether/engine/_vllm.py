@@ -1,38 +1,32 @@
 """vLLM's OpenAI server as a :class:`~tether.engine._server_api.ServerAPI`: :class:`VLLMServer`.
 
-Built against vLLM 0.28-0.29, from the sources of vllm-project/vllm (verified only
-against ``tests/fake_vllm.py``, not a real server): ``vllm/entrypoints/openai/completion/
-protocol.py`` (CompletionRequest and its responses), ``vllm/entrypoints/serve/dev/rlhf/
-api_router.py`` (pause, resume, abort, the weight-transfer lifecycle, the weight version),
-``vllm/distributed/weight_transfer/nccl_engine.py`` and ``disk_engine.py`` (their init and
-update infos), ``vllm/frontend/entrypoints/serve/dev/cache/api_router.py``
-(``/reset_prefix_cache``), ``.../serve/lora/api_router.py`` (``/v1/load_lora_adapter``),
-``vllm/entrypoints/serve/instrumentator/server_info.py`` (``/server_info``).
-
-The server tether needs (docs/engines.md)::
+Built against vLLM 0.28-0.29 from vllm-project/vllm's sources, verified only against
+``tests/fake_vllm.py``: ``vllm/entrypoints/openai/completion/protocol.py`` (requests,
+responses), ``vllm/entrypoints/serve/dev/rlhf/api_router.py`` (pause, abort, weight
+transfer, weight version), ``vllm/distributed/weight_transfer/nccl_engine.py`` and
+``disk_engine.py`` (init/update infos; the disk backend is vLLM PR #52152, unreleased in
+0.29), ``vllm/frontend/entrypoints/serve/{dev/cache,lora}/api_router.py``,
+``vllm/entrypoints/serve/instrumentator/server_info.py``. The server tether needs::
 
     VLLM_SERVER_DEV_MODE=1 VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 vllm serve MODEL \\
         --logprobs-mode processed_logprobs --generation-config vllm \\
-        [--enable-lora --max-lora-rank R]                          # transport lora
-        [--weight-transfer-config '{"backend": "nccl"}']           # transport nccl
-        [--weight-transfer-config '{"backend": "disk"}']           # transport disk
+        [--enable-lora --max-lora-rank R]                       # transport lora
+        [--weight-transfer-config '{"backend": "nccl"}']        # transport nccl (or disk)
 
-Logprobs. tether records ``log_softmax(logits / T)`` before top-p (T = 1 when greedy).
-vLLM's default ``raw_logprobs`` is ``log_softmax(logits)`` before the temperature, right
-only at T = 1; ``processed_logprobs`` is taken after the temperature and after
-top-k/top-p/min-p, right when those are off. So the server must run with
-``--logprobs-mode processed_logprobs`` (:meth:`VLLMServer.info` checks it through
-``/server_info``), every request sends neutral top_k, min_p and penalties (vLLM would
-otherwise fill them from the model's ``generation_config``), and a call with top_p < 1
-is refused (its logprobs would be renormalised over the nucleus).
+Logprobs: tether records ``log_softmax(logits / T)`` before top-p (T = 1 when greedy).
+vLLM's default ``raw_logprobs`` is taken before the temperature (right only at T = 1);
+``processed_logprobs`` after the temperature and after top-k/top-p/min-p (right when
+those are off). So the server must run with ``processed_logprobs`` (:meth:`VLLMServer.info`
+checks ``/server_info``), every request sends neutral top_k, min_p and penalties (vLLM
+would fill them from ``generation_config``), and top_p < 1 is refused. Under a constraint
+vLLM masks the logits before sampling, so a constrained token's logprob is renormalised
+over the allowed tokens (>= what tether's embedded engine records).
 
-Requests: ``/v1/completions`` with a token-id ``prompt``, ``return_token_ids`` (the
-completion's ids, the stop token included) and ``logprobs`` (``token_logprobs``: the
-sampled tokens'; ``top_logprobs`` keyed ``token_id:N`` with
-``return_tokens_as_token_ids``). The answer carries no weight version: ``policy_version``
-is -1 and the engine records the version it serves. The weight version is a string label
-(``"default"`` for fresh weights, read as 0) set by ``finish_weight_update`` or
-``/update_weight_version``.
+Requests: ``/v1/completions`` with a token-id ``prompt``, ``return_token_ids`` (the stop
+token included) and ``logprobs`` (``token_logprobs``; ``top_logprobs`` keyed
+``token_id:N``). The answer names no weight version (``policy_version`` -1: the engine
+records its own); the server's label (``"default"`` = 0) is set by
+``finish_weight_update`` or ``/update_weight_version``.
 """
 
 from __future__ import annotations
@@ -207,13 +201,19 @@ class VLLMServer:
         if resp.status_code == 404:
             raise EngineFailed(f"vLLM server at {url} has no /server_info: {DEV_HINT}")
         mode = _logprobs_mode((check(resp, SHOWN) or {}).get("vllm_config"))
+        if mode is None:
+            raise EngineFailed(
+                f"vLLM server at {url}: no logprobs_mode in /server_info (vLLM older than "
+                f"0.28?); tether needs --logprobs-mode {LOGPROBS_MODE}"
+            )
         if mode != LOGPROBS_MODE:
             raise EngineFailed(
                 f"vLLM server at {url} runs with --logprobs-mode {mode}; tether needs "
                 f"--logprobs-mode {LOGPROBS_MODE} (log_softmax(logits / T), what the trainer "
                 "recomputes; the default raw_logprobs ignores the temperature)"
             )
-        world = check(await client.get(f"{url}/get_world_size"), SHOWN) or {}
+        resp = await client.get(f"{url}/get_world_size")  # the ranks it adds to a broadcast
+        world = {} if resp.status_code == 404 else check(resp, SHOWN) or {}
         self._max_len[url] = base.get("max_model_len")
         return ServerInfo(
             model=str(base["id"]),
@@ -267,7 +267,9 @@ class VLLMServer:
         yield GenerateResult(rows, -1, info)
 
     async def abort(self, client: httpx.AsyncClient, url: str, request_id: str) -> None:
-        resp = await client.post(f"{url}/abort_requests", json={"request_ids": [request_id]})
+        # vLLM names the engine request cmpl-{id}-{prompt index}; unknown ids are ignored
+        ids = [request_id, f"cmpl-{request_id}", f"cmpl-{request_id}-0"]
+        resp = await client.post(f"{url}/abort_requests", json={"request_ids": ids})
         if resp.status_code != 404:  # before the route existed, a disconnect aborts
             check(resp, SHOWN)
 
