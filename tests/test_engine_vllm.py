@@ -222,13 +222,33 @@ async def test_an_unreachable_server_is_a_transport_error(client) -> None:
 # -- pause and resume ------------------------------------------------------------------
 
 
+async def generating(
+    client: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int
+) -> asyncio.Task[GenerateResult]:
+    """A streamed call, once its first token has arrived (the server is generating it)."""
+    first = asyncio.Event()
+    params = SamplingParams(seed=1, max_tokens=max_tokens, ignore_eos=True)
+
+    async def run() -> GenerateResult:
+        stream = VLLMServer().stream(client, url, prompt, params, request_id=f"g{id(first)}",
+                                     adapter=None)  # fmt: skip
+        async for item in stream:
+            first.set()
+            if isinstance(item, GenerateResult):
+                return item
+        raise AssertionError("the stream ended without a result")
+
+    task = asyncio.create_task(run())
+    await asyncio.wait_for(first.wait(), 60)
+    return task
+
+
 async def test_pause_wait_drains_then_holds_new_calls(vllm_url, client, prompt) -> None:
     server = VLLMServer()
-    running = asyncio.create_task(gen(client, vllm_url, prompt, seed=1, max_tokens=60,
-                                      ignore_eos=True))  # fmt: skip
-    await asyncio.sleep(0.3)
+    running = await generating(client, vllm_url, prompt, 60)
     await server.pause(client, vllm_url, "wait")
-    assert running.done() and running.result().completions[0].finish_reason == "length"
+    c = (await asyncio.wait_for(running, 10)).completions[0]
+    assert c.finish_reason == "length" and len(c.token_ids) == 60
     assert (await client.get(f"{vllm_url}/is_paused")).json() == {"is_paused": True}
     held = asyncio.create_task(gen(client, vllm_url, prompt, seed=1, max_tokens=5))
     await asyncio.sleep(0.5)
@@ -239,26 +259,23 @@ async def test_pause_wait_drains_then_holds_new_calls(vllm_url, client, prompt) 
 
 async def test_pause_abort_ends_calls_with_their_partial_tokens(vllm_url, client, prompt) -> None:
     server = VLLMServer()
-    running = asyncio.create_task(gen(client, vllm_url, prompt, seed=1, max_tokens=1500,
-                                      ignore_eos=True))  # fmt: skip
-    await asyncio.sleep(0.5)
+    running = await generating(client, vllm_url, prompt, 1500)
     await server.pause(client, vllm_url, "abort")
-    c = (await running).completions[0]
+    c = (await asyncio.wait_for(running, 10)).completions[0]
     assert c.finish_reason == "abort" and 0 < len(c.token_ids) < 1500
+    assert len(c.logprobs) == len(c.token_ids)
     await server.resume(client, vllm_url)
 
 
 async def test_pause_keep_parks_calls_and_continues_them(vllm_url, client, prompt) -> None:
     server = VLLMServer()
-    running = asyncio.create_task(gen(client, vllm_url, prompt, seed=1, max_tokens=400,
-                                      ignore_eos=True))  # fmt: skip
-    await asyncio.sleep(0.5)
+    running = await generating(client, vllm_url, prompt, 400)
     await server.pause(client, vllm_url, "keep")
     await server.flush_cache(client, vllm_url)
     await asyncio.sleep(0.3)
     assert not running.done()
     await server.resume(client, vllm_url)
-    c = (await running).completions[0]
+    c = (await asyncio.wait_for(running, 60)).completions[0]
     assert c.finish_reason == "length" and len(c.token_ids) == len(c.logprobs) == 400
 
 
