@@ -301,6 +301,7 @@ class FakeSGLang:
         ids: list[int] = []
         lps: list[float] = []
         tops: list[dict[int, float]] = []
+        sent = 0  # tokens sent (--incremental-streaming-output sends only the new ones)
         try:
             async for item in self.backend.events(job):
                 if isinstance(item, GenerateResult):
@@ -313,6 +314,8 @@ class FakeSGLang:
                         continue  # the last token comes with the finish reason
                     c = Completion(ids, lps, None, tops)  # type: ignore[arg-type]
                     out = self.answer(rid, req, prompt, c, self.label)
+                if self.args.incremental_streaming_output:
+                    out, sent = _since(out, sent), len(out["output_ids"])
                 yield b"data: " + json.dumps(out).encode() + b"\n\n"
         except Exception as exc:
             yield b"data: " + json.dumps({"error": {"message": str(exc)}}).encode() + b"\n\n"
@@ -336,6 +339,15 @@ class FakeSGLang:
             await work
         finally:
             await self.backend.resume()
+
+
+def _since(out: dict[str, Any], sent: int) -> dict[str, Any]:
+    """An incremental stream event: the output past the first ``sent`` tokens."""
+    meta = dict(out["meta_info"])
+    for key in ("output_token_logprobs", "output_top_logprobs"):
+        if key in meta:
+            meta[key] = meta[key][sent:]
+    return {**out, "output_ids": out["output_ids"][sent:], "meta_info": meta}
 
 
 def _fail(exc: BaseException) -> JSONResponse:
@@ -371,7 +383,7 @@ def make_app(fake: FakeSGLang) -> FastAPI:
     @app.get("/get_server_info")
     async def server_info() -> dict[str, Any]:
         return {"model_path": fake.served, "served_model_name": fake.served, "context_length": b.max_positions,
-                "enable_lora": fake.args.enable_lora, "incremental_streaming_output": False,
+                "enable_lora": fake.args.enable_lora, "incremental_streaming_output": fake.args.incremental_streaming_output,
                 "skip_tokenizer_init": False, "enable_deterministic_inference": fake.args.enable_deterministic_inference,
                 "weight_version": fake.label, "tp_size": 1, "internal_states": [{}], "version": "0.5.6-fake"}  # fmt: skip
 
@@ -530,6 +542,7 @@ def main() -> None:
     parser.add_argument("--served-model-name")
     parser.add_argument("--weight-version", default="default")
     parser.add_argument("--enable-lora", action="store_true")
+    parser.add_argument("--incremental-streaming-output", action="store_true")
     parser.add_argument("--enable-deterministic-inference", action="store_true")
     args = parser.parse_args()
     # the backend's asyncio objects bind to the loop on first use: the server's loop

@@ -72,6 +72,21 @@ async def test_info(client: Any, url: str) -> None:
     assert info.model
 
 
+@pytest.mark.slow
+async def test_info_refuses_an_incremental_stream(starter_dir: Path, client: Any) -> None:
+    with launch_fake("tests.fake_sglang", starter_dir, "--incremental-streaming-output") as base:
+        with pytest.raises(EngineFailed, match="without --incremental-streaming-output"):
+            await api.info(client, base)
+        params = SamplingParams(max_tokens=6, temperature=1.0)
+        with pytest.raises(EngineFailed, match="earlier events"):  # what info() prevents
+            _ = [
+                x
+                async for x in api.stream(
+                    client, base, [1, 2, 3], params, request_id="i", adapter=None
+                )
+            ]
+
+
 async def test_greedy_equals_the_embedded_engine(
     client: Any, url: str, starter_dir: Path, prompt: list[int]
 ) -> None:
@@ -177,8 +192,8 @@ async def test_abort_a_plain_generate(client: Any, url: str, prompt: list[int]) 
     )
     await asyncio.sleep(0.5)
     await api.abort(client, url, "plain")
-    c = (await call).completions[0]
-    assert c.finish_reason == "abort" and 0 < len(c.token_ids) < 1000
+    c = (await call).completions[0]  # its tokens so far (none on a busy machine)
+    assert c.finish_reason == "abort" and len(c.logprobs) == len(c.token_ids) < 1000
 
 
 async def test_json_constraint_output_parses(
@@ -374,7 +389,10 @@ async def test_distributed_update_over_gloo(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    group = BroadcastGroup("127.0.0.1", port, 2, backend="gloo", group_name="tether-test")
+    name = "tether-test"
+    group = BroadcastGroup(
+        "127.0.0.1", port, 2, backend="gloo", group_name=name, prefix=api.group_prefix(name)
+    )
     await asyncio.gather(
         asyncio.to_thread(group.join),
         api.init_nccl(client, fresh_url, master_address="127.0.0.1", master_port=port,

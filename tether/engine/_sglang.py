@@ -132,12 +132,14 @@ class _Answer:
         meta = out.get("meta_info") or {}
         ids = [int(i) for i in out.get("output_ids") or []]  # through the stop token
         triples = (meta.get("output_token_logprobs") or [])[: len(ids)]
-        if len(triples) != len(ids) or any(
-            int(t[1]) != i for t, i in zip(triples, ids, strict=True)
+        if (
+            len(triples) != len(ids)
+            or any(int(t[1]) != i for t, i in zip(triples, ids, strict=True))
+            or ids[: len(self.ids)] != self.ids  # a stream's events are cumulative
         ):
             raise EngineFailed(
-                f"{_NAME} server at {url} sent output_ids that do not match "
-                "output_token_logprobs (is it streaming incrementally?)"
+                f"{_NAME} server at {url} sent output_ids that do not match its logprobs "
+                "or its earlier events (start it without --incremental-streaming-output)"
             )
         old = len(self.ids)
         self.ids = ids
@@ -376,6 +378,11 @@ class SGLangServer:
         body = dict(master_address=master_address, master_port=master_port, backend=backend)
         body.update(rank_offset=rank_offset, world_size=world_size, group_name=group_name)
         await self._update(client, url, "init_weights_update_group", body)
+
+    def group_prefix(self, group_name: str) -> str | None:
+        """SGLang builds its side of the group on a store prefixed by the group name
+        (``init_custom_process_group`` → torch's ``_new_process_group_helper``)."""
+        return f"{group_name}/"
 
     async def update_from_nccl(
         self,
