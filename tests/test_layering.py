@@ -146,6 +146,10 @@ def test_the_checks_catch_violations() -> None:
 # gateway, test_cli_runs.py: cli) unless it is listed here.
 TEST_OWNERS = {
     "test_constraint": "engine",
+    # the fake vLLM / SGLang servers: tether's embedded engine behind the servers' routes
+    "fake_backend": "engine",
+    "fake_vllm": "engine",
+    "fake_sglang": "engine",
     "test_diagnostics": "cli",  # the step line and live table of `tether train`
     "test_export": "cli",  # `tether export` and `tether report`
     "test_interrupt": "cli",
