@@ -8,6 +8,7 @@ logprobs must equal what a TransformersEngine gives in this process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from tether.engine._sglang import SGLangServer, _bodies
 from tether.engine._stream import TokenDelta
 from tether.engine._transformers import TransformersEngine
 
+LONG = SamplingParams(max_tokens=1000, temperature=1.0, ignore_eos=True)
 FLAGS = ("--enable-deterministic-inference", "--enable-lora", "--weight-version", "0")
 
 
@@ -181,8 +183,12 @@ async def test_closing_the_stream_aborts_the_request(
     got = [await anext(stream), await anext(stream)]
     assert all(isinstance(d, TokenDelta) for d in got)
     await stream.aclose()
-    await asyncio.sleep(0.3)
-    await api.flush_cache(client, url)  # refused (400) while the request still ran
+    for _ in range(50):  # flush_cache is refused (400) while the request runs
+        await asyncio.sleep(0.1)
+        with contextlib.suppress(EngineFailed):
+            await api.flush_cache(client, url)
+            return
+    raise AssertionError("the request still runs after its stream was closed")
 
 
 async def test_abort_a_plain_generate(client: Any, url: str, prompt: list[int]) -> None:
@@ -210,42 +216,49 @@ async def test_json_constraint_output_parses(
     assert isinstance(json.loads(text)["ok"], bool)
 
 
-async def test_pause_keep_holds_and_continues(client: Any, url: str, prompt: list[int]) -> None:
-    params = SamplingParams(max_tokens=60, temperature=1.0, seed=4, ignore_eos=True)
-    counts: list[int] = []
+async def running(
+    client: Any, url: str, prompt: list[int], rid: str, params: SamplingParams = LONG
+) -> tuple[asyncio.Future[GenerateResult], list[TokenDelta]]:
+    """A streamed call in the background, returned once its first token has come."""
+    seen: list[TokenDelta] = []
 
     async def consume() -> GenerateResult:
-        async for item in api.stream(client, url, prompt, params, request_id="kept", adapter=None):
+        async for item in api.stream(client, url, prompt, params, request_id=rid, adapter=None):
             if isinstance(item, GenerateResult):
                 return item
-            counts.append(item.index)
+            seen.append(item)
         raise AssertionError("no result")
 
     task = asyncio.ensure_future(consume())
-    while len(counts) < 3:
+    while not seen and not task.done():
         await asyncio.sleep(0.01)
+    return task, seen
+
+
+async def test_pause_keep_holds_and_continues(client: Any, url: str, prompt: list[int]) -> None:
+    params = SamplingParams(max_tokens=60, temperature=1.0, seed=4, ignore_eos=True)
+    task, seen = await running(client, url, prompt, "kept", params)
     await api.pause(client, url, "keep")
-    held = len(counts)
+    await asyncio.sleep(0.3)  # tokens already on the wire arrive
+    held = len(seen)
     late = asyncio.ensure_future(gen(client, url, prompt, "late", max_tokens=2))
     await asyncio.sleep(0.5)
-    assert len(counts) <= held + 1 and not late.done()  # frozen; a new call is held
+    assert len(seen) == held < 60 and not late.done()  # frozen; a new call is held
     await api.resume(client, url)
     result = await task
     assert result.completions[0].finish_reason == "length"
-    assert len(result.completions[0].token_ids) == 60
+    assert result.completions[0].token_ids == [d.token_id for d in seen]
+    assert len(seen) == 60
     assert (await late).completions[0].finish_reason == "length"
 
 
 async def test_pause_abort_ends_calls_and_wait_waits(
     client: Any, url: str, prompt: list[int]
 ) -> None:
-    params = SamplingParams(max_tokens=1000, temperature=1.0, ignore_eos=True)
-    call = asyncio.ensure_future(
-        api.generate(client, url, prompt, params, request_id="doomed", adapter=None)
-    )
-    await asyncio.sleep(0.5)
+    task, seen = await running(client, url, prompt, "doomed")
     await api.pause(client, url, "abort")
-    assert (await call).completions[0].finish_reason == "abort"
+    c = (await task).completions[0]
+    assert c.finish_reason == "abort" and c.token_ids == [d.token_id for d in seen]
     await api.flush_cache(client, url)
     await api.resume(client, url)
     short = asyncio.ensure_future(gen(client, url, prompt, "short", max_tokens=30))
@@ -256,15 +269,11 @@ async def test_pause_abort_ends_calls_and_wait_waits(
 
 
 async def test_flush_cache_refused_while_running(client: Any, url: str, prompt: list[int]) -> None:
-    params = SamplingParams(max_tokens=1000, temperature=1.0, ignore_eos=True)
-    call = asyncio.ensure_future(
-        api.generate(client, url, prompt, params, request_id="busy", adapter=None)
-    )
-    await asyncio.sleep(0.3)
+    task, _ = await running(client, url, prompt, "busy")
     with pytest.raises(EngineFailed, match="400"):
         await api.flush_cache(client, url)
     await api.abort(client, url, "busy")
-    await call
+    assert (await task).completions[0].finish_reason == "abort"
 
 
 async def test_server_errors_carry_the_message(client: Any, url: str, prompt: list[int]) -> None:
