@@ -29,8 +29,9 @@ labels (``--weight-version``, ``"default"``); ``/update_weights_from_disk``,
 
 What it does not do: text prompts, streaming with ``n > 1``, penalties, ``min_p``,
 ``top_k`` other than all or greedy, regex / EBNF / JSON-schema constraints (structural
-tags only), several adapters at once (the one loaded is merged into the base, so a
-request without ``lora_path`` is refused while it is loaded), the grammar-masked
+tags only), several adapters at once (the one loaded last is merged into the base and a
+new request naming another, or none, is refused; a call running on an older adapter goes
+on with the newest), waiting for an adapter's calls before unloading it, the grammar-masked
 logprobs a real server reports under a constraint (these are the unconstrained ones),
 NCCL, tensor parallelism.
 """
@@ -241,8 +242,8 @@ class FakeSGLang:
         active = self.backend.active_adapter
         if name is not None and name not in self.backend.adapters:
             raise ValueError(f"The following requested LoRA adapters are not loaded: {name}")
-        if name is None and active is not None:
-            raise FakeError(f"fake_sglang merges adapter {active!r} into the base: name it")
+        if name != active and active is not None:
+            raise FakeError(f"fake_sglang serves only the adapter loaded last, {active!r}")
 
     async def run_one(self, rid: str, prompt: list[int], params: SamplingParams) -> GenerateResult:
         job = self.backend.start(rid, prompt, params)

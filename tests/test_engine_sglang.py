@@ -357,24 +357,29 @@ async def test_update_from_disk(
     assert after.completions[0].logprobs != before.completions[0].logprobs
 
 
-@pytest.mark.slow
-async def test_lora_adapter_loads_and_reloads(
-    client: Any, fresh_url: str, starter_dir: Path, prompt: list[int], tmp_path: Path
-) -> None:
+def _adapters(model_dir: Path, folder: Path, seeds: tuple[int, ...]) -> list[str]:
+    """peft LoRA adapters of the starter (B not zero, so each changes the outputs)."""
     from peft import LoraConfig, get_peft_model
 
     from tether.models import load_model
 
-    base = await gen(client, fresh_url, prompt, temperature=0)
-    folders = []
-    for seed in (1, 2):
+    out = []
+    for seed in seeds:
         torch.manual_seed(seed)
         cfg = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-        peft_model = get_peft_model(load_model(starter_dir), cfg)
-        peft_model.save_pretrained(str(tmp_path / f"lora{seed}"))
-        folders.append(str(tmp_path / f"lora{seed}"))
+        get_peft_model(load_model(model_dir), cfg).save_pretrained(str(folder / f"lora{seed}"))
+        out.append(str(folder / f"lora{seed}"))
+    return out
+
+
+@pytest.mark.slow
+async def test_lora_adapter_loads_and_reloads(
+    client: Any, fresh_url: str, starter_dir: Path, prompt: list[int], tmp_path: Path
+) -> None:
+    base = await gen(client, fresh_url, prompt, temperature=0)
+    folders = _adapters(starter_dir, tmp_path, (1, 2, 3))
     outs = []
-    for version, folder in ((3, folders[0]), (4, folders[1])):
+    for version, folder in zip((3, 4, 5), folders, strict=True):
         await api.load_lora(client, fresh_url, "tether", folder, version)
         assert await api.weight_version(client, fresh_url) == version
         p = SamplingParams(temperature=0, max_tokens=12)
@@ -383,9 +388,31 @@ async def test_lora_adapter_loads_and_reloads(
                 client, fresh_url, prompt, p, request_id=f"l{version}", adapter="tether"
             )
         )
-    assert outs[0].policy_version == 3 and outs[1].policy_version == 4
+    assert [o.policy_version for o in outs] == [3, 4, 5]
     logprobs = [base.completions[0].logprobs] + [o.completions[0].logprobs for o in outs]
-    assert len({tuple(lp) for lp in logprobs}) == 3  # base, adapter 1, adapter 2 all differ
+    assert len({tuple(lp) for lp in logprobs}) == 4  # the base and each adapter differ
+    gone = await client.post(f"{fresh_url}/unload_lora_adapter", json={"lora_name": "tether-v3"})
+    assert gone.status_code == 400  # unloaded at the push of v5 (no call used it)
+
+
+@pytest.mark.slow
+async def test_lora_push_keeps_a_running_call_on_its_adapter(
+    client: Any, fresh_url: str, starter_dir: Path, prompt: list[int], tmp_path: Path
+) -> None:
+    one, two = _adapters(starter_dir, tmp_path, (1, 2))
+    await api.load_lora(client, fresh_url, "tether", one, 1)
+    p = SamplingParams(max_tokens=40, temperature=1.0, ignore_eos=True)
+    kept = api.stream(client, fresh_url, prompt, p, request_id="k", adapter="tether")
+    assert isinstance(await anext(kept), TokenDelta)
+    await api.pause(client, fresh_url, "keep")
+    await api.load_lora(client, fresh_url, "tether", two, 2)
+    await api.flush_cache(client, fresh_url)
+    await api.resume(client, fresh_url)
+    items = [x async for x in kept]
+    assert isinstance(items[-1], GenerateResult) and items[-1].policy_version == 1
+    await api.load_lora(client, fresh_url, "tether", one, 3)  # v1 unused now: unloaded
+    gone = await client.post(f"{fresh_url}/unload_lora_adapter", json={"lora_name": "tether-v1"})
+    assert gone.status_code == 400
 
 
 @pytest.mark.slow

@@ -33,6 +33,8 @@ What the sources say and how this adapter uses it:
   the queue and are recomputed on the new weights), ``abort`` is ``abort``; ``wait``
   waits for this adapter's requests to the replica to finish, then pauses. Weight
   versions are strings; tether sends integers and reads ``"default"`` as 0.
+- LoRA pushes load ``{name}-v{version}`` (``/load_lora_adapter``; a name loads once) and
+  unload older ones when no call uses them (an unload waits for its calls).
 """
 
 from __future__ import annotations
@@ -175,6 +177,9 @@ class SGLangServer:
         self._live: dict[str, list[str]] = {}  # tether request id -> its SGLang rids
         self._busy: dict[str, int] = {}  # url -> requests in flight through this adapter
         self._idle: dict[str, asyncio.Event] = {}
+        self._lora: dict[tuple[str, str], tuple[str, int]] = {}  # (url, name) -> loaded as, v
+        self._lora_use: dict[tuple[str, str], int] = {}  # (url, loaded as) -> calls using it
+        self._stale: dict[str, set[str]] = {}  # url -> adapters to unload once unused
 
     # -- start-up and state ---------------------------------------------------------------
 
@@ -198,16 +203,23 @@ class SGLangServer:
     # -- generation ---------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _request(self, url: str, request_id: str, n: int) -> AsyncIterator[list[str]]:
-        """The rids of one tether request, known to :meth:`abort` and counted as busy."""
+    async def _request(
+        self, url: str, request_id: str, n: int, adapter: str | None
+    ) -> AsyncIterator[tuple[list[str], str | None, int | None]]:
+        """One tether request: its rids (known to :meth:`abort`, counted as busy), the
+        adapter's loaded name and version (None: the base weights, or not loaded here)."""
         rids = _rids(request_id, n)
+        loaded, version = self._lora.get((url, adapter or ""), (adapter, None))
+        use = (url, loaded or "")
         self._live[request_id] = rids
         self._busy[url] = self._busy.get(url, 0) + 1
+        self._lora_use[use] = self._lora_use.get(use, 0) + 1
         self._idle.setdefault(url, asyncio.Event()).clear()
         try:
-            yield rids
+            yield rids, loaded, version
         finally:
             self._live.pop(request_id, None)
+            self._lora_use[use] -= 1
             self._busy[url] -= 1
             if not self._busy[url]:
                 self._idle[url].set()
@@ -222,8 +234,8 @@ class SGLangServer:
         request_id: str,
         adapter: str | None,
     ) -> GenerateResult:
-        async with self._request(url, request_id, params.n) as rids:
-            bodies = _bodies(prompt_ids, params, rids, adapter)
+        async with self._request(url, request_id, params.n, adapter) as (rids, lora, v):
+            bodies = _bodies(prompt_ids, params, rids, lora)
             tasks = [asyncio.ensure_future(self._post(client, url, b)) for b in bodies]
             try:
                 answers = await asyncio.gather(*tasks)
@@ -233,7 +245,7 @@ class SGLangServer:
                 await asyncio.gather(*tasks, return_exceptions=True)
                 await self._abort_rids(client, url, rids)
                 raise
-        return self._result(list(answers), params)
+        return self._result(list(answers), params, v)
 
     async def _post(self, client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> _Answer:
         out = check(await client.post(f"{url}/generate", json=body), _NAME)
@@ -241,10 +253,15 @@ class SGLangServer:
         answer.update(out, url)
         return answer
 
-    def _result(self, answers: list[_Answer], params: SamplingParams) -> GenerateResult:
+    def _result(
+        self, answers: list[_Answer], params: SamplingParams, lora_version: int | None
+    ) -> GenerateResult:
+        """The answers as one result. A call on an adapter ran on it to the end (a call
+        SGLang retracts keeps its adapter): the adapter's version is the policy's."""
         versions = [a.version for a in answers if a.version is not None]
         # an abort before prefill reports no version: -1, the engine records its own
         version = max(versions) if versions else -1
+        version = version if lora_version is None else lora_version
         comps = [a.completion(params.top_logprobs) for a in answers]
         return GenerateResult(comps, version, {"engine": "sglang"})
 
@@ -258,10 +275,10 @@ class SGLangServer:
         request_id: str,
         adapter: str | None,
     ) -> AsyncGenerator[TokenDelta | GenerateResult, None]:
-        async with self._request(url, request_id, params.n) as rids:
+        async with self._request(url, request_id, params.n, adapter) as (rids, lora, v):
             queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
             answers = [_Answer() for _ in rids]
-            bodies = _bodies(prompt_ids, params, rids, adapter)
+            bodies = _bodies(prompt_ids, params, rids, lora)
             tasks = [
                 asyncio.ensure_future(self._pump(client, url, {**b, "stream": True}, i, queue))
                 for i, b in enumerate(bodies)
@@ -284,7 +301,7 @@ class SGLangServer:
                 await asyncio.gather(*tasks, return_exceptions=True)
                 if any(a.finish is None for a in answers):
                     await self._abort_rids(client, url, rids)
-        yield self._result(answers, params)
+        yield self._result(answers, params, v)
 
     async def _pump(
         self,
@@ -350,12 +367,24 @@ class SGLangServer:
     async def load_lora(
         self, client: httpx.AsyncClient, url: str, name: str, path: str, version: int
     ) -> None:
-        # a name can be loaded once: unload the previous adapter first (none is no error)
-        with contextlib.suppress(EngineFailed):
-            await self._update(client, url, "unload_lora_adapter", {"lora_name": name})
-        await self._update(client, url, "load_lora_adapter", {"lora_name": name, "lora_path": path})
+        """Load ``path`` as ``{name}-v{version}``; calls naming ``name`` use the newest.
+        Older ones are unloaded once no call uses them: SGLang's unload waits for the
+        calls on an adapter (and blocks every LoRA load meanwhile), and calls kept over a
+        push by ``keep`` finish on the adapter they began with."""
+        stale = self._stale.setdefault(url, set())
+        for old in [o for o in stale if not self._lora_use.get((url, o))]:
+            with contextlib.suppress(EngineFailed):
+                await self._update(client, url, "unload_lora_adapter", {"lora_name": old})
+            stale.discard(old)
+        loaded = f"{name}-v{version}"
+        body = {"lora_name": loaded, "lora_path": path}
+        await self._update(client, url, "load_lora_adapter", body)
         body = {"new_version": str(version), "abort_all_requests": False}
         await self._update(client, url, "update_weight_version", body)
+        previous = self._lora.get((url, name))
+        self._lora[(url, name)] = (loaded, version)
+        if previous is not None and previous[0] != loaded:
+            stale.add(previous[0])
 
     async def update_from_disk(
         self, client: httpx.AsyncClient, url: str, path: str, version: int
@@ -378,6 +407,9 @@ class SGLangServer:
         body = dict(master_address=master_address, master_port=master_port, backend=backend)
         body.update(rank_offset=rank_offset, world_size=world_size, group_name=group_name)
         await self._update(client, url, "init_weights_update_group", body)
+
+    def check_params(self, params: SamplingParams) -> None:
+        """Nothing to refuse: SGLang's logprobs are tether's (before top-k/top-p)."""
 
     def group_prefix(self, group_name: str) -> str | None:
         """SGLang builds its side of the group on a store prefixed by the group name
