@@ -226,11 +226,11 @@ class FakeSGLang:
     def finish(self, req: GenerateReq, c: Completion) -> dict[str, Any] | None:
         if c.finish_reason is None:
             return None
-        if c.finish_reason == "length":
-            return {"type": "length", "length": len(c.token_ids)}
+        sp = req.sampling_params if isinstance(req.sampling_params, dict) else {}
+        if c.finish_reason == "length" or len(c.token_ids) >= sp.get("max_new_tokens", 128):
+            return {"type": "length", "length": len(c.token_ids)}  # checked first, as SGLang
         if c.finish_reason == "abort":
             return {"type": "abort", "message": "Abort request."}
-        sp = req.sampling_params if isinstance(req.sampling_params, dict) else {}
         stops = sp.get("stop") or []
         text = self.backend.tokenizer.decode(c.token_ids)
         for s in [stops] if isinstance(stops, str) else stops:

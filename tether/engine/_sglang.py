@@ -21,6 +21,8 @@ What the sources say and how this adapter uses it:
   tether records, unless the server runs with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``
   (then T = 1 always): do not set it. SGLang applies a grammar's token mask before its
   log-softmax, so with a constraint its logprobs are the masked distribution's.
+- With ``ignore_eos`` SGLang ignores ``stop_token_ids`` too (tether: only they stop);
+  a row that reaches ``max_new_tokens`` on a stop token ends ``"length"``.
 - ``n > 1`` goes out as n requests (rids ``{request_id}#{i}``, seeds ``seed + i``):
   SGLang gives the copies of one parallel-sampling request fresh random rids (no abort
   by id) and one ``sampling_seed``. The seed only acts on a server started with
