@@ -120,7 +120,7 @@ def _peer(port: int, group_name: str, metas: list[Any], out: dict[str, torch.Ten
     """Rank 1 of the broadcast group, as a server joins it."""
     timeout = datetime.timedelta(seconds=30)
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timeout)
-    pg = dist.ProcessGroupGloo(dist.PrefixStore(f"{group_name}/", store), 1, 2, timeout)
+    pg = dist.ProcessGroupGloo(dist.PrefixStore(group_name, store), 1, 2, timeout)
     opts = dist.BroadcastOptions()
     opts.rootRank = 0
     for m in metas:
@@ -141,9 +141,11 @@ def test_broadcast_group_sends_every_tensor_in_order() -> None:
         ("a", "float32", (3, 2)),
         ("b", "int64", (5,)),
     ]
-    group = BroadcastGroup("127.0.0.1", port, 2, backend="gloo", group_name="g1", timeout_s=30)
+    group = BroadcastGroup(
+        "127.0.0.1", port, 2, backend="gloo", group_name="g1", prefix="g1/", timeout_s=30
+    )
     got: dict[str, torch.Tensor] = {}
-    peer = threading.Thread(target=_peer, args=(port, "g1", metas, got))
+    peer = threading.Thread(target=_peer, args=(port, "g1/", metas, got))
     peer.start()
     group.join()
     group.broadcast(state)

@@ -7,8 +7,8 @@
   lazily, so importing :mod:`tether.engine` does not import torch)
 - :class:`RemoteEngine` — vLLM or SGLang servers (token ids in and out, several replicas,
   weights pushed by LoRA adapter, safetensors on disk or a broadcast);
-  :class:`EngineConfig` (the run config's ``engine:``) and :func:`connect_engine` build it
-  (docs/engines.md)
+  :class:`EngineConfig` (the run config's ``engine:``) and :func:`connect_engine` build it,
+  :func:`server_api` is the adapter of one kind of server (docs/engines.md)
 - :class:`TokenDelta` — what ``Engine.generate_stream`` yields per sampled token
   (then the :class:`GenerateResult`); :func:`engine_stream` streams any engine
   (one without ``generate_stream`` through ``generate``)
@@ -51,11 +51,13 @@ _EXPORTS = {
     "TokenDelta": "._stream",
     "TransformersEngine": "._transformers",
     "UnsupportedConstraint": "._constraint",
+    "UnsupportedParams": "._protocol",
     "connect_engine": "._connect",
     "end_of_turn_ids": "._turns",
     "engine_stream": "._stream",
     "json_schema_format": "._constraint",
     "rollout_copy": "._rollout_copy",
+    "server_api": "._connect",
     "weight_bytes": "._rollout_copy",
 }
 __all__ = list(_EXPORTS)
@@ -64,6 +66,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
     from ._config import EngineConfig as EngineConfig
     from ._connect import connect_engine as connect_engine
+    from ._connect import server_api as server_api
     from ._constraint import Constraint as Constraint
     from ._constraint import ConstraintError as ConstraintError
     from ._constraint import MissingStructuredExtra as MissingStructuredExtra
@@ -78,6 +81,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._protocol import EngineTimeout as EngineTimeout
     from ._protocol import GenerateResult as GenerateResult
     from ._protocol import SamplingParams as SamplingParams
+    from ._protocol import UnsupportedParams as UnsupportedParams
     from ._remote import RemoteEngine as RemoteEngine
     from ._rollout_copy import rollout_copy as rollout_copy
     from ._rollout_copy import weight_bytes as weight_bytes

@@ -28,6 +28,7 @@ __all__ = [
     "EngineTimeout",
     "GenerateResult",
     "SamplingParams",
+    "UnsupportedParams",
 ]
 
 
@@ -35,8 +36,9 @@ class EngineError(TetherError):
     """Base of the engine's errors.
 
     EngineError
-    ├── EngineFailed   the engine raised or died (transport / model fault)
-    └── EngineTimeout  no result within the deadline
+    ├── EngineFailed       the engine raised or died (transport / model fault)
+    ├── EngineTimeout      no result within the deadline
+    └── UnsupportedParams  a request the engine cannot serve exactly (checked first)
     """
 
 
@@ -46,6 +48,15 @@ class EngineFailed(EngineError):
 
 class EngineTimeout(EngineError):
     pass
+
+
+class UnsupportedParams(EngineError):
+    """Sampling parameters this engine cannot serve with exact logprobs; ``param`` names
+    the request field. Raised by an engine's ``check_params`` before anything runs."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True)

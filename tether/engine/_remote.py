@@ -218,6 +218,11 @@ class RemoteEngine:
                 f"cannot reach the {self.shown} server at {replica.url}: {exc or type(exc).__name__}"
             ) from exc
 
+    def check_params(self, params: SamplingParams) -> None:
+        """UnsupportedParams for what the servers cannot serve exactly (the gateway asks
+        before the call is admitted, and answers 400)."""
+        self.api.check_params(params)
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
         await self.start()
         async with self._gate.admit():

@@ -64,6 +64,11 @@ class ServerAPI(Protocol):
     #: The transports this server supports.
     transports: tuple[Transport, ...]
 
+    def check_params(self, params: SamplingParams) -> None:
+        """Raise :class:`~tether.engine.UnsupportedParams` for parameters this server
+        cannot serve with exact logprobs (vLLM: top_p < 1); the gateway answers 400."""
+        ...
+
     async def info(self, client: httpx.AsyncClient, url: str) -> ServerInfo:
         """Check the replica at start-up: it answers, serves a model, and runs in the
         mode tether needs (vLLM: unprocessed logprobs). Raises EngineFailed naming the

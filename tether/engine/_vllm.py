@@ -40,11 +40,16 @@ from typing import Any
 
 import httpx
 
-from tether.engine._protocol import Completion, EngineFailed, GenerateResult, SamplingParams
+from tether.engine._protocol import (
+    Completion,
+    EngineFailed,
+    GenerateResult,
+    SamplingParams,
+    UnsupportedParams,
+)
 from tether.engine._remote_http import check, error_message, sse_events
 from tether.engine._server_api import PauseMode, ServerInfo, TensorMeta, Transport
 from tether.engine._stream import TokenDelta
-from tether.errors import UserError
 
 __all__ = ["VLLMServer", "completion_body"]
 
@@ -61,6 +66,17 @@ DEV_HINT = (
 )
 
 
+def check_params(params: SamplingParams) -> None:
+    """UnsupportedParams for what vLLM cannot serve with tether's logprobs: top_p < 1."""
+    if params.top_p < 1:
+        raise UnsupportedParams(
+            f"top_p ({params.top_p}) < 1 cannot be served by vLLM with exact logprobs: its "
+            "processed logprobs are renormalised over the top-p nucleus, while tether "
+            "records log_softmax(logits / T); send top_p 1 (or use the transformers engine)",
+            param="top_p",
+        )
+
+
 def completion_body(
     prompt_ids: Sequence[int],
     params: SamplingParams,
@@ -72,12 +88,7 @@ def completion_body(
 ) -> dict[str, Any]:
     """The ``/v1/completions`` body for one call (every field a vLLM CompletionRequest
     field). ``max_tokens`` is cut to what fits in ``max_len`` (vLLM refuses more)."""
-    if params.top_p < 1:
-        raise UserError(
-            f"top_p ({params.top_p}) < 1 cannot be served by vLLM with exact logprobs: its "
-            "processed logprobs are renormalised over the top-p nucleus, while tether "
-            "records log_softmax(logits / T); send top_p 1 (or use the transformers engine)"
-        )
+    check_params(params)
     max_tokens = params.max_tokens
     if max_len is not None:
         max_tokens = max(1, min(max_tokens, max_len - len(prompt_ids)))
@@ -191,6 +202,9 @@ class VLLMServer:
     def __init__(self) -> None:
         self._max_len: dict[str, int | None] = {}
         self._disk_ready: set[str] = set()
+
+    def check_params(self, params: SamplingParams) -> None:
+        check_params(params)
 
     async def info(self, client: httpx.AsyncClient, url: str) -> ServerInfo:
         models = check(await client.get(f"{url}/v1/models"), SHOWN) or {}

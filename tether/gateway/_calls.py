@@ -138,6 +138,7 @@ class ModelCalls:
             self.config, req, max_tokens=req.max_tokens, top_logprobs=req.logprobs or 0,
             override=override, stop_ids=self.stop_ids, affinity=rollout_id,
         )  # fmt: skip
+        params = constrain(self.engine, params, None)
         if isinstance(req.prompt, str):
             prompt_ids = self.tokenizer.encode(req.prompt, add_special_tokens=False)
         else:

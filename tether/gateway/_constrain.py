@@ -30,6 +30,7 @@ from tether.engine import (
     ConstraintError,
     MissingStructuredExtra,
     SamplingParams,
+    UnsupportedParams,
     json_schema_format,
 )
 
@@ -292,11 +293,18 @@ def constraint_for(
 
 
 def constrain(engine: Any, params: SamplingParams, constraint: Constraint | None) -> SamplingParams:
-    """``params`` with ``constraint``; 400 when the engine cannot honour one.
+    """``params`` with ``constraint``; 400 when the engine cannot honour one, or cannot
+    serve the sampling parameters with exact logprobs (its ``check_params``: vLLM's top_p).
 
     ``strict`` tools under ``tool_choice: "auto"`` only tighten what the request already
     allows, so on such an engine (the scripted test engines) they stay render-only.
     """
+    check = getattr(engine, "check_params", None)
+    if check is not None:
+        try:
+            check(params)
+        except UnsupportedParams as exc:
+            raise InvalidRequest(str(exc), param=exc.param) from exc
     if constraint is None:
         return params
     supported = getattr(engine, "supports_constraints", False)
