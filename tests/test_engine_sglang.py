@@ -158,21 +158,23 @@ async def test_stream_deltas_equal_the_result(client: Any, url: str, prompt: lis
 async def test_abort_mid_stream_keeps_partial_tokens(
     client: Any, url: str, prompt: list[int]
 ) -> None:
-    params = SamplingParams(max_tokens=1000, temperature=1.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=1000, temperature=1.0, ignore_eos=True, n=2)
     stream = api.stream(client, url, prompt, params, request_id="long", adapter=None)
-    seen = 0
+    seen: list[TokenDelta] = []
     result = None
     async for item in stream:
         if isinstance(item, GenerateResult):
             result = item
         else:
-            seen += 1
-            if seen == 3:
-                await api.abort(client, url, "long")
+            seen.append(item)
+            if len(seen) == 3:
+                await api.abort(client, url, "long")  # both samples: rids long#0, long#1
     assert result is not None
-    c = result.completions[0]
-    assert c.finish_reason == "abort" and 3 <= len(c.token_ids) < 1000
-    assert len(c.logprobs) == len(c.token_ids)
+    for i, c in enumerate(result.completions):
+        assert c.finish_reason == "abort" and len(c.token_ids) < 1000
+        assert c.token_ids == [d.token_id for d in seen if d.index == i]
+        assert len(c.logprobs) == len(c.token_ids)
+    assert sum(len(c.token_ids) for c in result.completions) >= 3
 
 
 async def test_closing_the_stream_aborts_the_request(
