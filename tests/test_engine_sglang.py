@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -290,7 +291,7 @@ def test_the_adapter_sends_only_fields_sglang_knows(prompt: list[int]) -> None:
     constraint = Constraint.of({"type": "const_string", "value": "hi"})
     params = SamplingParams(stop=("x",), stop_token_ids=(3,), seed=1, top_logprobs=2, n=2,
                             constraint=constraint)  # fmt: skip
-    for body in _bodies(prompt, params, ["a#0", "a#1"], "adapter"):
+    for body in _bodies(prompt, params, ["a#0", "a#1"], "adapter", random.Random(0)):
         assert set(body) <= set(GenerateReq.model_fields)
         assert set(body["sampling_params"]) <= KNOWN
 

@@ -81,7 +81,11 @@ def _rids(request_id: str, n: int) -> list[str]:
 
 
 def _bodies(
-    prompt_ids: Sequence[int], p: SamplingParams, rids: list[str], adapter: str | None
+    prompt_ids: Sequence[int],
+    p: SamplingParams,
+    rids: list[str],
+    adapter: str | None,
+    rng: random.Random,
 ) -> list[dict[str, Any]]:
     """The /generate requests of one call, one per completion: seeds ``seed + i``, or
     random ones when unseeded. The sampling keys with defaults are sent anyway (a
@@ -103,7 +107,7 @@ def _bodies(
     base.update((k, v) for k, v in extra.items() if v)
     out = []
     for i, rid in enumerate(rids):
-        seed = random.randrange(2**31) if p.seed is None else p.seed + i
+        seed = rng.randrange(2**31) if p.seed is None else p.seed + i
         out.append({**base, "rid": rid, "sampling_params": {**sampling, "sampling_seed": seed}})
     return out
 
@@ -174,6 +178,7 @@ class SGLangServer:
 
     name = "sglang"
     transports: tuple[Transport, ...] = ("lora", "disk", "nccl")
+    group_backends: tuple[str, ...] = ("nccl", "gloo")  # torch groups on both sides
 
     def __init__(self) -> None:
         self._live: dict[str, list[str]] = {}  # tether request id -> its SGLang rids
@@ -182,6 +187,7 @@ class SGLangServer:
         self._lora: dict[tuple[str, str], tuple[str, int]] = {}  # (url, name) -> loaded as, v
         self._lora_use: dict[tuple[str, str], int] = {}  # (url, loaded as) -> calls using it
         self._stale: dict[str, set[str]] = {}  # url -> adapters to unload once unused
+        self._rng = random.Random()  # the seeds of unseeded calls
 
     # -- start-up and state ---------------------------------------------------------------
 
@@ -237,7 +243,7 @@ class SGLangServer:
         adapter: str | None,
     ) -> GenerateResult:
         async with self._request(url, request_id, params.n, adapter) as (rids, lora, v):
-            bodies = _bodies(prompt_ids, params, rids, lora)
+            bodies = _bodies(prompt_ids, params, rids, lora, self._rng)
             tasks = [asyncio.ensure_future(self._post(client, url, b)) for b in bodies]
             try:
                 answers = await asyncio.gather(*tasks)
@@ -280,7 +286,7 @@ class SGLangServer:
         async with self._request(url, request_id, params.n, adapter) as (rids, lora, v):
             queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
             answers = [_Answer() for _ in rids]
-            bodies = _bodies(prompt_ids, params, rids, lora)
+            bodies = _bodies(prompt_ids, params, rids, lora, self._rng)
             tasks = [
                 asyncio.ensure_future(self._pump(client, url, {**b, "stream": True}, i, queue))
                 for i, b in enumerate(bodies)
