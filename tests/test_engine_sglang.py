@@ -21,7 +21,13 @@ import torch
 
 from tests.fake_backend import launch_fake
 from tests.fake_sglang import KNOWN, GenerateReq
-from tether.engine import Constraint, EngineFailed, SamplingParams, json_schema_format
+from tether.engine import (
+    Constraint,
+    EngineFailed,
+    SamplingParams,
+    UnsupportedParams,
+    json_schema_format,
+)
 from tether.engine._protocol import GenerateResult
 from tether.engine._push import BroadcastGroup, save_full, tensor_metas
 from tether.engine._remote import RemoteEngine
@@ -294,6 +300,13 @@ def test_the_adapter_sends_only_fields_sglang_knows(prompt: list[int]) -> None:
     for body in _bodies(prompt, params, ["a#0", "a#1"], "adapter", random.Random(0)):
         assert set(body) <= set(GenerateReq.model_fields)
         assert set(body["sampling_params"]) <= KNOWN
+
+
+def test_params_sglang_cannot_serve_are_refused() -> None:
+    SGLangServer().check_params(SamplingParams(top_p=0.5, stop_token_ids=(3,)))  # fine
+    with pytest.raises(UnsupportedParams, match="ignores stop_token_ids") as err:
+        SGLangServer().check_params(SamplingParams(ignore_eos=True, stop_token_ids=(3,)))
+    assert err.value.param == "ignore_eos"
 
 
 async def test_unknown_fields(client: Any, url: str) -> None:

@@ -49,7 +49,13 @@ from typing import Any
 
 import httpx
 
-from tether.engine._protocol import Completion, EngineFailed, GenerateResult, SamplingParams
+from tether.engine._protocol import (
+    Completion,
+    EngineFailed,
+    GenerateResult,
+    SamplingParams,
+    UnsupportedParams,
+)
 from tether.engine._remote_http import check, sse_events
 from tether.engine._server_api import PauseMode, ServerInfo, TensorMeta, Transport
 from tether.engine._stream import TokenDelta
@@ -417,7 +423,14 @@ class SGLangServer:
         await self._update(client, url, "init_weights_update_group", body)
 
     def check_params(self, params: SamplingParams) -> None:
-        """Nothing to refuse: SGLang's logprobs are tether's (before top-k/top-p)."""
+        """SGLang's logprobs are tether's (before top-k/top-p); what it cannot do is stop
+        on ``stop_token_ids`` under ``ignore_eos`` (it ignores both)."""
+        if params.ignore_eos and params.stop_token_ids:
+            raise UnsupportedParams(
+                "ignore_eos with stop_token_ids cannot be served by SGLang: with ignore_eos "
+                "it ignores stop_token_ids too; drop one of them",
+                param="ignore_eos",
+            )
 
     def group_prefix(self, group_name: str) -> str | None:
         """SGLang builds its side of the group on a store prefixed by the group name
