@@ -179,3 +179,10 @@ def test_the_lora_transport_needs_a_lora_trainer() -> None:
 
     with pytest.raises(UserError, match=r"engine\.transport=lora pushes the LoRA adapter"):
         TrainConfig(engine=EngineConfig(kind="vllm", urls=["http://a:1"], transport="lora"))
+
+
+def test_vllm_nccl_pushes_are_refused_until_the_trainer_can_join_its_group() -> None:
+    from tether.engine import RemoteEngine, server_api
+
+    with pytest.raises(EngineFailed, match="not supported for vLLM: tether's trainer cannot join"):
+        RemoteEngine(server_api("vllm"), ["http://127.0.0.1:9"], transport="nccl")

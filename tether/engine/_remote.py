@@ -79,6 +79,12 @@ class RemoteEngine:
                 f"the {_SHOWN.get(api.name, api.name)} adapter has no {transport!r} transport; "
                 f"engine.transport must be one of {', '.join(api.transports)}"
             )
+        if transport == "nccl" and nccl[2] not in api.group_backends:
+            raise EngineFailed(
+                f"engine.transport=nccl with engine.nccl_backend={nccl[2]} is not supported for "
+                f"{_SHOWN.get(api.name, api.name)}: tether's trainer cannot join its NCCL group "
+                "yet; use engine.transport=lora (docs/engines.md)"
+            )
         self.api, self.replicas, self.transport = api, ReplicaSet(urls), transport
         self.shown = _SHOWN.get(api.name, api.name)
         self._pusher = WeightPusher(

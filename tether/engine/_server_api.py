@@ -63,6 +63,9 @@ class ServerAPI(Protocol):
     name: str
     #: The transports this server supports.
     transports: tuple[Transport, ...]
+    #: The broadcast backends (``engine.nccl_backend``) whose group tether's trainer side
+    #: can build with this server (vLLM's NCCL group is its own: gloo only, for tests).
+    group_backends: tuple[str, ...]
 
     def check_params(self, params: SamplingParams) -> None:
         """Raise :class:`~tether.engine.UnsupportedParams` for parameters this server

@@ -198,6 +198,10 @@ class VLLMServer:
 
     name = "vllm"
     transports: tuple[Transport, ...] = ("lora", "disk", "nccl")
+    #: vLLM joins its NCCL group with StatelessProcessGroup + PyNccl, whose handshake a
+    #: torch ProcessGroupNCCL on the trainer does not speak: NCCL pushes need vLLM's own
+    #: trainer side (not built yet); gloo is what the fake speaks.
+    group_backends: tuple[str, ...] = ("gloo",)
 
     def __init__(self) -> None:
         self._max_len: dict[str, int | None] = {}
