@@ -68,10 +68,8 @@ _PAUSE_MODES = {"keep": "retract", "abort": "abort", "wait": "retract"}
 
 def _version(value: Any, url: str) -> int | None:
     """An integer weight version from SGLang's label (``"default"`` is 0)."""
-    if value is None:
-        return None
-    if str(value) == "default":
-        return 0
+    if value is None or str(value) == "default":
+        return None if value is None else 0
     try:
         return int(str(value))
     except ValueError:
@@ -354,11 +352,10 @@ class SGLangServer:
     async def pause(self, client: httpx.AsyncClient, url: str, mode: PauseMode) -> None:
         if mode == "wait" and self._busy.get(url):
             await self._idle[url].wait()
-        body = {"mode": _PAUSE_MODES[mode]}
-        check(await client.post(f"{url}/pause_generation", json=body), _NAME)
+        await self._update(client, url, "pause_generation", {"mode": _PAUSE_MODES[mode]})
 
     async def resume(self, client: httpx.AsyncClient, url: str) -> None:
-        check(await client.post(f"{url}/continue_generation", json={}), _NAME)
+        await self._update(client, url, "continue_generation", {})
 
     async def flush_cache(self, client: httpx.AsyncClient, url: str) -> None:
         resp = await client.post(f"{url}/flush_cache")
@@ -446,11 +443,7 @@ class SGLangServer:
         group_name: str,
         version: int,
     ) -> None:
-        body = {
-            "names": [t.name for t in tensors],
-            "dtypes": [t.dtype for t in tensors],
-            "shapes": [list(t.shape) for t in tensors],
-            "group_name": group_name,
-            "weight_version": str(version),
-        }
+        body: dict[str, Any] = {"group_name": group_name, "weight_version": str(version)}
+        body.update(names=[t.name for t in tensors], dtypes=[t.dtype for t in tensors])
+        body["shapes"] = [list(t.shape) for t in tensors]
         await self._update(client, url, "update_weights_from_distributed", body)
