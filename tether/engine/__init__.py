@@ -44,6 +44,7 @@ _EXPORTS = {
     "EngineFailed": "._protocol",
     "EngineStats": "._worker",
     "EngineTimeout": "._protocol",
+    "EngineUnreachable": "._protocol",
     "GenerateResult": "._protocol",
     "MissingStructuredExtra": "._constraint",
     "RemoteEngine": "._remote",
@@ -79,6 +80,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._protocol import EngineError as EngineError
     from ._protocol import EngineFailed as EngineFailed
     from ._protocol import EngineTimeout as EngineTimeout
+    from ._protocol import EngineUnreachable as EngineUnreachable
     from ._protocol import GenerateResult as GenerateResult
     from ._protocol import SamplingParams as SamplingParams
     from ._protocol import UnsupportedParams as UnsupportedParams

@@ -26,6 +26,7 @@ __all__ = [
     "EngineError",
     "EngineFailed",
     "EngineTimeout",
+    "EngineUnreachable",
     "GenerateResult",
     "SamplingParams",
     "UnsupportedParams",
@@ -37,6 +38,7 @@ class EngineError(TetherError):
 
     EngineError
     ├── EngineFailed       the engine raised or died (transport / model fault)
+    │   └── EngineUnreachable  a remote server could not be reached (retried elsewhere)
     ├── EngineTimeout      no result within the deadline
     └── UnsupportedParams  a request the engine cannot serve exactly (checked first)
     """
@@ -44,6 +46,11 @@ class EngineError(TetherError):
 
 class EngineFailed(EngineError):
     pass
+
+
+class EngineUnreachable(EngineFailed):
+    """A remote engine's server could not be reached (a replica down): an infrastructure
+    fault, so the run retries the rollout's attempt, which then runs on another replica."""
 
 
 class EngineTimeout(EngineError):

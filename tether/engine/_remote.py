@@ -31,7 +31,13 @@ from typing import Any, TypeVar
 import httpx
 
 from tether.engine._gate import AdmissionGate
-from tether.engine._protocol import EngineFailed, EngineTimeout, GenerateResult, SamplingParams
+from tether.engine._protocol import (
+    EngineFailed,
+    EngineTimeout,
+    EngineUnreachable,
+    GenerateResult,
+    SamplingParams,
+)
 from tether.engine._remote_push import WeightPusher
 from tether.engine._replicas import Replica, ReplicaSet
 from tether.engine._server_api import PauseMode, ServerAPI, Transport
@@ -44,6 +50,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _SHOWN = {"vllm": "vLLM", "sglang": "SGLang"}
+#: Seconds a health check waits for a replica's answer before leaving it as it was.
+HEALTH_TIMEOUT_S = 10.0
 
 
 class RemoteEngine:
@@ -191,16 +199,21 @@ class RemoteEngine:
             await self.check_health()
 
     async def check_health(self) -> None:
-        """Ask every replica its weight version; one that answers with the engine's
-        version is up, any other is left out (down, or it missed a push)."""
+        """Ask every replica its weight version: one that answers with the engine's
+        version is up; one that cannot be reached, or serves other weights (it missed a
+        push), is left out. A slow answer (past :data:`HEALTH_TIMEOUT_S`, a busy server)
+        changes nothing."""
         if self._push_lock.locked():
             return  # versions move during a push
         for r in self.replicas:
             try:
                 version = await asyncio.wait_for(
-                    self.api.weight_version(self._client, r.url), self.health_interval_s
+                    self.api.weight_version(self._client, r.url), HEALTH_TIMEOUT_S
                 )
-            except Exception as exc:  # any failure to answer: not serving
+            except (asyncio.TimeoutError, httpx.TimeoutException):
+                log.debug("health check of %s timed out; left as it was", r.url)
+                continue
+            except Exception as exc:  # refused, reset, an error answer: not serving
                 self.replicas.mark_down(r, f"health check failed: {exc!r}")
                 continue
             if version == self._version:
@@ -220,7 +233,7 @@ class RemoteEngine:
             ) from exc
         except httpx.TransportError as exc:
             self.replicas.mark_down(replica, repr(exc))
-            raise EngineFailed(
+            raise EngineUnreachable(
                 f"cannot reach the {self.shown} server at {replica.url}: {exc or type(exc).__name__}"
             ) from exc
 
@@ -297,6 +310,23 @@ class RemoteEngine:
         """``make(replica)`` for every replica at once, transport faults mapped."""
         return await asyncio.gather(*(self._on(r, make(r)) for r in replicas))
 
+    async def _each_alive(self, targets: list[Replica], make: Any) -> list[Any]:
+        """:meth:`_each` over a push's ``targets``, where a replica that cannot be reached
+        is dropped from ``targets`` (in place; it is marked down and catches up at a later
+        push) rather than failing the push; EngineUnreachable when none is left."""
+        done = await asyncio.gather(
+            *(self._on(r, make(r)) for r in targets), return_exceptions=True
+        )
+        for r, d in zip(list(targets), done, strict=True):
+            if isinstance(d, EngineUnreachable):
+                log.warning("%s left out of the weight push: %s", r.url, d)
+                targets.remove(r)
+            elif isinstance(d, BaseException):
+                raise d
+        if not targets:
+            raise EngineUnreachable(f"no {self.shown} server was left for the weight push")
+        return [d for d in done if not isinstance(d, BaseException)]
+
     async def pause(self) -> None:
         await self.start()
         await self._gate.pause()
@@ -322,12 +352,12 @@ class RemoteEngine:
                 self._gate.hold_new()
             targets = await self._reachable()
             try:
-                await self._each(
+                await self._each_alive(
                     targets, lambda r: self.api.pause(self._client, r.url, self.pause_mode)
                 )
-                await self._pusher.push(self._client, self._each, targets, state_dict, new)
+                await self._pusher.push(self._client, self._each_alive, targets, state_dict, new)
                 await self._check_versions(targets, new)
-                await self._each(targets, lambda r: self.api.flush_cache(self._client, r.url))
+                await self._each_alive(targets, lambda r: self.api.flush_cache(self._client, r.url))
                 self._version = new
                 for r in targets:
                     self.replicas.mark_up(r)
@@ -360,7 +390,9 @@ class RemoteEngine:
         return out
 
     async def _check_versions(self, targets: list[Replica], new: int) -> None:
-        got = await self._each(targets, lambda r: self.api.weight_version(self._client, r.url))
+        got = await self._each_alive(
+            targets, lambda r: self.api.weight_version(self._client, r.url)
+        )
         wrong = {r.url: v for r, v in zip(targets, got, strict=True) if v != new}
         if wrong:
             raise EngineFailed(

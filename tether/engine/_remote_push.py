@@ -39,7 +39,8 @@ __all__ = ["ADAPTER", "WeightPusher"]
 #: The LoRA adapter name the servers load each pushed adapter under (in place).
 ADAPTER = "tether-policy"
 
-#: Run ``make(replica)`` for every replica at once (transport faults mapped by the engine).
+#: Run ``make(replica)`` for every replica at once (transport faults mapped by the engine;
+#: a replica that cannot be reached is dropped from the list, the push goes on without it).
 Each = Callable[[list[Replica], Callable[[Replica], Awaitable[Any]]], Awaitable[list[Any]]]
 
 

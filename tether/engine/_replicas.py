@@ -19,7 +19,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tether.engine._protocol import EngineFailed
+from tether.engine._protocol import EngineUnreachable
 
 __all__ = ["Replica", "ReplicaSet"]
 
@@ -70,10 +70,10 @@ class ReplicaSet:
         return [r for r in self.replicas if r.up]
 
     def pick(self, affinity: str | None) -> Replica:
-        """The replica for a call with this affinity; EngineFailed when none is up."""
+        """The replica for a call with this affinity; EngineUnreachable when none is up."""
         live = self.live()
         if not live:
-            raise EngineFailed(
+            raise EngineUnreachable(
                 "no inference server is up (" + ", ".join(self.urls) + "): start them, "
                 "or check engine.urls"
             )

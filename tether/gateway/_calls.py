@@ -24,6 +24,7 @@ from tether.engine import (
     EngineError,
     EngineFailed,
     EngineTimeout,
+    EngineUnreachable,
     GenerateResult,
     end_of_turn_ids,
 )
@@ -65,6 +66,8 @@ class ModelCalls:
         self.history = HistoryCache(tokenizer)
         self.recorder = Recorder(store, engine)
         self.engine_calls = 0
+        #: (rollout id, attempt) of the attempts whose engine call could not reach a server
+        self.lost_engine: set[tuple[str, int]] = set()
         self.configure(config)
 
     def configure(self, config: GatewayConfig) -> None:
@@ -178,13 +181,17 @@ class ModelCalls:
     # -- the engine call ----------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def admitted(self, failed: Callable[[str], None]) -> AsyncIterator[None]:
-        """One engine call (plain or streamed): admitted through the gate and counted.
+    async def admitted(
+        self, ctx: CallContext, failed: Callable[[str], None]
+    ) -> AsyncIterator[None]:
+        """One engine call (plain or streamed) of ``ctx``: admitted through the gate and counted.
 
         An engine failure inside is recorded with ``failed(error)`` (a failed call,
         never a training sample) and raised as an :class:`EngineError`: a timeout as
         :class:`EngineTimeout`, an unexpected exception (an engine bug) as
-        :class:`EngineFailed`, so that it becomes neither a hang nor a bare 500.
+        :class:`EngineFailed`, so that it becomes neither a hang nor a bare 500. An
+        :class:`EngineUnreachable` (a remote replica down) also marks the call's attempt
+        in :attr:`lost_engine`, so the run retries it as an infrastructure fault.
         """
         async with self.gate.admit(self.config.admission_timeout_s):
             self.engine_calls += 1
@@ -196,6 +203,8 @@ class ModelCalls:
                 raise EngineTimeout(f"no answer within {self.config.engine_timeout_s:g} s") from exc
             except EngineError as exc:
                 failed(str(exc))
+                if isinstance(exc, EngineUnreachable):
+                    self.lost_engine.add(ctx.conversation)
                 raise
             except Exception as exc:
                 log.exception("engine raised")
@@ -210,7 +219,7 @@ class ModelCalls:
         call (never as a training sample) and raised.
         """
         t0 = time.perf_counter()
-        async with self.admitted(lambda error: self.recorder.failure(ctx, t0, error)):
+        async with self.admitted(ctx, lambda error: self.recorder.failure(ctx, t0, error)):
             result = await _within(
                 self.engine.generate(list(ctx.prompt_ids), ctx.params),
                 self.config.engine_timeout_s,

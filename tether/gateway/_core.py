@@ -113,6 +113,11 @@ class Gateway:
     def policy_version(self) -> int:
         return self.engine.policy_version
 
+    def lost_engine(self, rollout_id: str, attempt: int) -> bool:
+        """Whether a model call of this attempt could not reach its inference server (a
+        remote replica down): the run retries such an attempt as an infrastructure fault."""
+        return (rollout_id, attempt) in self.calls.lost_engine
+
     def token_text(self, token_id: int) -> str:
         """One token as text, special tokens included (for logprobs in answers)."""
         return self.tokenizer.decode([token_id], skip_special_tokens=False)

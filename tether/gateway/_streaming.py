@@ -77,7 +77,7 @@ async def stream_call(
     ]
     sampled: list[tuple[list[int], list[float]]] = [([], []) for _ in range(params.n)]
 
-    async with calls.admitted(lambda error: calls.recorder.failure(ctx, t0, error)):
+    async with calls.admitted(ctx, lambda error: calls.recorder.failure(ctx, t0, error)):
         deadline = time.monotonic() + calls.config.engine_timeout_s
         stream = engine_stream(calls.engine, list(ctx.prompt_ids), params)
         result: GenerateResult | None = None

@@ -30,6 +30,7 @@ attempt (``_grading``); ``_failures`` says it once per collection.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Coroutine
@@ -184,6 +185,8 @@ async def run_attempts(
         except Exception as exc:  # the runner itself broke: the attempt ends failed, the run stops
             end_quietly(gw, o, RolloutStatus.FAILED, f"the runner raised: {exc!r}")
             raise
+        if not result.ok and result.infra is None and gw.lost_engine(o.rollout_id, o.attempt):
+            result = dataclasses.replace(result, infra="engine_lost")  # retried on another replica
         if not policy.retries(result):
             return o, result
         why = f"infrastructure fault ({result.infra})" if result.infra else "agent failure"

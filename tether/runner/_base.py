@@ -71,6 +71,7 @@ INFRA_FAULTS = (
     "evicted",  # the pod was evicted or preempted
     "unschedulable",  # the attempt could not be placed (no node, image pull failed)
     "gateway_unreachable",  # the agent could not connect to the gateway
+    "engine_lost",  # a model call could not reach its inference server (a replica down)
 )
 #: Deaths by these signals, when tether did not send them, are infrastructure faults;
 #: others (SIGSEGV, SIGABRT, ...) are the agent crashing.
