@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,11 +26,14 @@ import pytest
 from tether.chat import render_prompt
 from tether.engine import TransformersEngine
 from tether.engine.testing import ScriptedEngine
+from tether.models import load_tokenizer
 from tether.records import RolloutStatus
+from tether.store import Store
 
 from .conftest import ADMIN_KEY
 from .helpers import LiveGateway
 
+ROOT = Path(__file__).resolve().parents[1]
 RECORD_KEY = "test-record-key-0123456789"
 SYSTEM = "You are a careful calculator agent."
 QUESTION = "Ava has 12 apples and gets 30 more. How many?"
@@ -194,20 +199,22 @@ def test_is_error_and_thinking_blocks_are_kept(scripted, tokenizer: Any) -> None
         tools=[TOOL],
         messages=[
             {"role": "user", "content": QUESTION},
+            {"role": "system", "content": "Use the tool."},  # mid-conversation (Claude Code)
             {"role": "assistant", "content": assistant},
             {"role": "user", "content": [result, {"type": "text", "text": "Try again."}]},
         ],
     )
     (call,) = live.store.calls("r-blocks")
     sent = call.request["messages"]
-    assert sent[1]["reasoning_content"] == "I should compute." and sent[1]["content"] is None
-    assert sent[2] == {
+    assert sent[1] == {"role": "system", "content": "Use the tool."}
+    assert sent[2]["reasoning_content"] == "I should compute." and sent[2]["content"] is None
+    assert sent[3] == {
         "role": "tool",
         "tool_call_id": "toolu_1",
         "content": "division by zero",
         "is_error": True,
     }
-    assert sent[3] == {"role": "user", "content": [{"type": "text", "text": "Try again."}]}
+    assert sent[4] == {"role": "user", "content": [{"type": "text", "text": "Try again."}]}
     assert "<tool_response>\ndivision by zero\n</tool_response>" in tokenizer.decode(
         call.prompt_ids
     )
@@ -482,3 +489,49 @@ def test_record_mode(scripted) -> None:
     with pytest.raises(anthropic.AuthenticationError) as err:
         bad.messages.create(messages=messages, **kw)
     assert "record" in err.value.body["error"]["message"]
+
+
+# --- the example: one training step ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_anthropic_example_trains_one_step(starter_dir: Path, tmp_path: Path) -> None:
+    """``tether train examples/frameworks/anthropic/config.yaml``: the anthropic-SDK agent
+    (ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY from the runner) in warm worker processes;
+    one GRPO update."""
+    overrides = [
+        f"dir={tmp_path}",
+        f"model.path={starter_dir}",
+        "tasks.train_size=4",
+        "tasks.val_size=1",
+        "agent.concurrency=2",
+        "rollout.n=2",
+        "rollout.batch_groups=1",
+        "rollout.grader=tests.helpers:alternating_grader",  # rewards 0, 1: an update happens
+        "trainer.steps=1",
+        "eval.tasks=1",
+        "eval.samples=1",
+        "eval.greedy=false",
+        "checkpoint.every=0",
+    ]
+    config = ROOT / "examples/frameworks/anthropic/config.yaml"
+    out = subprocess.run(
+        [sys.executable, "-m", "tether.cli", "train", str(config), *overrides],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert " v1 " in out.stdout and "no update happened" not in out.stdout, out.stdout[-2000:]
+    # every call of every rollout went through /v1/messages and was recorded token-exactly
+    store = Store(tmp_path / "calc-anthropic" / "traces.sqlite")
+    try:
+        calls = [c for r in store.list_rollouts() for c in store.calls(r.id)]
+    finally:
+        store.close()
+    assert len(calls) >= 4 and {c.request["api"] for c in calls} == {"messages"}
+    tokenizer = load_tokenizer(starter_dir)
+    for c in calls:
+        assert c.prompt_ids == render_prompt(tokenizer, c.request["messages"], c.request["tools"])
+        assert len(c.completion_ids) == len(c.logprobs) > 0

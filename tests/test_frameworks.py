@@ -97,6 +97,12 @@ FRAMEWORKS = {
         [ONE_CALL, ANSWER],
         {"stream": False, "max_tokens": 128, "tool_choice": "auto"},
     ),
+    "anthropic": Framework(
+        [PY, "examples/frameworks/anthropic/agent.py"],
+        ("anthropic",),
+        [ONE_CALL, ANSWER],
+        {"max_completion_tokens": 128, "stream": False},  # the chat-shaped params of its calls
+    ),
     "node": Framework(
         ["node", "examples/frameworks/node/agent.mjs"], (), [ONE_CALL, ANSWER], {"max_tokens": 128}
     ),
@@ -218,6 +224,8 @@ def test_framework_agent_through_the_gateway(name: str, outcomes: dict, tokenize
         if name == "responses":  # sent to /v1/responses: what it sent is recorded beside
             assert sent["api"] == "responses" and sent["responses"]["id"].startswith("resp_")
             assert "max_output_tokens" not in sent["responses"], sent["responses"]  # quickstart
+        if name == "anthropic":  # sent to /v1/messages with ANTHROPIC_BASE_URL / _API_KEY
+            assert sent["api"] == "messages" and sent["anthropic"]["max_tokens"] == 128
     # The tool results went back to the model (one per tool call).
     prompt = tokenizer.decode(second.prompt_ids)
     assert prompt.count("<tool_response>\n42\n</tool_response>") == len(wanted)

@@ -11,7 +11,9 @@ How blocks become messages (the inverse of ``_messages_render.content_blocks``, 
 that a conversation sent back block for block renders to exactly the tokens the
 model produced and call k+1's prompt extends call k's prompt + completion):
 
-- ``system`` (a string or text blocks) → a first ``system`` message;
+- ``system`` (a string or text blocks) → a first ``system`` message; a ``system``
+  message among ``messages`` (Anthropic's mid-conversation system messages, which
+  Claude Code sends) → a ``system`` message there;
 - a user message's ``text`` blocks → a ``user`` message (text parts, joined as chat
   joins them); each ``tool_result`` block → a ``tool`` message with its
   ``tool_use_id`` (its content a string or text blocks; ``is_error`` kept on the
@@ -36,6 +38,7 @@ __all__ = ["ANTHROPIC_PARAM", "chat_fields", "chat_messages", "chat_tool_choice"
 _BLOCKS = {
     "user": ("text", "tool_result"),
     "assistant": ("text", "tool_use", "thinking"),
+    "system": ("text",),  # mid-conversation system messages (Claude Code sends them)
 }
 _TEXT_KEYS = {"type", "text", "cache_control", "citations"}
 _TOOL_KEYS = {"type", "name", "description", "input_schema", "cache_control", "strict"}
@@ -150,7 +153,7 @@ def chat_messages(system: str | list[dict[str, Any]] | None, messages: list[dict
         where = f"messages[{i}]"
         role = message.get("role")
         if role not in _BLOCKS:
-            raise _bad(f"{where}.role", f"{role!r} is not one of user, assistant")
+            raise _bad(f"{where}.role", f"{role!r} is not one of user, assistant, system")
         unknown = sorted(set(message) - {"role", "content"})
         if unknown:
             raise _bad(f"{where}.{unknown[0]}", "is not supported by tether; remove it")
@@ -161,7 +164,9 @@ def chat_messages(system: str | list[dict[str, Any]] | None, messages: list[dict
         if not isinstance(content, list):
             raise _bad(f"{where}.content", "must be a string or a list of content blocks")
         _check_blocks(role, content, f"{where}.content")
-        if role == "user":
+        if role == "system":
+            out.append({"role": role, "content": _texts(content, f"{where}.content")})
+        elif role == "user":
             out += _user(content, f"{where}.content")
         else:
             out.append(_assistant(content, f"{where}.content"))
