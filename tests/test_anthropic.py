@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -535,3 +537,57 @@ def test_the_anthropic_example_trains_one_step(starter_dir: Path, tmp_path: Path
     for c in calls:
         assert c.prompt_ids == render_prompt(tokenizer, c.request["messages"], c.request["tools"])
         assert len(c.completion_ids) == len(c.logprobs) > 0
+
+
+# --- Claude Code in print mode -----------------------------------------------------------------
+
+BASH_CALL = (
+    '<tool_call>\n{"name": "Bash", "arguments": {"command": "echo tether-ok", '
+    '"description": "Print a word"}}\n</tool_call>'
+)
+
+
+@pytest.mark.slow
+def test_claude_code_print_mode(tokenizer: Any, starter_dir: Path, tmp_path: Path) -> None:
+    """``claude -p`` (npm ``@anthropic-ai/claude-code``; its path in TETHER_CLAUDE_CODE or
+    ``claude`` on PATH) against a rollout: its Bash tool_use, run by Claude Code, and
+    the tool_result sent back; both calls recorded token-exactly and merged. A scripted
+    model (the starter tokenizer without a context limit): Claude Code's system prompt
+    and tools are ~36k tokens, beyond the starter model's 2,048 (docs/anthropic.md)."""
+    claude = os.environ.get("TETHER_CLAUDE_CODE") or shutil.which("claude")
+    if not claude:
+        pytest.skip("Claude Code is not installed (npm i @anthropic-ai/claude-code)")
+    tok = load_tokenizer(starter_dir)
+    tok.model_max_length = 10**6  # a model whose context holds Claude Code's prompt
+    engine = ScriptedEngine([BASH_CALL, "It printed tether-ok."], tokenizer=tok)
+    live = LiveGateway(engine, tok, tmp_path / "cc.db")
+    try:
+        opened = live.gw.open_rollout({}, rollout_id="r-cc")
+        home = tmp_path / "home"
+        home.mkdir()
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(home),
+            "ANTHROPIC_BASE_URL": opened.anthropic_base_url,
+            "ANTHROPIC_API_KEY": opened.token,
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        }
+        prompt = "Run `echo tether-ok` with the Bash tool."
+        cmd = [claude, "-p", prompt, "--model", "policy", "--allowedTools", "Bash"]
+        out = subprocess.run(
+            cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert out.stdout.strip() == "It printed tether-ok."
+        first, second = live.store.calls("r-cc")
+    finally:
+        live.stop()
+    assert (
+        first.finish_reason == "tool_calls"
+        and first.response["tool_calls"][0]["function"]["name"] == "Bash"
+    )
+    assert len(first.prompt_ids) > 10_000 and len(first.completion_ids) == len(first.logprobs)
+    n = len(first.prompt_ids) + len(first.completion_ids)
+    assert second.prompt_ids[:n] == first.prompt_ids + first.completion_ids
+    assert "<tool_response>\ntether-ok\n</tool_response>" in tok.decode(second.prompt_ids[n:])

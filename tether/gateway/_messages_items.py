@@ -154,7 +154,10 @@ def chat_messages(system: str | list[dict[str, Any]] | None, messages: list[dict
         role = message.get("role")
         if role not in _BLOCKS:
             raise _bad(f"{where}.role", f"{role!r} is not one of user, assistant, system")
-        unknown = sorted(set(message) - {"role", "content"})
+        # ``output_config`` on a message: a per-turn effort (Claude Code), without effect
+        unknown = sorted(set(message) - {"role", "content", "output_config"})
+        if set((message.get("output_config") or {})) - {"effort"}:
+            unknown.insert(0, "output_config")
         if unknown:
             raise _bad(f"{where}.{unknown[0]}", "is not supported by tether; remove it")
         content = message.get("content")

@@ -30,7 +30,7 @@ MESSAGES_WITHOUT_EFFECT = (
     "service_tier",
     "inference_geo",
     "speed",
-    "output_config.effort",
+    "output_config.effort",  # and a message's own output_config.effort
     "context_management",
 )
 _THINKING = ("enabled", "disabled", "adaptive")
