@@ -398,6 +398,58 @@ def test_bad_requests_are_refused_in_anthropics_shape(scripted, fields: dict, wo
     assert live.store.calls("r-x") == []
 
 
+MALFORMED = [
+    {"messages": [{"role": "user", "content": [5]}]},
+    {"messages": [{"role": "user", "content": 5}]},
+    {"messages": [{"role": "user", "content": "hi", "output_config": 5}]},
+    {
+        "messages": [
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": 5}]}
+        ]
+    },
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+    {
+        "messages": [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": 1}]},
+            {"role": "user", "content": "x"},
+        ]
+    },
+    {
+        "messages": [
+            {"role": "assistant", "content": [{"type": "thinking"}]},
+            {"role": "user", "content": "x"},
+        ]
+    },
+    {"messages": [{"role": "tool", "content": "x"}]},
+    {"system": [5]},
+    {"system": 5},
+    {"tools": [{"name": "x"}]},
+    {"tools": [{"name": "x", "input_schema": {"type": "object"}}], "tool_choice": {"type": "tool"}},
+    {
+        "tools": [{"name": "x", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "tool", "name": "y"},
+    },
+    {"output_config": {"format": {"type": "json_schema", "schema": 5}}},
+    {"thinking": {"type": "on"}},
+    {"max_tokens": 0},
+]
+
+
+@pytest.mark.parametrize("fields", MALFORMED)
+def test_malformed_bodies_are_400_not_500(scripted, fields: dict) -> None:
+    live = scripted(ANSWER)
+    opened = live.gw.open_rollout(live.task, rollout_id="r-bad")
+    body = {"model": "policy", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    r = httpx.post(
+        f"{opened.anthropic_base_url}/v1/messages",
+        json={**body, **fields},
+        headers={"x-api-key": opened.token},
+    )
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert live.store.calls("r-bad") == []
+
+
 def test_missing_max_tokens_and_bad_keys(scripted) -> None:
     live = scripted(ANSWER)
     opened = live.gw.open_rollout(live.task, rollout_id="r-auth")
@@ -547,32 +599,43 @@ BASH_CALL = (
 )
 
 
+def claude_env(live: LiveGateway, rid: str, home: Path) -> dict[str, str]:
+    """What Claude Code needs to run against rollout ``rid``: its URL and token, no more."""
+    opened = live.gw.open_rollout({}, rollout_id=rid)
+    home.mkdir()
+    return {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": os.pathsep.join(sys.path),  # the Agent SDK's quick start imports it
+        "HOME": str(home),  # a fresh config: no login
+        "ANTHROPIC_BASE_URL": opened.anthropic_base_url,
+        "ANTHROPIC_API_KEY": opened.token,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "ENABLE_TOOL_SEARCH": "false",  # its tools with defer_loading are refused (docs)
+    }
+
+
+def long_context(starter_dir: Path) -> Any:
+    """The starter tokenizer without a context limit: Claude Code's system prompt and tools
+    are ~36k tokens with it, beyond the starter model's 2,048 (docs/anthropic.md)."""
+    tok = load_tokenizer(starter_dir)
+    tok.model_max_length = 10**6
+    return tok
+
+
 @pytest.mark.slow
-def test_claude_code_print_mode(tokenizer: Any, starter_dir: Path, tmp_path: Path) -> None:
+def test_claude_code_print_mode(starter_dir: Path, tmp_path: Path) -> None:
     """``claude -p`` (npm ``@anthropic-ai/claude-code``; its path in TETHER_CLAUDE_CODE or
     ``claude`` on PATH) against a rollout: its Bash tool_use, run by Claude Code, and
-    the tool_result sent back; both calls recorded token-exactly and merged. A scripted
-    model (the starter tokenizer without a context limit): Claude Code's system prompt
-    and tools are ~36k tokens, beyond the starter model's 2,048 (docs/anthropic.md)."""
+    the tool_result sent back; both calls recorded token-exactly and merged."""
     claude = os.environ.get("TETHER_CLAUDE_CODE") or shutil.which("claude")
     if not claude:
         pytest.skip("Claude Code is not installed (npm i @anthropic-ai/claude-code)")
-    tok = load_tokenizer(starter_dir)
-    tok.model_max_length = 10**6  # a model whose context holds Claude Code's prompt
+    tok = long_context(starter_dir)
     engine = ScriptedEngine([BASH_CALL, "It printed tether-ok."], tokenizer=tok)
     live = LiveGateway(engine, tok, tmp_path / "cc.db")
     try:
-        opened = live.gw.open_rollout({}, rollout_id="r-cc")
-        home = tmp_path / "home"
-        home.mkdir()
-        env = {
-            "PATH": os.environ["PATH"],
-            "HOME": str(home),
-            "ANTHROPIC_BASE_URL": opened.anthropic_base_url,
-            "ANTHROPIC_API_KEY": opened.token,
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        }
+        env = claude_env(live, "r-cc", tmp_path / "home")
         prompt = "Run `echo tether-ok` with the Bash tool."
         cmd = [claude, "-p", prompt, "--model", "policy", "--allowedTools", "Bash"]
         out = subprocess.run(
@@ -591,3 +654,40 @@ def test_claude_code_print_mode(tokenizer: Any, starter_dir: Path, tmp_path: Pat
     n = len(first.prompt_ids) + len(first.completion_ids)
     assert second.prompt_ids[:n] == first.prompt_ids + first.completion_ids
     assert "<tool_response>\ntether-ok\n</tool_response>" in tok.decode(second.prompt_ids[n:])
+
+
+QUICKSTART = """
+import anyio
+from claude_agent_sdk import query
+
+
+async def main():
+    async for message in query(prompt="What is 2 + 2?"):
+        print(message)
+
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.slow
+def test_claude_agent_sdk_quick_start(starter_dir: Path, tmp_path: Path) -> None:
+    """The Claude Agent SDK's quick start as written (``pip install claude-agent-sdk``: it
+    bundles Claude Code), pointed at a rollout by ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY."""
+    pytest.importorskip("claude_agent_sdk")
+    tok = long_context(starter_dir)
+    live = LiveGateway(ScriptedEngine(["2 + 2 = 4"], tokenizer=tok), tok, tmp_path / "sdk.db")
+    try:
+        env = claude_env(live, "r-sdk", tmp_path / "home")
+        (tmp_path / "quickstart.py").write_text(QUICKSTART)
+        cmd = [sys.executable, "quickstart.py"]
+        out = subprocess.run(
+            cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
+        (call,) = live.store.calls("r-sdk")
+    finally:
+        live.stop()
+    assert out.returncode == 0 and "ResultMessage(subtype='success'" in out.stdout, out.stderr
+    assert "result='2 + 2 = 4'" in out.stdout
+    assert call.request["api"] == "messages" and call.request["anthropic"]["stream"] is True
+    assert len(call.prompt_ids) > 10_000 and len(call.completion_ids) == len(call.logprobs) > 0

@@ -156,7 +156,8 @@ def chat_messages(system: str | list[dict[str, Any]] | None, messages: list[dict
             raise _bad(f"{where}.role", f"{role!r} is not one of user, assistant, system")
         # ``output_config`` on a message: a per-turn effort (Claude Code), without effect
         unknown = sorted(set(message) - {"role", "content", "output_config"})
-        if set((message.get("output_config") or {})) - {"effort"}:
+        config = message.get("output_config")
+        if config is not None and (not isinstance(config, dict) or set(config) - {"effort"}):
             unknown.insert(0, "output_config")
         if unknown:
             raise _bad(f"{where}.{unknown[0]}", "is not supported by tether; remove it")
