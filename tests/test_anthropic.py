@@ -27,9 +27,9 @@ import pytest
 
 from tether.chat import render_prompt
 from tether.engine import TransformersEngine
-from tether.engine.testing import ScriptedEngine
+from tether.engine.testing import FaultyEngine, NullEngine, ScriptedEngine
 from tether.models import load_tokenizer
-from tether.records import RolloutStatus
+from tether.records import CallStatus, RolloutStatus
 from tether.store import Store
 
 from .conftest import ADMIN_KEY
@@ -323,6 +323,49 @@ def test_stream_cut_by_max_tokens_and_stop_sequences(scripted, starter: LiveGate
     )
     assert message.stop_reason == "stop_sequence" and message.stop_sequence == "is 4"
     assert text_of(message) == "The answer "
+
+
+def test_a_client_that_leaves_cancels_the_call(starter: LiveGateway) -> None:
+    """The stream is the engine's token stream: a client that hangs up mid-answer stops the
+    generation, and the call is recorded as cancelled (never a training sample)."""
+    opened = starter.gw.open_rollout(starter.task, rollout_id="r-gone")
+    body = {"model": "policy", "max_tokens": 1500, "temperature": 0, "stream": True}
+    body["messages"] = [{"role": "user", "content": QUESTION}]
+    headers = {"x-api-key": opened.token}
+    url = f"{opened.anthropic_base_url}/v1/messages"
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(12)]  # message_start, ping, a block, deltas: hang up
+    assert "event: content_block_delta" in got
+    deadline = time.monotonic() + 30
+    while not starter.store.calls("r-gone") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (call,) = starter.store.calls("r-gone")
+    assert call.status is CallStatus.CANCELLED and 0 < len(call.completion_ids) < 1500
+
+
+def test_an_engine_fault_mid_stream_is_an_error_event(tokenizer: Any, tmp_path: Path) -> None:
+    ids = tokenizer.encode("The answer is forty two, I think.", add_special_tokens=False)
+    live = LiveGateway(FaultyEngine(NullEngine(ids), fault="break"), tokenizer, tmp_path / "b.db")
+    try:
+        client, _ = clients(live, "r-broken")
+        with pytest.raises(anthropic.APIStatusError) as err:
+            list(
+                client.messages.create(
+                    model="policy",
+                    max_tokens=64,
+                    stream=True,
+                    messages=[{"role": "user", "content": "hi"}],
+                )
+            )
+        assert (
+            err.value.body["type"] == "error"
+            and "injected fault" in err.value.body["error"]["message"]
+        )
+        (call,) = live.store.calls("r-broken")
+        assert call.status is CallStatus.FAILED
+    finally:
+        live.stop()
 
 
 def test_count_tokens_is_the_prompt_of_the_call(scripted) -> None:
