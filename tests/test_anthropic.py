@@ -90,15 +90,38 @@ def scripted(tokenizer: Any, tmp_path: Path):
         lv.stop()
 
 
-def clients(live: LiveGateway, rid: str) -> tuple[anthropic.Anthropic, anthropic.AsyncAnthropic]:
-    """A sync client with the token as ``x-api-key`` (``ANTHROPIC_API_KEY``) and an async
-    one with it as a bearer token (``ANTHROPIC_AUTH_TOKEN``), on the rollout's Anthropic URL."""
-    opened = live.gw.open_rollout(live.task, rollout_id=rid)
-    base = opened.anthropic_base_url
-    assert opened.base_url == f"{base}/v1"
-    sync = anthropic.Anthropic(base_url=base, api_key=opened.token, max_retries=0)
-    async_ = anthropic.AsyncAnthropic(base_url=base, auth_token=opened.token, max_retries=0)
-    return sync, async_
+class Session:
+    """The ``anthropic`` clients of one rollout (``mode="rollout"``: its Anthropic base URL
+    and token) or of record mode (``"record"``: the gateway's URL and a record key; each
+    call a rollout of its own). The sync client sends its key as ``x-api-key``
+    (``ANTHROPIC_API_KEY``), the async one as a bearer token (``ANTHROPIC_AUTH_TOKEN``)."""
+
+    def __init__(self, live: LiveGateway, rid: str, mode: str = "rollout") -> None:
+        self.live, self.rid, self.mode = live, rid, mode
+        self.before = {r.id for r in live.store.list_rollouts()}
+        if mode == "rollout":
+            opened = live.gw.open_rollout(live.task, rollout_id=rid)
+            base, key = opened.anthropic_base_url, opened.token
+            assert opened.base_url == f"{base}/v1"
+        else:
+            base, key = live.server.url, RECORD_KEY
+        self.sync = anthropic.Anthropic(base_url=base, api_key=key, max_retries=0)
+        self.async_ = anthropic.AsyncAnthropic(base_url=base, auth_token=key, max_retries=0)
+
+    def calls(self) -> list[Any]:
+        """The calls made so far, in order (record mode: those of the rollouts opened since)."""
+        if self.mode == "rollout":
+            return self.live.store.calls(self.rid)
+        new = [r for r in self.live.store.list_rollouts() if r.id not in self.before]
+        assert all(r.status is not RolloutStatus.RUNNING for r in new)  # each ended with its call
+        return [c for r in new for c in self.live.store.calls(r.id)]
+
+
+def clients(
+    live: LiveGateway, rid: str, mode: str = "rollout"
+) -> tuple[anthropic.Anthropic, anthropic.AsyncAnthropic]:
+    session = Session(live, rid, mode)
+    return session.sync, session.async_
 
 
 def visible(call: Any) -> list[int]:
@@ -126,8 +149,13 @@ def check_recorded(live: LiveGateway, call: Any, message: Any, sent: list, tools
 # --- the anthropic client ------------------------------------------------------------------
 
 
-def test_plain_message_sync_and_async(starter: LiveGateway) -> None:
-    sync, async_ = clients(starter, "r-plain")
+MODES = ["rollout", "record"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_plain_message_sync_and_async(starter: LiveGateway, mode: str) -> None:
+    session = Session(starter, f"r-plain-{mode}", mode)
+    sync, async_ = session.sync, session.async_
     kw = {"model": "policy", "max_tokens": 16, "system": SYSTEM}
     first = sync.messages.create(messages=[{"role": "user", "content": QUESTION}], **kw)
     blocks = [{"type": "text", "text": QUESTION}]  # a list of text blocks: the same prompt
@@ -136,26 +164,28 @@ def test_plain_message_sync_and_async(starter: LiveGateway) -> None:
     )
     assert first.type == "message" and first.role == "assistant" and first.id.startswith("msg_")
     assert first.model == "policy" and [b.type for b in first.content] == ["text"]
-    calls = starter.store.calls("r-plain")
-    assert [c.seq for c in calls] == [0, 1]
+    calls = session.calls()
+    assert [c.seq for c in calls] == ([0, 1] if mode == "rollout" else [0, 0])
     for call, message in zip(calls, (first, second), strict=True):
         check_recorded(starter, call, message, CHAT_SENT, None)
         assert call.request["params"]["max_completion_tokens"] == 16
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("script", [ONE_CALL, TEXT_AND_CALL, TWO_CALLS])
 def test_tool_result_round_trip_extends_the_previous_call(
-    scripted, tokenizer: Any, script: str
+    scripted, tokenizer: Any, script: str, mode: str
 ) -> None:
     """tool_use → tool_result → answer: call 2's stored prompt extends call 1's prompt +
     completion token for token, and is what a chat client sending the same
     conversation gets (the same template, the same recorded call)."""
     live = scripted(script, ANSWER)
-    client, _ = clients(live, "r-tools")
+    session = Session(live, "r-tools", mode)
+    client = session.sync
     kw = {"model": "policy", "max_tokens": 128, "system": SYSTEM, "tools": [TOOL]}
     first = client.messages.create(messages=[{"role": "user", "content": QUESTION}], **kw)
     uses = [b for b in first.content if b.type == "tool_use"]
-    (stored1,) = live.store.calls("r-tools")
+    (stored1,) = session.calls()
     ids = [c["id"] for c in stored1.response["tool_calls"]]
     assert [u.id for u in uses] == ids and first.stop_reason == "tool_use"
     assert uses[0].name == "calculator" and uses[0].input == {"expression": "12 + 30"}
@@ -173,7 +203,7 @@ def test_tool_result_round_trip_extends_the_previous_call(
     ]
     second = client.messages.create(messages=history, **kw)
     assert text_of(second) == ANSWER and second.stop_reason == "end_turn"
-    stored1, stored2 = live.store.calls("r-tools")
+    stored1, stored2 = session.calls()
     n = len(stored1.prompt_ids) + len(stored1.completion_ids)
     assert stored2.prompt_ids[:n] == stored1.prompt_ids + stored1.completion_ids
     chat = [*CHAT_SENT, stored1.response]
@@ -222,12 +252,13 @@ def test_is_error_and_thinking_blocks_are_kept(scripted, tokenizer: Any) -> None
     )
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "calculator"}])
-def test_forced_tool_is_a_valid_call(starter: LiveGateway, choice: dict) -> None:
+def test_forced_tool_is_a_valid_call(starter: LiveGateway, choice: dict, mode: str) -> None:
     """``tool_choice`` any / tool: the untrained starter model's output is a call whose
     input follows ``input_schema`` only because the grammar makes it so."""
-    rid = f"r-force-{choice['type']}"
-    client, _ = clients(starter, rid)
+    session = Session(starter, f"r-force-{choice['type']}-{mode}", mode)
+    client = session.sync
     lookup = {
         "name": "lookup",
         "input_schema": {
@@ -251,17 +282,19 @@ def test_forced_tool_is_a_valid_call(starter: LiveGateway, choice: dict) -> None
         assert len(use.input["expression"]) <= 24
     else:
         assert use.input["fruit"] in ("apple", "pear")
-    (call,) = starter.store.calls(rid)
+    (call,) = session.calls()
     label = "required" if choice["type"] == "any" else "calculator"
     assert call.constraint == f"tool_choice:{label}"
     assert call.response["tool_calls"][0]["id"] == use.id
 
 
-def test_stream_follows_the_event_sequence(scripted) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_stream_follows_the_event_sequence(scripted, mode: str) -> None:
     """``stream: true``: Anthropic's events in order; the SDK's accumulated message is
     the recorded call, and the tool call's input arrives as input_json_delta."""
     live = scripted(TEXT_AND_CALL, ANSWER)
-    client, async_ = clients(live, "r-sse")
+    session = Session(live, "r-sse", mode)
+    client, async_ = session.sync, session.async_
     kw = {"model": "policy", "max_tokens": 128, "tools": [TOOL]}
     events = list(
         client.messages.create(messages=[{"role": "user", "content": QUESTION}], stream=True, **kw)
@@ -282,7 +315,7 @@ def test_stream_follows_the_event_sequence(scripted) -> None:
     assert text >= 2  # token by token
     assert events[0].message.usage.input_tokens > 0
     assert events[-2].delta.stop_reason == "tool_use"
-    (call,) = live.store.calls("r-sse")
+    (call,) = session.calls()
     streamed = "".join(
         e.delta.text
         for e in events
@@ -302,7 +335,7 @@ def test_stream_follows_the_event_sequence(scripted) -> None:
     pieces, final = asyncio.run(helper())
     assert "".join(pieces) == final.content[0].text == ANSWER and len(pieces) >= 2
     assert final.stop_reason == "end_turn"
-    assert final.usage.output_tokens == len(live.store.calls("r-sse")[1].completion_ids)
+    assert final.usage.output_tokens == len(session.calls()[1].completion_ids)
 
 
 def test_stream_cut_by_max_tokens_and_stop_sequences(scripted, starter: LiveGateway) -> None:
@@ -368,16 +401,18 @@ def test_an_engine_fault_mid_stream_is_an_error_event(tokenizer: Any, tmp_path: 
         live.stop()
 
 
-def test_count_tokens_is_the_prompt_of_the_call(scripted) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_count_tokens_is_the_prompt_of_the_call(scripted, mode: str) -> None:
     live = scripted(ONE_CALL)
-    client, async_ = clients(live, "r-count")
+    session = Session(live, "r-count", mode)
+    client, async_ = session.sync, session.async_
     kw = {"model": "policy", "system": SYSTEM, "tools": [TOOL]}
     messages = [{"role": "user", "content": QUESTION}]
     counted = client.messages.count_tokens(messages=messages, **kw)
     again = asyncio.run(async_.messages.count_tokens(messages=messages, **kw))
-    assert live.store.calls("r-count") == []  # counting records nothing
+    assert session.calls() == []  # counting records nothing (and opens no rollout)
     message = client.messages.create(messages=messages, max_tokens=64, **kw)
-    (call,) = live.store.calls("r-count")
+    (call,) = session.calls()
     assert counted.input_tokens == again.input_tokens == len(call.prompt_ids)
     assert message.usage.input_tokens == counted.input_tokens
 
@@ -428,9 +463,13 @@ def test_max_tokens_is_an_upper_bound(scripted) -> None:
         ({"stop_sequences": ["a"] * 5}, "stop_sequences"),
     ],
 )
-def test_bad_requests_are_refused_in_anthropics_shape(scripted, fields: dict, words: str) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_bad_requests_are_refused_in_anthropics_shape(
+    scripted, fields: dict, words: str, mode: str
+) -> None:
     live = scripted(ANSWER)
-    client, _ = clients(live, "r-x")
+    session = Session(live, "r-x", mode)
+    client = session.sync
     kw = {"model": "policy", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
     with pytest.raises(anthropic.BadRequestError) as err:
         client.messages.create(**{**kw, **fields})
@@ -438,7 +477,7 @@ def test_bad_requests_are_refused_in_anthropics_shape(scripted, fields: dict, wo
     assert err.value.status_code == 400 and body["type"] == "error"
     assert body["error"]["type"] == "invalid_request_error"
     assert words in body["error"]["message"], body
-    assert live.store.calls("r-x") == []
+    assert session.calls() == []
 
 
 MALFORMED = [
