@@ -1,22 +1,19 @@
 """The Anthropic Messages API (``POST /rollouts/{id}/v1/messages``) with the official SDK.
 
 The ``anthropic`` client (sync and async), unchanged, against a gateway on 127.0.0.1
-with a real SQLite store: the starter model where any output will do (and for forced
-tools, where only the grammar makes the output a valid call), a scripted engine where
-the model must call a tool. Each call must be recorded as the equivalent chat
-completion is: the stored prompt ids are the chat template applied to what was sent,
-the stored completion ids decode to what the client received, and a resent
-conversation extends the previous call's prompt + completion token for token.
+with a real SQLite store, through a rollout and through record mode: the starter model
+where any output will do (and for forced tools, where only the grammar makes the output
+a valid call), a scripted engine where the model must call a tool. Each call must be
+recorded as the equivalent chat completion is: the stored prompt ids are the chat
+template applied to what was sent, the stored completion ids decode to what the client
+received, and a resent conversation extends the previous call's prompt + completion
+token for token. Refusals: tests/test_anthropic_refusals.py; agents (the example's
+training step, Claude Code, the Claude Agent SDK): tests/test_anthropic_agents.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,44 +25,28 @@ import pytest
 from tether.chat import render_prompt
 from tether.engine import TransformersEngine
 from tether.engine.testing import FaultyEngine, NullEngine, ScriptedEngine
-from tether.models import load_tokenizer
 from tether.records import CallStatus, RolloutStatus
-from tether.store import Store
 
+from .anthropic_live import (
+    ANSWER,
+    CHAT_SENT,
+    CHAT_TOOL,
+    GW,
+    MODES,
+    ONE_CALL,
+    QUESTION,
+    RECORD_KEY,
+    SYSTEM,
+    TEXT_AND_CALL,
+    TOOL,
+    TWO_CALLS,
+    Session,
+    check_recorded,
+    clients,
+    text_of,
+)
 from .conftest import ADMIN_KEY
 from .helpers import LiveGateway
-
-ROOT = Path(__file__).resolve().parents[1]
-RECORD_KEY = "test-record-key-0123456789"
-SYSTEM = "You are a careful calculator agent."
-QUESTION = "Ava has 12 apples and gets 30 more. How many?"
-SCHEMA = {
-    "type": "object",
-    "properties": {"expression": {"type": "string", "maxLength": 24}},
-    "required": ["expression"],
-}
-TOOL = {
-    "name": "calculator",
-    "description": "Evaluate an arithmetic expression.",
-    "input_schema": SCHEMA,
-}
-CHAT_TOOL = {
-    "type": "function",
-    "function": {"name": "calculator", "parameters": SCHEMA, "description": TOOL["description"]},
-}
-CHAT_SENT = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
-
-
-def tool_call(expression: str) -> str:
-    args = json.dumps({"expression": expression})
-    return f'<tool_call>\n{{"name": "calculator", "arguments": {args}}}\n</tool_call>'
-
-
-ONE_CALL = tool_call("12 + 30")
-TEXT_AND_CALL = "Let me use the calculator.\n" + ONE_CALL
-TWO_CALLS = ONE_CALL + "\n" + tool_call("30 + 12")
-ANSWER = "The answer is 42."
-GW = {"task": {"question": QUESTION}, "record_keys": (RECORD_KEY,)}  # every LiveGateway here
 
 
 @pytest.fixture(scope="module")
@@ -90,66 +71,7 @@ def scripted(tokenizer: Any, tmp_path: Path):
         lv.stop()
 
 
-class Session:
-    """The ``anthropic`` clients of one rollout (``mode="rollout"``: its Anthropic base URL
-    and token) or of record mode (``"record"``: the gateway's URL and a record key; each
-    call a rollout of its own). The sync client sends its key as ``x-api-key``
-    (``ANTHROPIC_API_KEY``), the async one as a bearer token (``ANTHROPIC_AUTH_TOKEN``)."""
-
-    def __init__(self, live: LiveGateway, rid: str, mode: str = "rollout") -> None:
-        self.live, self.rid, self.mode = live, rid, mode
-        self.before = {r.id for r in live.store.list_rollouts()}
-        if mode == "rollout":
-            opened = live.gw.open_rollout(live.task, rollout_id=rid)
-            base, key = opened.anthropic_base_url, opened.token
-            assert opened.base_url == f"{base}/v1"
-        else:
-            base, key = live.server.url, RECORD_KEY
-        self.sync = anthropic.Anthropic(base_url=base, api_key=key, max_retries=0)
-        self.async_ = anthropic.AsyncAnthropic(base_url=base, auth_token=key, max_retries=0)
-
-    def calls(self) -> list[Any]:
-        """The calls made so far, in order (record mode: those of the rollouts opened since)."""
-        if self.mode == "rollout":
-            return self.live.store.calls(self.rid)
-        new = [r for r in self.live.store.list_rollouts() if r.id not in self.before]
-        assert all(r.status is not RolloutStatus.RUNNING for r in new)  # each ended with its call
-        return [c for r in new for c in self.live.store.calls(r.id)]
-
-
-def clients(
-    live: LiveGateway, rid: str, mode: str = "rollout"
-) -> tuple[anthropic.Anthropic, anthropic.AsyncAnthropic]:
-    session = Session(live, rid, mode)
-    return session.sync, session.async_
-
-
-def visible(call: Any) -> list[int]:
-    return call.completion_ids[:-1] if call.finish_reason == "stop" else call.completion_ids
-
-
-def text_of(message: Any) -> str:
-    return "".join(b.text for b in message.content if b.type == "text")
-
-
-def check_recorded(live: LiveGateway, call: Any, message: Any, sent: list, tools: Any) -> None:
-    """The stored call is the template of what was sent, and decodes to what was received."""
-    tok = live.tokenizer
-    assert call.prompt_ids == render_prompt(tok, sent, tools)
-    assert call.request["api"] == "messages" and call.request["anthropic"]["id"] == message.id
-    assert len(call.completion_ids) == len(call.logprobs) == message.usage.output_tokens > 0
-    assert message.usage.input_tokens == len(call.prompt_ids)
-    assert all(lp <= 0 for lp in call.logprobs)
-    want = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
-    assert message.stop_reason == want[call.finish_reason]
-    if call.finish_reason != "tool_calls":
-        assert text_of(message) == tok.decode(visible(call), skip_special_tokens=False)
-
-
 # --- the anthropic client ------------------------------------------------------------------
-
-
-MODES = ["rollout", "record"]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -430,128 +352,6 @@ def test_max_tokens_is_an_upper_bound(scripted) -> None:
     assert call.request["anthropic"]["max_tokens"] == 32_000 > live.gw.config.max_tokens
 
 
-@pytest.mark.parametrize(
-    ("fields", "words"),
-    [
-        (
-            {
-                "messages": [
-                    {
-                        "role": "user",
-                        "content": [{"type": "image", "source": {"type": "url", "url": "x"}}],
-                    }
-                ]
-            },
-            "'image' blocks are not supported",
-        ),
-        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
-        ({"tools": [{**TOOL, "input_examples": []}]}, "tools[0].input_examples"),
-        ({"tool_choice": {"type": "function"}}, "tool_choice"),
-        ({"extra_body": {"top_k": 5}}, "top_k"),
-        ({"extra_body": {"temperature": 1.5}}, "temperature"),
-        ({"extra_body": {"mcp_servers": []}}, "unsupported field 'mcp_servers'"),
-        (
-            {
-                "messages": [
-                    {"role": "user", "content": "hi"},
-                    {"role": "assistant", "content": "The"},
-                ]
-            },
-            "prefill",
-        ),
-        ({"messages": []}, "messages: must not be empty"),
-        ({"stop_sequences": ["a"] * 5}, "stop_sequences"),
-    ],
-)
-@pytest.mark.parametrize("mode", MODES)
-def test_bad_requests_are_refused_in_anthropics_shape(
-    scripted, fields: dict, words: str, mode: str
-) -> None:
-    live = scripted(ANSWER)
-    session = Session(live, "r-x", mode)
-    client = session.sync
-    kw = {"model": "policy", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
-    with pytest.raises(anthropic.BadRequestError) as err:
-        client.messages.create(**{**kw, **fields})
-    body = err.value.body
-    assert err.value.status_code == 400 and body["type"] == "error"
-    assert body["error"]["type"] == "invalid_request_error"
-    assert words in body["error"]["message"], body
-    assert session.calls() == []
-
-
-MALFORMED = [
-    {"messages": [{"role": "user", "content": [5]}]},
-    {"messages": [{"role": "user", "content": 5}]},
-    {"messages": [{"role": "user", "content": "hi", "output_config": 5}]},
-    {
-        "messages": [
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": 5}]}
-        ]
-    },
-    {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
-    {
-        "messages": [
-            {"role": "assistant", "content": [{"type": "tool_use", "id": 1}]},
-            {"role": "user", "content": "x"},
-        ]
-    },
-    {
-        "messages": [
-            {"role": "assistant", "content": [{"type": "thinking"}]},
-            {"role": "user", "content": "x"},
-        ]
-    },
-    {"messages": [{"role": "tool", "content": "x"}]},
-    {"system": [5]},
-    {"system": 5},
-    {"tools": [{"name": "x"}]},
-    {"tools": [{"name": "x", "input_schema": {"type": "object"}}], "tool_choice": {"type": "tool"}},
-    {
-        "tools": [{"name": "x", "input_schema": {"type": "object"}}],
-        "tool_choice": {"type": "tool", "name": "y"},
-    },
-    {"output_config": {"format": {"type": "json_schema", "schema": 5}}},
-    {"thinking": {"type": "on"}},
-    {"max_tokens": 0},
-]
-
-
-@pytest.mark.parametrize("fields", MALFORMED)
-def test_malformed_bodies_are_400_not_500(scripted, fields: dict) -> None:
-    live = scripted(ANSWER)
-    opened = live.gw.open_rollout(live.task, rollout_id="r-bad")
-    body = {"model": "policy", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
-    r = httpx.post(
-        f"{opened.anthropic_base_url}/v1/messages",
-        json={**body, **fields},
-        headers={"x-api-key": opened.token},
-    )
-    assert r.status_code == 400 and r.json()["type"] == "error", r.text
-    assert r.json()["error"]["type"] == "invalid_request_error"
-    assert live.store.calls("r-bad") == []
-
-
-def test_missing_max_tokens_and_bad_keys(scripted) -> None:
-    live = scripted(ANSWER)
-    opened = live.gw.open_rollout(live.task, rollout_id="r-auth")
-    url = f"{opened.anthropic_base_url}/v1/messages"
-    body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
-    r = httpx.post(url, json=body, headers={"x-api-key": opened.token})
-    assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
-    for headers in ({}, {"x-api-key": "wrong"}, {"x-api-key": ADMIN_KEY}):
-        r = httpx.post(url, json={**body, "max_tokens": 8}, headers=headers)
-        assert r.status_code in (401, 403) and r.json()["type"] == "error", r.text
-    client = anthropic.Anthropic(base_url=opened.anthropic_base_url, api_key="wrong", max_retries=0)
-    with pytest.raises(anthropic.AuthenticationError):
-        client.messages.create(model="policy", max_tokens=8, messages=body["messages"])
-    assert live.store.calls("r-auth") == []
-    models = anthropic.Anthropic(
-        base_url=opened.anthropic_base_url, api_key=opened.token, max_retries=0
-    ).models.list()
-    assert [m.id for m in models.data] == ["policy"] and models.data[0].type == "model"
-
-
 def test_admin_create_returns_the_anthropic_base_url(scripted) -> None:
     live = scripted(ANSWER)
     r = httpx.post(
@@ -625,151 +425,3 @@ def test_record_mode(scripted) -> None:
     with pytest.raises(anthropic.AuthenticationError) as err:
         bad.messages.create(messages=messages, **kw)
     assert "record" in err.value.body["error"]["message"]
-
-
-# --- the example: one training step ------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_the_anthropic_example_trains_one_step(starter_dir: Path, tmp_path: Path) -> None:
-    """``tether train examples/frameworks/anthropic/config.yaml``: the anthropic-SDK agent
-    (ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY from the runner) in warm worker processes;
-    one GRPO update."""
-    overrides = [
-        f"dir={tmp_path}",
-        f"model.path={starter_dir}",
-        "tasks.train_size=4",
-        "tasks.val_size=1",
-        "agent.concurrency=2",
-        "rollout.n=2",
-        "rollout.batch_groups=1",
-        "rollout.grader=tests.helpers:alternating_grader",  # rewards 0, 1: an update happens
-        "trainer.steps=1",
-        "eval.tasks=1",
-        "eval.samples=1",
-        "eval.greedy=false",
-        "checkpoint.every=0",
-    ]
-    config = ROOT / "examples/frameworks/anthropic/config.yaml"
-    out = subprocess.run(
-        [sys.executable, "-m", "tether.cli", "train", str(config), *overrides],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert " v1 " in out.stdout and "no update happened" not in out.stdout, out.stdout[-2000:]
-    # every call of every rollout went through /v1/messages and was recorded token-exactly
-    store = Store(tmp_path / "calc-anthropic" / "traces.sqlite")
-    try:
-        calls = [c for r in store.list_rollouts() for c in store.calls(r.id)]
-    finally:
-        store.close()
-    assert len(calls) >= 4 and {c.request["api"] for c in calls} == {"messages"}
-    tokenizer = load_tokenizer(starter_dir)
-    for c in calls:
-        assert c.prompt_ids == render_prompt(tokenizer, c.request["messages"], c.request["tools"])
-        assert len(c.completion_ids) == len(c.logprobs) > 0
-
-
-# --- Claude Code in print mode -----------------------------------------------------------------
-
-BASH_CALL = (
-    '<tool_call>\n{"name": "Bash", "arguments": {"command": "echo tether-ok", '
-    '"description": "Print a word"}}\n</tool_call>'
-)
-
-
-def claude_env(live: LiveGateway, rid: str, home: Path) -> dict[str, str]:
-    """What Claude Code needs to run against rollout ``rid``: its URL and token, no more."""
-    opened = live.gw.open_rollout({}, rollout_id=rid)
-    home.mkdir()
-    return {
-        "PATH": os.environ["PATH"],
-        "PYTHONPATH": os.pathsep.join(sys.path),  # the Agent SDK's quick start imports it
-        "HOME": str(home),  # a fresh config: no login
-        "ANTHROPIC_BASE_URL": opened.anthropic_base_url,
-        "ANTHROPIC_API_KEY": opened.token,
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "ENABLE_TOOL_SEARCH": "false",  # its tools with defer_loading are refused (docs)
-    }
-
-
-def long_context(starter_dir: Path) -> Any:
-    """The starter tokenizer without a context limit: Claude Code's system prompt and tools
-    are ~36k tokens with it, beyond the starter model's 2,048 (docs/anthropic.md)."""
-    tok = load_tokenizer(starter_dir)
-    tok.model_max_length = 10**6
-    return tok
-
-
-@pytest.mark.slow
-def test_claude_code_print_mode(starter_dir: Path, tmp_path: Path) -> None:
-    """``claude -p`` (npm ``@anthropic-ai/claude-code``; its path in TETHER_CLAUDE_CODE or
-    ``claude`` on PATH) against a rollout: its Bash tool_use, run by Claude Code, and
-    the tool_result sent back; both calls recorded token-exactly and merged."""
-    claude = os.environ.get("TETHER_CLAUDE_CODE") or shutil.which("claude")
-    if not claude:
-        pytest.skip("Claude Code is not installed (npm i @anthropic-ai/claude-code)")
-    tok = long_context(starter_dir)
-    engine = ScriptedEngine([BASH_CALL, "It printed tether-ok."], tokenizer=tok)
-    live = LiveGateway(engine, tok, tmp_path / "cc.db")
-    try:
-        env = claude_env(live, "r-cc", tmp_path / "home")
-        prompt = "Run `echo tether-ok` with the Bash tool."
-        cmd = [claude, "-p", prompt, "--model", "policy", "--allowedTools", "Bash"]
-        out = subprocess.run(
-            cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
-        )
-        assert out.returncode == 0, out.stdout + out.stderr
-        assert out.stdout.strip() == "It printed tether-ok."
-        first, second = live.store.calls("r-cc")
-    finally:
-        live.stop()
-    assert (
-        first.finish_reason == "tool_calls"
-        and first.response["tool_calls"][0]["function"]["name"] == "Bash"
-    )
-    assert len(first.prompt_ids) > 10_000 and len(first.completion_ids) == len(first.logprobs)
-    n = len(first.prompt_ids) + len(first.completion_ids)
-    assert second.prompt_ids[:n] == first.prompt_ids + first.completion_ids
-    assert "<tool_response>\ntether-ok\n</tool_response>" in tok.decode(second.prompt_ids[n:])
-
-
-QUICKSTART = """
-import anyio
-from claude_agent_sdk import query
-
-
-async def main():
-    async for message in query(prompt="What is 2 + 2?"):
-        print(message)
-
-
-anyio.run(main)
-"""
-
-
-@pytest.mark.slow
-def test_claude_agent_sdk_quick_start(starter_dir: Path, tmp_path: Path) -> None:
-    """The Claude Agent SDK's quick start as written (``pip install claude-agent-sdk``: it
-    bundles Claude Code), pointed at a rollout by ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY."""
-    pytest.importorskip("claude_agent_sdk")
-    tok = long_context(starter_dir)
-    live = LiveGateway(ScriptedEngine(["2 + 2 = 4"], tokenizer=tok), tok, tmp_path / "sdk.db")
-    try:
-        env = claude_env(live, "r-sdk", tmp_path / "home")
-        (tmp_path / "quickstart.py").write_text(QUICKSTART)
-        cmd = [sys.executable, "quickstart.py"]
-        out = subprocess.run(
-            cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
-        )
-        (call,) = live.store.calls("r-sdk")
-    finally:
-        live.stop()
-    assert out.returncode == 0 and "ResultMessage(subtype='success'" in out.stdout, out.stderr
-    assert "result='2 + 2 = 4'" in out.stdout
-    assert call.request["api"] == "messages" and call.request["anthropic"]["stream"] is True
-    assert len(call.prompt_ids) > 10_000 and len(call.completion_ids) == len(call.logprobs) > 0
