@@ -1,4 +1,4 @@
-"""Claude Code (``claude -p``) or the Claude Agent SDK's quick start against a tether rollout.
+"""Claude Code (``claude -p``), the Claude Agent SDK or any Anthropic client against a rollout.
 
 A gateway on 127.0.0.1 over a scripted model (the starter tokenizer without a context
 limit: Claude Code's system prompt and tools are ~36k tokens with it, beyond the
