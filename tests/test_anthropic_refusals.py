@@ -147,3 +147,26 @@ def test_missing_max_tokens_and_bad_keys(live: LiveGateway) -> None:
         base_url=opened.anthropic_base_url, api_key=opened.token, max_retries=0
     ).models.list()
     assert [m.id for m in models.data] == ["policy"] and models.data[0].type == "model"
+
+
+def test_keys_sent_as_null_are_no_request(live: LiveGateway) -> None:
+    """A client that serializes its block objects whole sends unset fields as null
+    (``citations``, ``defer_loading``, ``caller``): accepted, as they ask for nothing."""
+    client = Session(live, "r-null").sync
+    message = client.messages.create(
+        model="policy",
+        max_tokens=8,
+        tools=[{**TOOL, "defer_loading": None, "input_examples": None}],
+        tool_choice={"type": "auto", "disable_parallel_tool_use": None},
+        messages=[
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "hi", "citations": None, "x": None}],
+            }
+        ],
+    )
+    assert message.content[0].text == ANSWER[: len(message.content[0].text)]
+    (call,) = live.store.calls("r-null")
+    assert call.request["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]}
+    ]

@@ -48,11 +48,16 @@ def _bad(param: str, message: str) -> InvalidRequest:
     return InvalidRequest(f"{param}: {message}", param=param)
 
 
+def _unknown(obj: dict[str, Any], known: set[str]) -> list[str]:
+    """The keys of ``obj`` tether does not implement (a key sent as null is no request)."""
+    return sorted(k for k in set(obj) - known if obj[k] is not None)
+
+
 def _text_block(block: Any, where: str) -> str:
     if not isinstance(block, dict) or block.get("type") != "text":
         kind = block.get("type") if isinstance(block, dict) else type(block).__name__
         raise _bad(f"{where}.type", f"{kind!r} is not supported here; tether renders text blocks")
-    unknown = sorted(set(block) - _TEXT_KEYS)
+    unknown = _unknown(block, _TEXT_KEYS)
     if unknown:
         raise _bad(f"{where}.{unknown[0]}", "is not supported by tether; remove it")
     if not isinstance(block.get("text"), str):
@@ -155,7 +160,7 @@ def chat_messages(system: str | list[dict[str, Any]] | None, messages: list[dict
         if role not in _BLOCKS:
             raise _bad(f"{where}.role", f"{role!r} is not one of user, assistant, system")
         # ``output_config`` on a message: a per-turn effort (Claude Code), without effect
-        unknown = sorted(set(message) - {"role", "content", "output_config"})
+        unknown = _unknown(message, {"role", "content", "output_config"})
         config = message.get("output_config")
         if config is not None and (not isinstance(config, dict) or set(config) - {"effort"}):
             unknown.insert(0, "output_config")
@@ -196,7 +201,7 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
                 "(name, description, input_schema; the agent runs them), not Anthropic's "
                 "server or built-in tools",
             )
-        unknown = sorted(set(tool) - _TOOL_KEYS)
+        unknown = _unknown(tool, _TOOL_KEYS)
         if unknown:
             raise _bad(f"tools[{i}].{unknown[0]}", "is not supported by tether; remove it")
         if not isinstance(tool.get("name"), str) or not tool["name"]:
@@ -217,7 +222,7 @@ def chat_tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool | None]:
     if choice is None:
         return None, None
     kind = choice.get("type")
-    unknown = sorted(set(choice) - {"type", "name", "disable_parallel_tool_use"})
+    unknown = _unknown(choice, {"type", "name", "disable_parallel_tool_use"})
     if unknown:
         raise _bad(f"tool_choice.{unknown[0]}", "is not supported by tether; remove it")
     parallel = False if choice.get("disable_parallel_tool_use") else None
