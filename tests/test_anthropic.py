@@ -323,6 +323,23 @@ def test_an_engine_fault_mid_stream_is_an_error_event(tokenizer: Any, tmp_path: 
         live.stop()
 
 
+def test_the_call_is_committed_before_the_stream_says_it_ended(scripted) -> None:
+    """A client that reads up to ``message_delta`` (the stop reason) and stops there finds
+    its call already in the store."""
+    live = scripted(ONE_CALL)
+    opened = live.gw.open_rollout(live.task, rollout_id="r-commit")
+    body = {"model": "policy", "max_tokens": 64, "stream": True, "tools": [TOOL]}
+    body["messages"] = [{"role": "user", "content": QUESTION}]
+    url = f"{opened.anthropic_base_url}/v1/messages"
+    with httpx.stream("POST", url, json=body, headers={"x-api-key": opened.token}) as r:
+        for line in r.iter_lines():
+            if line == "event: message_delta":
+                stored = live.store.calls("r-commit")
+                break
+    (call,) = stored
+    assert call.finish_reason == "tool_calls" and len(call.completion_ids) > 0
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_count_tokens_is_the_prompt_of_the_call(scripted, mode: str) -> None:
     live = scripted(ONE_CALL)
