@@ -37,7 +37,6 @@ from .helpers import LiveGateway
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "frameworks"
-NODE_DIR = EXAMPLES / "node"
 TASK = {"id": "t-1", "question": "Ava has 12 apples and gets 30 more. How many?", "answer": 42}
 
 
@@ -97,8 +96,20 @@ FRAMEWORKS = {
         [ONE_CALL, ANSWER],
         {"stream": False, "max_tokens": 128, "tool_choice": "auto"},
     ),
+    "anthropic": Framework(
+        [PY, "examples/frameworks/anthropic/agent.py"],
+        ("anthropic",),
+        [ONE_CALL, ANSWER],
+        {"max_completion_tokens": 128, "stream": False},  # the chat-shaped params of its calls
+    ),
     "node": Framework(
         ["node", "examples/frameworks/node/agent.mjs"], (), [ONE_CALL, ANSWER], {"max_tokens": 128}
+    ),
+    "node_anthropic": Framework(
+        ["node", "examples/frameworks/node_anthropic/agent.mjs"],
+        (),
+        [ONE_CALL, ANSWER],
+        {"max_completion_tokens": 128, "stream": True},
     ),
 }
 
@@ -111,20 +122,23 @@ def missing(name: str) -> str | None:
                 return f"{module} is not installed (pip install -e '.[frameworks]')"
         except ImportError as exc:  # a parent package is missing or broken
             return f"{module} does not import: {exc}"
-    if name == "node":
-        return node_setup()
+    if name in NODE_PACKAGES:
+        return node_setup(EXAMPLES / name, NODE_PACKAGES[name])
     return None
 
 
-def node_setup() -> str | None:
-    """``npm ci`` the node example once (set-up, not import); the reason if it cannot run."""
+NODE_PACKAGES = {"node": "openai", "node_anthropic": "@anthropic-ai/sdk"}  # what each needs
+
+
+def node_setup(folder: Path, package: str) -> str | None:
+    """``npm ci`` a node example once (set-up, not import); the reason if it cannot run."""
     if shutil.which("node") is None or shutil.which("npm") is None:
         return "node/npm are not on PATH"
-    if (NODE_DIR / "node_modules" / "openai" / "package.json").is_file():
+    if (folder / "node_modules" / package / "package.json").is_file():
         return None
     done = subprocess.run(
         ["npm", "ci", "--no-audit", "--no-fund"],
-        cwd=NODE_DIR,
+        cwd=folder,
         capture_output=True,
         text=True,
         timeout=180,
@@ -218,6 +232,8 @@ def test_framework_agent_through_the_gateway(name: str, outcomes: dict, tokenize
         if name == "responses":  # sent to /v1/responses: what it sent is recorded beside
             assert sent["api"] == "responses" and sent["responses"]["id"].startswith("resp_")
             assert "max_output_tokens" not in sent["responses"], sent["responses"]  # quickstart
+        if name in ("anthropic", "node_anthropic"):  # to /v1/messages, ANTHROPIC_BASE_URL
+            assert sent["api"] == "messages" and sent["anthropic"]["max_tokens"] == 128
     # The tool results went back to the model (one per tool call).
     prompt = tokenizer.decode(second.prompt_ids)
     assert prompt.count("<tool_response>\n42\n</tool_response>") == len(wanted)

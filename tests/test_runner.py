@@ -28,6 +28,7 @@ from tether.runner import (
 
 PY = sys.executable
 CONTRACT = {"OPENAI_BASE_URL", "OPENAI_API_KEY", "TETHER_ROLLOUT_ID", "TETHER_TASK"}
+CONTRACT |= {"ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"}
 
 
 def expected_env_names() -> set[str]:
@@ -98,6 +99,9 @@ def test_agent_env_is_exactly_the_contract() -> None:
     assert set(env) == CONTRACT | {"TETHER_REWARD_URL", "PATH", "HOME", "MY_FLAG"}
     assert env["OPENAI_BASE_URL"] == "http://gw/rollouts/r3/v1"
     assert env["OPENAI_API_KEY"] == "tok-3" and env["TETHER_ROLLOUT_ID"] == "r3"
+    # the anthropic SDK and Claude Code add /v1 themselves; the same rollout token
+    assert env["ANTHROPIC_BASE_URL"] == "http://gw/rollouts/r3"
+    assert env["ANTHROPIC_API_KEY"] == "tok-3"
     assert json.loads(env["TETHER_TASK"]) == {"q": "é"}
     no_reward = agent_env(launch(1, reward_url=None), parent_env=parent)
     assert "TETHER_REWARD_URL" not in no_reward

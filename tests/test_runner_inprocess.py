@@ -30,6 +30,7 @@ from tether.runner import (
 
 PY = sys.executable
 CONTRACT = {"OPENAI_BASE_URL", "OPENAI_API_KEY", "TETHER_ROLLOUT_ID", "TETHER_TASK"}
+CONTRACT |= {"ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"}
 
 
 # --- in-process mode ---------------------------------------------------------------------

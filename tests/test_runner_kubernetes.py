@@ -128,6 +128,8 @@ def test_manifest_field_by_field(tmp_path: Path) -> None:
         "MY_SETTING": "1",
         "OPENAI_BASE_URL": "http://gw.tether.svc:8321/rollouts/run1:s0:g0:7/v1",
         "OPENAI_API_KEY": {"secretKeyRef": {"name": meta["name"], "key": "OPENAI_API_KEY"}},
+        "ANTHROPIC_BASE_URL": "http://gw.tether.svc:8321/rollouts/run1:s0:g0:7",
+        "ANTHROPIC_API_KEY": {"secretKeyRef": {"name": meta["name"], "key": "OPENAI_API_KEY"}},
         "TETHER_ROLLOUT_ID": "run1:s0:g0:7",
         "TETHER_TASK": '{"q": "2+2"}',
         "LOG_LEVEL": "info",

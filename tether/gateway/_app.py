@@ -1,6 +1,8 @@
-"""The ASGI app: the agents' OpenAI-compatible routes and the admin routes over a Gateway.
+"""The ASGI app: the agents' OpenAI-compatible and Anthropic routes and the admin routes over
+a Gateway.
 
-The routes live in two routers (``_openai_routes``, ``_admin_routes``); what
+The routes live in routers (``_openai_routes``, ``_responses``, ``_messages``,
+``_admin_routes``); what
 they share (body parsing, auth dependencies, error handlers) is in ``_http``;
 the logic is :class:`Gateway`'s.
 """
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from . import _admin_routes, _openai_routes, _responses
+from . import _admin_routes, _messages, _openai_routes, _responses
 from ._core import Gateway
 from ._http import install_handlers
 from ._openapi import install_openapi
@@ -27,5 +29,6 @@ def create_app(gw: Gateway) -> FastAPI:
     install_openapi(app)
     app.include_router(_openai_routes.router)
     app.include_router(_responses.router)
+    app.include_router(_messages.router)
     app.include_router(_admin_routes.router)
     return app

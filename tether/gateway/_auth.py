@@ -17,7 +17,7 @@ from tether.records import RolloutStatus
 
 from ._exceptions import Conflict, Forbidden, InvalidRequest, Unauthenticated
 
-__all__ = ["Keys", "bearer", "check_rollout_id", "hash_token", "new_token"]
+__all__ = ["Keys", "agent_key", "bearer", "check_rollout_id", "hash_token", "new_token"]
 
 # Rollout ids travel in URLs and log lines: a conservative alphabet, no dots
 # at the start (no "..", no hidden names), at most 128 bytes.
@@ -50,6 +50,15 @@ def bearer(authorization: str | None) -> str | None:
     if scheme.lower() != "bearer" or not value.strip():
         return None
     return value.strip()
+
+
+def agent_key(authorization: str | None, x_api_key: str | None) -> str | None:
+    """An agent's key: the ``Authorization: Bearer`` token (what ``OPENAI_API_KEY`` and
+    ``ANTHROPIC_AUTH_TOKEN`` send), else the ``x-api-key`` header (``ANTHROPIC_API_KEY``)."""
+    token = bearer(authorization)
+    if token is None and x_api_key and x_api_key.strip():
+        return x_api_key.strip()
+    return token
 
 
 MAX_SUPERSEDED = 100_000  # retried attempts whose tokens are remembered for a 409
@@ -114,7 +123,10 @@ def check_rollout_token(
     in the URL exists, so ids cannot be probed.
     """
     if token is None:
-        raise Unauthenticated("missing bearer token: set OPENAI_API_KEY to the rollout token")
+        raise Unauthenticated(
+            "missing key: send the rollout token as 'Authorization: Bearer <token>' "
+            "(OPENAI_API_KEY) or as 'x-api-key' (ANTHROPIC_API_KEY)"
+        )
     token_hash = hash_token(token)
     if auth is not None:
         status, attempt, stored = auth

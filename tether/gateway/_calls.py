@@ -98,13 +98,19 @@ class ModelCalls:
         *,
         override: dict[str, float],
         recorded: dict[str, Any] | None = None,
+        ceiling: bool = False,
     ) -> CallContext:
         """Check and render one chat-shaped call (a ``ChatCompletionRequest``; the Responses
-        route maps its request onto one first); ``recorded`` adds keys to its recorded request."""
+        and Messages routes map their requests onto one first); ``recorded`` adds keys to
+        its recorded request. ``ceiling``: the asked ``max_tokens`` is an upper bound (the
+        Messages API requires one, so clients send large ones): lowered to the gateway's
+        cap and cut to what the context leaves, as an unasked one is, instead of a 400."""
         top = req.top_logprobs or 0
         if top and not req.logprobs:
             raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
         asked = req.max_completion_tokens or req.max_tokens
+        if ceiling and asked is not None:
+            asked = min(asked, self.config.max_tokens)
         params = sampling_params(
             self.config, req, max_tokens=asked, top_logprobs=top, override=override,
             stop_ids=self.stop_ids, affinity=rollout_id,
@@ -119,8 +125,9 @@ class ModelCalls:
         params = constrain(self.engine, params, constraint)
         prompt_ids = self.render(req.messages, req.tools, conversation=(rollout_id, attempt))
         params = fit_context(
-            len(prompt_ids), params, self.max_context, asked=asked is not None, param="messages"
-        )
+            len(prompt_ids), params, self.max_context, asked=asked is not None and not ceiling,
+            param="messages",
+        )  # fmt: skip
         record = {
             "messages": req.messages,
             "tools": req.tools,

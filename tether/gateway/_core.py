@@ -135,11 +135,25 @@ class Gateway:
     # -- model calls --------------------------------------------------------
 
     def prepare_chat(
-        self, rollout_id: str, attempt: int, req: Any, recorded: dict[str, Any] | None = None
+        self,
+        rollout_id: str,
+        attempt: int,
+        req: Any,
+        recorded: dict[str, Any] | None = None,
+        *,
+        ceiling: bool = False,
     ) -> CallContext:
-        """Check and render one chat-shaped call (nothing is generated or stored yet)."""
+        """Check and render one chat-shaped call (nothing is generated or stored yet);
+        ``ceiling``: its max_tokens is an upper bound (``ModelCalls.chat``)."""
         over = self.lifecycle.overrides(rollout_id)
-        return self.calls.chat(rollout_id, attempt, req, override=over, recorded=recorded)
+        return self.calls.chat(
+            rollout_id, attempt, req, override=over, recorded=recorded, ceiling=ceiling
+        )
+
+    def prompt_tokens(self, req: Any) -> int:
+        """How many tokens a chat-shaped request's prompt renders to (nothing is generated
+        or stored, no conversation's render cache is touched)."""
+        return len(self.calls.render(req.messages, req.tools))
 
     def prepare_completion(self, rollout_id: str, attempt: int, req: Any) -> CallContext:
         """Check and encode one text completion (nothing is generated or stored yet)."""

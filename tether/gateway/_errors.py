@@ -7,8 +7,10 @@ chosen at the HTTP edge itself (a body too large, not JSON). Every error body ha
 ``{"error": {"message", "type", "param", "code"}}`` so that the official
 clients raise their usual exception classes (``BadRequestError``,
 ``AuthenticationError``, ``PermissionDeniedError``, ``NotFoundError``,
-``ConflictError``, ``InternalServerError``, ...). This module does not
-import FastAPI (``_http`` installs the handlers).
+``ConflictError``, ``InternalServerError``, ...); on the Messages API's routes the
+body has Anthropic's shape (:func:`anthropic_error_body`), which the ``anthropic``
+clients turn into the same classes of theirs. This module does not import FastAPI
+(``_http`` installs the handlers).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from ._exceptions import (
     UnknownRollout,
 )
 
-__all__ = ["MAPPED", "ApiError", "error_body", "http_error"]
+__all__ = ["MAPPED", "ApiError", "anthropic_error_body", "error_body", "http_error"]
 
 log = logging.getLogger(__name__)
 
@@ -125,3 +127,25 @@ def error_body(
             "code": code,
         }
     }
+
+
+# Anthropic's error types by status (its docs: "Errors"); others are "api_error".
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    499: "invalid_request_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+
+def anthropic_error_body(status: int, message: str) -> dict:
+    """``{"type": "error", "error": {"type", "message"}}``, the Messages API's error shape."""
+    kind = _ANTHROPIC_TYPES.get(status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}

@@ -18,16 +18,18 @@ from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from ._auth import bearer
+from ._auth import agent_key, bearer
 from ._core import Gateway
-from ._errors import MAPPED, ApiError, error_body, http_error
+from ._errors import MAPPED, ApiError, anthropic_error_body, error_body, http_error
 
 __all__ = [
     "STREAMED",
     "body_schema",
     "gateway",
     "install_handlers",
+    "is_anthropic",
     "parse",
+    "request_key",
     "require_admin",
     "rollout_attempt",
 ]
@@ -62,9 +64,14 @@ def require_admin(request: Request) -> None:
     gateway(request).keys.require_admin(bearer(request.headers.get("authorization")))
 
 
+def request_key(request: Request) -> str | None:
+    """The agent's key: ``Authorization: Bearer`` or ``x-api-key`` (:func:`agent_key`)."""
+    return agent_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
+
+
 def rollout_attempt(rollout_id: str, request: Request) -> int:
     """The rollout's current attempt, if the request carries that rollout's own token."""
-    return gateway(request).authorize(rollout_id, bearer(request.headers.get("authorization")))
+    return gateway(request).authorize(rollout_id, request_key(request))
 
 
 # -- bodies ------------------------------------------------------------------
@@ -137,11 +144,20 @@ async def parse(request: Request, model: type[BaseModel]) -> Any:
 # -- errors ------------------------------------------------------------------
 
 
-def _response(status: int, message: str, param: str | None = None, code: str | None = None):
+def is_anthropic(request: Request) -> bool:
+    """Whether ``request`` is to the Messages API (its errors have Anthropic's shape)."""
+    return "/v1/messages" in request.url.path
+
+
+def _response(
+    request: Request, status: int, message: str, param: str | None = None, code: str | None = None
+):
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(
-        error_body(status, message, param, code), status_code=status, headers=headers
-    )
+    if is_anthropic(request):
+        body = anthropic_error_body(status, message)
+    else:
+        body = error_body(status, message, param, code)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -161,21 +177,22 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def install_handlers(app: FastAPI) -> None:
-    """Answer every error tether raises with its status (:func:`http_error`), OpenAI-shaped."""
+    """Answer every error tether raises with its status (:func:`http_error`), OpenAI-shaped
+    (Anthropic-shaped on the Messages API's routes)."""
 
-    async def _mapped(_: Request, exc: Exception):
+    async def _mapped(request: Request, exc: Exception):
         err = http_error(exc)
         assert err is not None  # registered only for the classes http_error maps
-        return _response(err.status, err.message, err.param, err.code)
+        return _response(request, err.status, err.message, err.param, err.code)
 
     for cls in (ApiError, *MAPPED):
         app.add_exception_handler(cls, _mapped)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError):
+    async def _invalid(request: Request, exc: RequestValidationError):
         message, param = _validation_message(exc)
-        return _response(400, message, param)
+        return _response(request, 400, message, param)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException):
-        return _response(exc.status_code, str(exc.detail))
+    async def _http(request: Request, exc: StarletteHTTPException):
+        return _response(request, exc.status_code, str(exc.detail))

@@ -18,7 +18,7 @@ from tether.records import RewardSource, RolloutStatus
 from ._auth import bearer, check_rollout_id
 from ._core import Gateway
 from ._errors import ApiError
-from ._http import STREAMED, body_schema, gateway, parse, rollout_attempt
+from ._http import STREAMED, body_schema, gateway, parse, request_key, rollout_attempt
 from ._record_mode import OnEnd, recording
 from ._render import chat_body, completion_body
 from ._schemas import ChatCompletionRequest, CompletionRequest, RewardRequest
@@ -64,10 +64,10 @@ async def _chat(
 
 
 def _models(name: str) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": [{"id": name, "object": "model", "created": 0, "owned_by": "tether"}],
-    }
+    """The served model, as the ``openai`` and the ``anthropic`` clients both read a model list."""
+    model = {"id": name, "object": "model", "created": 0, "owned_by": "tether"}
+    model |= {"type": "model", "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
+    return {"object": "list", "data": [model], "has_more": False, "first_id": name, "last_id": name}
 
 
 @router.get("/healthz", tags=["health"])
@@ -163,7 +163,7 @@ async def record_chat(request: Request, gw: Gateway = Depends(gateway)):
 
 @router.get("/v1/models", tags=["record"])
 async def models(request: Request, gw: Gateway = Depends(gateway)) -> dict[str, Any]:
-    token = bearer(request.headers.get("authorization"))
+    token = request_key(request)
     if not (gw.keys.is_recorder(token) or gw.keys.is_admin(token)):
         raise ApiError(401, "missing or invalid key")
     return _models(gw.config.served_model_name)

@@ -17,11 +17,11 @@ from fastapi import Request
 
 from tether.records import RolloutStatus
 
-from ._auth import bearer
 from ._core import Gateway
 from ._errors import ApiError, http_error
+from ._http import request_key
 
-__all__ = ["LEFT", "OnEnd", "recording"]
+__all__ = ["LEFT", "OnEnd", "check_record_key", "recording"]
 
 #: ``on_end(status, error)``: how the call ended; only its first report counts.
 OnEnd = Callable[[RolloutStatus, str | None], None]
@@ -39,10 +39,11 @@ def _ended_by(exc: BaseException) -> tuple[RolloutStatus, str]:
     return RolloutStatus.FAILED, err.message if err is not None else type(exc).__name__
 
 
-def _check_record_key(gw: Gateway, request: Request) -> None:
-    token = bearer(request.headers.get("authorization"))
+def check_record_key(gw: Gateway, request: Request) -> None:
+    """401 unless the request carries a record key (as a bearer token or ``x-api-key``)."""
+    token = request_key(request)
     if token is None:
-        raise ApiError(401, "missing bearer token: record mode needs a record key")
+        raise ApiError(401, "missing key: record mode needs a record key")
     if not gw.keys.is_recorder(token):
         raise ApiError(
             401,
@@ -53,7 +54,7 @@ def _check_record_key(gw: Gateway, request: Request) -> None:
 async def recording(gw: Gateway, request: Request, handler: Handler) -> Any:
     """Answer with ``handler(gw, rollout_id, attempt, request, on_end=...)`` in a rollout of
     its own; the rollout ends as the call did (module docstring)."""
-    _check_record_key(gw, request)
+    check_record_key(gw, request)
     opened = gw.open_rollout({}, run_id=None)
     ended: list[RolloutStatus] = []
 

@@ -35,12 +35,19 @@ class OpenedRollout:
     base_url: str
     reward_url: str
 
+    @property
+    def anthropic_base_url(self) -> str:
+        """The base URL for Anthropic clients (``ANTHROPIC_BASE_URL``): ``base_url`` without
+        its ``/v1``, which the ``anthropic`` SDK adds."""
+        return self.base_url.removesuffix("/v1")
+
     def as_json(self) -> dict[str, Any]:
         return {
             "rollout_id": self.rollout_id,
             "attempt": self.attempt,
             "token": self.token,
             "base_url": self.base_url,
+            "anthropic_base_url": self.anthropic_base_url,
             "reward_url": self.reward_url,
         }
 

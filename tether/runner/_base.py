@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 CONTRACT_VARS = (
     "OPENAI_BASE_URL",
     "OPENAI_API_KEY",
+    "ANTHROPIC_BASE_URL",
+    "ANTHROPIC_API_KEY",
     "TETHER_ROLLOUT_ID",
     "TETHER_TASK",
     "TETHER_REWARD_URL",
@@ -205,6 +207,8 @@ def agent_env(
     """The complete environment of the agent for ``launch``; nothing else is passed on.
 
     The contract variables are ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``,
+    ``ANTHROPIC_BASE_URL`` (the base URL without its ``/v1``: the ``anthropic`` SDK and
+    Claude Code add it), ``ANTHROPIC_API_KEY`` (the same rollout token),
     ``TETHER_ROLLOUT_ID``, ``TETHER_TASK`` (JSON) and ``TETHER_REWARD_URL``
     (only when the launch has one). The safe base is ``PATH``, ``HOME``,
     ``LANG``, ``TMPDIR``, ``PYTHONPATH`` and ``VIRTUAL_ENV``, each only if set
@@ -219,6 +223,8 @@ def agent_env(
     env = base_env(extra_env, parent_env)
     env["OPENAI_BASE_URL"] = launch.base_url
     env["OPENAI_API_KEY"] = launch.token
+    env["ANTHROPIC_BASE_URL"] = launch.base_url.removesuffix("/v1")
+    env["ANTHROPIC_API_KEY"] = launch.token
     env["TETHER_ROLLOUT_ID"] = launch.rollout_id
     env["TETHER_TASK"] = json.dumps(launch.task, ensure_ascii=False)
     if launch.reward_url:

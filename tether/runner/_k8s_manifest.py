@@ -36,6 +36,8 @@ __all__ = ["LABEL", "job_manifest", "job_name", "label_value", "secret_manifest"
 
 LABEL = "tether.dev"
 DEFAULT_UID = 65532  # the "nonroot" user of distroless images
+#: The variables that hold the rollout token (both from the Secret's one key with token_as: secret).
+TOKEN_VARS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
 _LABEL_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -111,7 +113,7 @@ def _env(container: dict[str, Any], launch: Launch, config: RunnerConfig, secret
     for name, value in contract.items():
         if name == "PATH":  # the image's own PATH, not the trainer's
             continue
-        if name == "OPENAI_API_KEY" and config.kubernetes.token_as == "secret":
+        if name in TOKEN_VARS and config.kubernetes.token_as == "secret":
             ref = {"secretKeyRef": {"name": secret, "key": "OPENAI_API_KEY"}}
             env.append({"name": name, "valueFrom": ref})
         else:
