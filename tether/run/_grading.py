@@ -1,7 +1,9 @@
 """The grader: loading it, calling it, reading what it returns, and what it raised.
 
-A grader is ``grade(task, final_answer)`` returning the reward, or ``{"reward": float,
-"success": bool}``. A grader that raises makes its rollout unusable, never the run's
+A grader is ``grade(task, final_answer)`` returning the reward, or a mapping with the
+``"reward"`` and ``"success": bool`` (whether the task was solved) and/or
+``"turn_rewards": {seq: float}`` (intermediate rewards of the rollout's calls, stored as
+the grader's and used by ``trainer.credit: turn``). A grader that raises makes its rollout unusable, never the run's
 reward 0: :func:`call_grader` turns the exception into a :class:`GraderFault`, its
 type and message with the place in the grader's own file (``KeyError: 'answr'
 (grader.py:12 in grade)``) and the traceback's last frames, which the store keeps
@@ -17,12 +19,14 @@ import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from tether.errors import UserError
 
 __all__ = [
     "GRADE_SHAPE",
+    "Grade",
     "Grader",
     "GraderFault",
     "call_grader",
@@ -33,9 +37,25 @@ __all__ = [
     "read_grade",
 ]
 
-#: ``grade(task, final_answer)`` -> the reward, or ``{"reward": float, "success": bool}``.
+#: ``grade(task, final_answer)`` -> the reward, or ``{"reward": float, "success": bool}``
+#: (``"success"`` and/or ``"turn_rewards": {seq: float}`` beside ``"reward"``).
 Grader = Callable[[dict[str, Any], str | None], float | Mapping[str, Any]]
-GRADE_SHAPE = 'a float (the reward) or {"reward": float, "success": bool}'
+GRADE_SHAPE = (
+    'a float (the reward) or {"reward": float, "success": bool}, '
+    'and/or "turn_rewards": {call seq: float} beside "reward"'
+)
+_OPTIONAL = {"success", "turn_rewards"}
+
+
+class Grade(NamedTuple):
+    """What a grader returned: the raw reward (checked later), the success flag or None,
+    and the intermediate rewards by call seq (empty when none)."""
+
+    reward: Any
+    success: bool | None = None
+    turn_rewards: Mapping[int, Any] = MappingProxyType({})
+
+
 _FRAMES = 6  # traceback frames kept (the last ones)
 
 
@@ -96,29 +116,50 @@ def grader_fault(exc: BaseException, grader: Any) -> GraderFault:
 
 def call_grader(
     grader: Grader, task: dict[str, Any], answer: str | None
-) -> tuple[Any, bool | None, GraderFault | None]:
-    """``(reward, success flag or None, None)``, or ``(None, None, fault)`` when the
-    grader raised. A malformed return value is a bug too but raises (:func:`read_grade`)."""
+) -> tuple[Grade, GraderFault | None]:
+    """``(grade, None)``, or ``(Grade(None), fault)`` when the grader raised. A malformed
+    return value is a bug too but raises (:func:`read_grade`)."""
     try:
         value = grader(task, answer)
     except Exception as exc:  # a grader bug makes this rollout unusable, not the run
-        return None, None, grader_fault(exc, grader)
-    return *read_grade(value), None
+        return Grade(None), grader_fault(exc, grader)
+    return read_grade(value), None
 
 
-def read_grade(value: Any) -> tuple[Any, bool | None]:
-    """A grader's return value as ``(reward, success flag or None)``.
+def read_grade(value: Any) -> Grade:
+    """A grader's return value as a :class:`Grade`.
 
     A float is the reward (checked later: NaN, inf or a non-number make the
-    rollout unusable). A mapping must be exactly ``{"reward": ..., "success":
-    bool}``; any other shape is a bug in the grader and raises :class:`UserError`.
+    rollout unusable). A mapping holds ``"reward"`` and one or both of
+    ``"success"`` (a bool) and ``"turn_rewards"`` (a mapping of call seq, an int or
+    its digits, to a reward; checked later like the reward); any other shape is a
+    bug in the grader and raises :class:`UserError`.
     """
     if not isinstance(value, Mapping):
-        return value, None
-    if set(value) != {"reward", "success"} or not isinstance(value["success"], bool):
+        return Grade(value)
+    keys = set(value)
+    success = value.get("success")
+    turns = value.get("turn_rewards", {})
+    if (
+        "reward" not in keys
+        or not keys - {"reward"}
+        or keys - {"reward"} - _OPTIONAL
+        or ("success" in keys and not isinstance(success, bool))
+        or not isinstance(turns, Mapping)
+        or not all(_seq(k) is not None for k in turns)
+    ):
         shown = repr(dict(value))[:120]
         raise UserError(f"rollout.grader returned {shown}; it must return {GRADE_SHAPE}")
-    return value["reward"], value["success"]
+    return Grade(value["reward"], success, {_seq(k) or 0: v for k, v in turns.items()})
+
+
+def _seq(key: Any) -> int | None:
+    """A call seq as a grader may write it (``3``, or ``"3"`` from JSON), else None."""
+    if isinstance(key, bool):
+        return None
+    if isinstance(key, int):
+        return key if key >= 0 else None
+    return int(key) if isinstance(key, str) and key.isdigit() else None
 
 
 def is_success(reward: float | None, flag: bool | None, threshold: float | None) -> bool:

@@ -59,6 +59,13 @@ class TrainerConfig:
     grad_clip: float = 1.0
     #: Advantage estimator: grpo, dr_grpo, rloo, reinforce_pp.
     advantage: str = "grpo"
+    #: Which advantage each call trains with: "trajectory" (every call of a rollout gets the
+    #: rollout's, from its final reward against its group) or "turn" (each call gets its own,
+    #: from its return-to-go: its and later calls' intermediate rewards plus the final one,
+    #: discounted by gamma, against the group's returns at the same turn index; docs/credit.md).
+    credit: Literal["trajectory", "turn"] = "trajectory"
+    #: Discount per call of the return-to-go with credit "turn", in [0, 1]; 1 = none.
+    gamma: float = 1.0
     #: Policy loss: ppo_clip or reinforce.
     policy_loss: str = "ppo_clip"
     #: PPO-clip lower bound: the ratio is clipped at 1 - clip_low where the advantage is negative.
@@ -151,6 +158,13 @@ class TrainerConfig:
                 f"trainer.clip_low ({self.clip_low}) must be in [0, 1) and clip_high ({self.clip_high}) >= 0"
             )
         self._check_async()
+        if self.credit not in ("trajectory", "turn"):
+            raise UserError(f"trainer.credit ({self.credit!r}) must be 'trajectory' or 'turn'")
+        if isinstance(self.gamma, bool) or not 0 <= self.gamma <= 1:
+            raise UserError(
+                f"trainer.gamma ({self.gamma}) must be in [0, 1]: the discount per call of the "
+                "return-to-go (1 = undiscounted), e.g. 0.95"
+            )
         for name in ("kl_coef", "tis_cap", "grad_clip", "weight_decay", "collapse_patience"):
             if getattr(self, name) < 0:
                 raise UserError(

@@ -28,7 +28,7 @@ and 0 in column 0 (never a completion token: a prompt is never empty).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -57,13 +57,29 @@ class Sample:
     input_ids: list[int]  # [L]
     loss_mask: list[int]  # [L], 1 on completion tokens
     old_logprobs: list[float]  # [L], the engine's logprob of each token, 0 where masked
-    advantage: float  # the rollout's advantage
+    advantage: float  # the rollout's advantage (per-call credit: its tokens' mean, a summary)
     rollout_index: int  # position of the rollout in build_samples' input
     temperature: float  # the sampling temperature; the trainer divides logits by it
     num_calls: int = 1
+    #: [L] each token's advantage (0 where masked) when the calls of this sample have
+    #: their own (``trainer.credit: turn``); None: every token has ``advantage``.
+    token_advantages: list[float] | None = None
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+    def completion_advantages(self) -> list[float]:
+        """The advantage of each completion token (``loss_mask`` 1), in order."""
+        per_token = self.token_advantages
+        if per_token is None:
+            return [self.advantage for m in self.loss_mask if m]
+        return [a for a, m in zip(per_token, self.loss_mask, strict=True) if m]
+
+    @property
+    def trains(self) -> bool:
+        """Whether some completion token has a nonzero advantage (else the sample adds
+        nothing to a policy loss or its gradient)."""
+        return any(self.completion_advantages())
 
 
 @dataclass(frozen=True)
@@ -105,19 +121,22 @@ def _extends(sample: Sample, call: Call, temperature: float) -> bool:
 
 
 def build_samples(
-    rollouts: Sequence[Sequence[Call]], advantages: Sequence[float]
+    rollouts: Sequence[Sequence[Call]], advantages: Sequence[float | Mapping[int, float]]
 ) -> tuple[list[Sample], SampleStats]:
     """Turn usable rollouts into samples.
 
     ``rollouts[i]`` are the calls of rollout ``i`` (any order; sorted by ``seq``),
-    ``advantages[i]`` its advantage, given to every sample it yields. Samples
-    come out in rollout order, then in the order of their first call.
+    ``advantages[i]`` its advantage, given to every sample it yields, or a mapping
+    call ``seq`` → advantage (per-call credit, :mod:`tether.trainer.credit`): each
+    call's completion tokens get their call's, in ``Sample.token_advantages``.
+    Samples come out in rollout order, then in the order of their first call.
     """
     if len(rollouts) != len(advantages):
         raise ValueError(f"{len(rollouts)} rollouts but {len(advantages)} advantages")
     samples: list[Sample] = []
     calls = merged = failed = empty = 0
     for index, (rollout_calls, advantage) in enumerate(zip(rollouts, advantages, strict=True)):
+        per_call = advantage if isinstance(advantage, Mapping) else None
         mine: list[Sample] = []
         for call in sorted(rollout_calls, key=lambda c: c.seq):
             if call.status is not CallStatus.OK:
@@ -128,24 +147,39 @@ def build_samples(
             temperature = _effective_temperature(call)
             target = next((s for s in reversed(mine) if _extends(s, call, temperature)), None)
             if target is None:
-                target = Sample([], [], [], float(advantage), index, temperature, 0)
+                whole = 0.0 if isinstance(advantage, Mapping) else float(advantage)
+                target = Sample([], [], [], whole, index, temperature, 0)
+                target.token_advantages = [] if per_call is not None else None
                 mine.append(target)
             else:
                 merged += 1
-            gap = call.prompt_ids[len(target.input_ids) :]
-            target.input_ids.extend(gap)
-            target.loss_mask.extend([0] * len(gap))
-            target.old_logprobs.extend([0.0] * len(gap))
-            target.input_ids.extend(call.completion_ids)
-            target.loss_mask.extend([1] * len(call.completion_ids))
-            target.old_logprobs.extend(float(x) for x in call.logprobs)
-            target.num_calls += 1
+            _append(target, call, per_call)
         for s in mine:
-            if any(s.loss_mask):
-                samples.append(s)
-            else:
+            if not any(s.loss_mask):
                 empty += 1
+                continue
+            if s.token_advantages is not None:
+                trained = s.completion_advantages()
+                s.advantage = sum(trained) / len(trained)
+            samples.append(s)
     return samples, SampleStats(calls, merged, len(samples), failed, empty)
+
+
+def _append(target: Sample, call: Call, per_call: Mapping[int, float] | None) -> None:
+    """Extend ``target`` by ``call``: the prompt's new tokens (masked), then its completion."""
+    gap = call.prompt_ids[len(target.input_ids) :]
+    target.input_ids.extend(gap)
+    target.loss_mask.extend([0] * len(gap))
+    target.old_logprobs.extend([0.0] * len(gap))
+    target.input_ids.extend(call.completion_ids)
+    target.loss_mask.extend([1] * len(call.completion_ids))
+    target.old_logprobs.extend(float(x) for x in call.logprobs)
+    if per_call is not None and target.token_advantages is not None:
+        if call.seq not in per_call:
+            raise ValueError(f"no advantage for call {call.rollout_id}#{call.seq}")
+        target.token_advantages.extend([0.0] * len(gap))
+        target.token_advantages.extend([float(per_call[call.seq])] * len(call.completion_ids))
+    target.num_calls += 1
 
 
 def make_micro_batches(samples: Sequence[Sample], max_tokens_per_batch: int) -> list[list[Sample]]:
@@ -181,8 +215,8 @@ def collate(samples: Sequence[Sample], pad_id: int = 0) -> dict[str, Tensor]:
 
     Returns ``input_ids`` ``[B, L]`` long, ``attention_mask`` ``[B, L]`` long,
     ``loss_mask`` ``[B, L]`` float32, ``old_logprobs`` ``[B, L]`` float32,
-    ``advantages`` ``[B]`` float32, ``rollout_index`` ``[B]`` long, ``temperature``
-    ``[B]`` float32.
+    ``advantages`` ``[B]`` float32 (``[B, L]``, each token's, when a sample has
+    ``token_advantages``), ``rollout_index`` ``[B]`` long, ``temperature`` ``[B]`` float32.
     """
     if not samples:
         raise ValueError("collate needs at least one sample")
@@ -202,10 +236,21 @@ def collate(samples: Sequence[Sample], pad_id: int = 0) -> dict[str, Tensor]:
         "attention_mask": attention,
         "loss_mask": loss_mask,
         "old_logprobs": old,
-        "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+        "advantages": _advantages(samples, length),
         "rollout_index": torch.tensor([s.rollout_index for s in samples], dtype=torch.long),
         "temperature": torch.tensor([s.temperature for s in samples], dtype=torch.float32),
     }
+
+
+def _advantages(samples: Sequence[Sample], length: int) -> Tensor:
+    """``[B]``, or ``[B, length]`` when some sample has per-token advantages."""
+    if all(s.token_advantages is None for s in samples):
+        return torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    out = torch.zeros((len(samples), length), dtype=torch.float32)
+    for row, s in enumerate(samples):
+        per_token = s.token_advantages or [s.advantage] * len(s)
+        out[row, : len(s)] = torch.tensor(per_token, dtype=torch.float32)
+    return out
 
 
 def _scaled_rows(
