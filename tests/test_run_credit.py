@@ -8,6 +8,7 @@ import asyncio
 import collections
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -28,6 +29,8 @@ from tether.run._signal import collect_with_signal
 from tether.run._tasks import load_tasks, tasks_for_step
 from tether.runner import RunnerConfig
 from tether.store import Store
+from tether.tracking import export_attempts, step_samples
+from tether.trainer import PolicyTrainer
 from tether.trainer.algorithms import compute_advantages
 from tether.trainer.samples import build_samples, collate
 
@@ -179,10 +182,21 @@ def some_tasks_teach(task: dict, answer: str | None) -> dict:
     return {"reward": 0.5 if task["id"] in _flat else float(n % 2), "turn_rewards": {"0": 0.25}}
 
 
-def test_a_turn_credit_run_with_filter_groups(starter_dir: Path, tmp_path: Path) -> None:
+def test_a_turn_credit_run_with_filter_groups(
+    starter_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two sync updates of the starter model with trainer.credit=turn and
     rollout.filter_groups: the groups without signal are replaced, the update trains only
-    groups with signal, and the grader's intermediate rewards are stored as the grader's."""
+    groups with signal, the grader's intermediate rewards are stored as the grader's, and
+    `tether export --samples` rebuilds exactly the samples each update trained on."""
+    trained: list[list[Any]] = []
+    update = PolicyTrainer.update
+
+    def spy(self: PolicyTrainer, samples: list[Any]) -> dict[str, float]:
+        trained.append(list(samples))
+        return update(self, samples)
+
+    monkeypatch.setattr(PolicyTrainer, "update", spy)
     cfg = TrainConfig(
         name="credit",
         dir=str(tmp_path),
@@ -213,6 +227,12 @@ def test_a_turn_credit_run_with_filter_groups(starter_dir: Path, tmp_path: Path)
         rollouts = store.list_rollouts(run_id=run.run_record.id)
         stored = {m.name: m.value for m in store.metrics(run.run_record.id) if m.step == 1}
         rewards = [w for r in rollouts for w in store.rewards(r.id) if w.call_seq is not None]
+        rebuilt = [step_samples(store, step).samples for step in (1, 2)]
+        rows = [row for row in export_attempts(store) if row["kind"] == "train"]
+    assert rebuilt == trained and all(s.token_advantages for b in trained for s in b)
+    credited = [row for row in rows if row["calls"][0]["advantage"] is not None]
+    assert len(credited) == 2 * sum(r.metrics["groups_kept"] for r in run.history)
+    assert all(row["advantage"] is None for row in rows)  # per call with turn credit
     extra = 0
     for report in run.history:
         m = report.metrics
