@@ -8,11 +8,12 @@ import random
 import pytest
 import torch
 
-from tests.test_algorithms import ref_advantages
+from tests.test_algorithms import ref_advantages, ref_aggregate
 from tether.records import Call
 from tether.trainer import RolloutRewards, assign_credit, carries_signal
 from tether.trainer.algorithms import (
     ADVANTAGE_ESTIMATORS,
+    aggregate,
     returns_to_go,
     turn_advantages,
 )
@@ -150,3 +151,57 @@ def test_a_merged_sample_carries_each_calls_advantage_on_its_own_tokens() -> Non
     assert collate([whole])["advantages"].shape == (1,)  # none: [B] as before
     with pytest.raises(ValueError, match="no advantage for call r#1"):
         build_samples([[c0, c1]], [{0: 1.0}])
+
+
+# --------------------------------------------------------------------------- segments
+
+
+def _context_reset() -> list[Call]:
+    """Two calls of one conversation, then the agent summarises its history and goes on
+    from the summary: calls 2 and 3 are a second segment."""
+    c0 = _call("reset", 0, [1, 2, 3], [10, 11])
+    c1 = _call("reset", 1, [1, 2, 3, 10, 11, 4], [12, 13, 14])
+    c2 = _call("reset", 2, [1, 2, 9, 9], [15])  # system prompt + summary: the prefix broke
+    c3 = _call("reset", 3, [1, 2, 9, 9, 15, 4], [16, 17])
+    return [c0, c1, c2, c3]
+
+
+def _sub_agent() -> list[Call]:
+    """The main agent calls, a sub-agent with its own prompt makes two calls, the main
+    agent goes on with the sub-agent's answer as a tool result."""
+    main0 = _call("sub", 0, [1, 2, 3], [20, 21])
+    sub1 = _call("sub", 1, [1, 7, 7], [30])
+    sub2 = _call("sub", 2, [1, 7, 7, 30, 5], [31, 32])
+    main3 = _call("sub", 3, [1, 2, 3, 20, 21, 5, 31, 32], [22])
+    return [main0, sub1, sub2, main3]
+
+
+def test_a_context_reset_and_a_sub_agent_make_segments() -> None:
+    rollouts = [_context_reset(), _sub_agent(), [_call("one", 0, [1], [2, 3])]]
+    samples, stats = build_samples(rollouts, [1.0, -1.0, {0: 0.5}])
+    assert [s.call_seqs for s in samples] == [[0, 1], [2, 3], [0, 3], [1, 2], [0]]
+    assert [s.rollout_index for s in samples] == [0, 0, 1, 1, 2]
+    assert (stats.one_sample_rollouts, stats.forked_rollouts, stats.merged_calls) == (1, 2, 4)
+    assert all(s.advantage == 1.0 for s in samples[:2])  # each segment: the rollout's credit
+    per_call, _ = build_samples([_sub_agent()], [{0: 1.0, 1: -1.0, 2: 0.5, 3: 2.0}])
+    assert [s.completion_advantages() for s in per_call] == [[1.0, 1.0, 2.0], [-1.0, 0.5, 0.5]]
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "rollout_mean", "seq_mean"])
+def test_segments_of_a_rollout_weigh_as_the_aggregation_says(mode: str) -> None:
+    """token_mean: every trained token alike (a rollout's segments as if merged);
+    rollout_mean: every rollout alike, its segments' tokens averaged together; seq_mean:
+    every segment alike. Against the loop reference of test_algorithms.py."""
+    samples, _ = build_samples(
+        [_context_reset(), _sub_agent(), [_call("o", 0, [1], [2])]], [1.0] * 3
+    )
+    batch = collate(samples)
+    loss = torch.rand(batch["loss_mask"].shape, generator=torch.Generator().manual_seed(0))
+    got = aggregate(loss, batch["loss_mask"], mode, rollout_index=batch["rollout_index"])
+    mask = batch["loss_mask"].tolist()
+    expect = ref_aggregate(loss.tolist(), mask, mode, batch["rollout_index"].tolist())
+    assert got.item() == pytest.approx(expect, rel=1e-6)
+    if mode == "rollout_mean":  # by hand: the two segments of rollout 0 share one mean
+        per = [[v for row, m, r in zip(loss.tolist(), mask, batch["rollout_index"].tolist(), strict=True)
+                if r == k for v, x in zip(row, m, strict=True) if x] for k in range(3)]  # fmt: skip
+        assert got.item() == pytest.approx(sum(sum(p) / len(p) for p in per) / 3, rel=1e-6)

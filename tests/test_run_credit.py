@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -248,3 +249,55 @@ def test_a_turn_credit_run_with_filter_groups(
     assert rewards and {(w.call_seq, w.value, w.source.value) for w in rewards} == {
         (0, 0.25, "grader")
     }
+
+
+# --------------------------------------------------------------------------- segments
+
+
+async def reset_and_sub_agent(task: dict[str, Any], client: Any) -> str:
+    """A call, a sub-agent's call with its own system prompt, then the main agent resets its
+    context to a summary: three calls, none extending another, so three segments."""
+    from tether.starter.calc import SYSTEM_PROMPT
+
+    def user(text: str, system: str = SYSTEM_PROMPT) -> list[dict[str, str]]:
+        return [{"role": "system", "content": system}, {"role": "user", "content": text}]
+
+    async def ask(messages: list[dict[str, str]]) -> str:
+        r = await client.chat.completions.create(model="policy", messages=messages, max_tokens=8)
+        return r.choices[0].message.content or ""
+
+    first = await ask(user(task["question"]))
+    checked = await ask(user(f"check: {first[:40]}", system="You check answers."))
+    return await ask(user(f"Summary so far: {checked[:40]}"))
+
+
+def test_a_run_whose_agent_resets_its_context_and_calls_a_sub_agent(
+    starter_dir: Path, tmp_path: Path
+) -> None:
+    """Every rollout is cut into three segments, each trained as its own sample with the
+    rollout's advantage, the loss weighing each rollout once (rollout_mean); the step
+    says how many rollouts forked."""
+    cfg = TrainConfig(
+        name="segments",
+        dir=str(tmp_path),
+        tasks=TasksConfig(source="calc", train_size=8, val_size=2),
+        agent=RunnerConfig(
+            mode="inprocess", agent="tests.test_run_credit:reset_and_sub_agent", concurrency=8
+        ),
+        rollout=RolloutConfig(n=2, batch_groups=2, grader="tests.helpers:alternating_grader"),
+        trainer=TrainerConfig(steps=1, lr=1e-3, aggregation="rollout_mean"),
+        eval=EvalConfig(enabled=False),
+    )
+
+    async def go() -> TrainingRun:
+        async with TrainingRun(cfg, model_path=starter_dir) as run:
+            await run.train()
+        return run
+
+    run = asyncio.run(go())
+    m = run.history[0].metrics
+    assert (m["rollouts_forked"], m["rollouts_one_sample"], m["merge_fraction"]) == (4, 0, 0)
+    assert run.engine.policy_version == 1 and math.isfinite(m["loss"])
+    with Store(tmp_path / "segments" / "traces.sqlite") as store:
+        samples = step_samples(store, 1).samples
+    assert [s.call_seqs for s in samples] == [[0], [1], [2]] * 4

@@ -36,11 +36,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tether.errors import UserError
 from tether.gateway import Gateway, OpenedRollout
 from tether.records import Call, RewardSource, RolloutStatus, Task
 from tether.run._grading import (
@@ -52,6 +51,8 @@ from tether.run._grading import (
     is_success,
     load_grader,
     read_grade,
+    record_turn_rewards,
+    turn_rewards,
 )
 from tether.runner import AttemptResult, Launch, Runner
 
@@ -131,36 +132,6 @@ def _reward(
         if r.call_seq is None and r.attempt == result.attempt
     ]
     return Grade(finals[-1].value if finals else None), RewardSource.AGENT, None
-
-
-def _record_turn_rewards(gw: Gateway, opened: OpenedRollout, turns: Mapping[int, Any]) -> None:
-    """Store the grader's intermediate rewards with the attempt (a seq naming no call of
-    it is the grader's bug: :class:`UserError`)."""
-    calls = {c.seq for c in gw.store.calls(opened.rollout_id, attempt=opened.attempt)}
-    for seq, value in sorted(turns.items()):
-        if seq not in calls:
-            made = f"calls 0..{max(calls)}" if calls else "no call"
-            raise UserError(
-                f"rollout.grader returned turn_rewards for call {seq} of rollout "
-                f"{opened.rollout_id}, which made {made}; key turn_rewards by call seq"
-            )
-        value = value if isinstance(value, int | float) and not isinstance(value, bool) else None
-        gw.record_reward(
-            opened.rollout_id,
-            float("nan") if value is None else value,
-            call_seq=seq,
-            attempt=opened.attempt,
-            source=RewardSource.GRADER,
-        )
-
-
-def _turn_rewards(gw: Gateway, opened: OpenedRollout) -> dict[int, float]:
-    """The attempt's intermediate rewards by call seq, added up per call."""
-    out: dict[int, float] = {}
-    for r in gw.store.rewards(opened.rollout_id):
-        if r.attempt == opened.attempt and r.call_seq is not None:
-            out[r.call_seq] = out.get(r.call_seq, 0.0) + r.value
-    return out
 
 
 @dataclass(frozen=True)
@@ -265,7 +236,7 @@ def finish_outcome(
         try:
             grade, source, fault = _reward(result, task.data, grader, gw)
             raw, flag = grade.reward, grade.success
-            _record_turn_rewards(gw, opened, grade.turn_rewards)
+            record_turn_rewards(gw, opened, grade.turn_rewards)
         except Exception as exc:  # a grader bug (UserError) or a store fault: end it, then raise
             end_quietly(
                 gw, opened, RolloutStatus.FAILED, f"grading failed: {exc}",
@@ -293,7 +264,7 @@ def finish_outcome(
         grader_error=fault.detail if fault else None,
     )
     calls = gw.store.calls(opened.rollout_id, attempt=opened.attempt)
-    turn_rewards = _turn_rewards(gw, opened)
+    rewards_per_call = turn_rewards(gw, opened)
     return RolloutOutcome(
         opened.rollout_id,
         group,
@@ -306,7 +277,7 @@ def finish_outcome(
         error=error,
         output_tail=result.output_tail,
         grader_error=fault.summary if fault else None,
-        turn_rewards=turn_rewards,
+        turn_rewards=rewards_per_call,
     )
 
 

@@ -3,7 +3,9 @@
 A grader is ``grade(task, final_answer)`` returning the reward, or a mapping with the
 ``"reward"`` and ``"success": bool`` (whether the task was solved) and/or
 ``"turn_rewards": {seq: float}`` (intermediate rewards of the rollout's calls, stored as
-the grader's and used by ``trainer.credit: turn``). A grader that raises makes its rollout unusable, never the run's
+the grader's and used by ``trainer.credit: turn``). :func:`record_turn_rewards` stores
+them with the attempt; :func:`turn_rewards` reads back every intermediate reward of an
+attempt (the agent's and the grader's), added up per call. A grader that raises makes its rollout unusable, never the run's
 reward 0: :func:`call_grader` turns the exception into a :class:`GraderFault`, its
 type and message with the place in the grader's own file (``KeyError: 'answr'
 (grader.py:12 in grade)``) and the traceback's last frames, which the store keeps
@@ -20,9 +22,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tether.errors import UserError
+from tether.records import RewardSource
+
+if TYPE_CHECKING:
+    from tether.gateway import Gateway, OpenedRollout
 
 __all__ = [
     "GRADE_SHAPE",
@@ -35,6 +41,8 @@ __all__ = [
     "is_success",
     "load_grader",
     "read_grade",
+    "record_turn_rewards",
+    "turn_rewards",
 ]
 
 #: ``grade(task, final_answer)`` -> the reward, or ``{"reward": float, "success": bool}``
@@ -181,3 +189,33 @@ def clean_reward(value: Any) -> float | None:
     except OverflowError:  # an int beyond float64 (e.g. 10**400)
         return None
     return value if math.isfinite(value) else None
+
+
+def record_turn_rewards(gw: Gateway, opened: OpenedRollout, turns: Mapping[int, Any]) -> None:
+    """Store the grader's intermediate rewards with the attempt (a seq naming no call of
+    it is the grader's bug: :class:`UserError`)."""
+    calls = {c.seq for c in gw.store.calls(opened.rollout_id, attempt=opened.attempt)}
+    for seq, value in sorted(turns.items()):
+        if seq not in calls:
+            made = f"calls 0..{max(calls)}" if calls else "no call"
+            raise UserError(
+                f"rollout.grader returned turn_rewards for call {seq} of rollout "
+                f"{opened.rollout_id}, which made {made}; key turn_rewards by call seq"
+            )
+        value = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+        gw.record_reward(
+            opened.rollout_id,
+            float("nan") if value is None else value,
+            call_seq=seq,
+            attempt=opened.attempt,
+            source=RewardSource.GRADER,
+        )
+
+
+def turn_rewards(gw: Gateway, opened: OpenedRollout) -> dict[int, float]:
+    """The attempt's intermediate rewards by call seq, added up per call."""
+    out: dict[int, float] = {}
+    for r in gw.store.rewards(opened.rollout_id):
+        if r.attempt == opened.attempt and r.call_seq is not None:
+            out[r.call_seq] = out.get(r.call_seq, 0.0) + r.value
+    return out

@@ -88,6 +88,8 @@ def learn_metrics(
     m["zero_variance_groups"] = float(credit.zero_variance_groups)
     m.update(batch_diagnostics(samples, len(flat), len(kept), credit.zero_variance_groups))
     m["merge_fraction"] = sstats.merge_fraction
+    m["rollouts_one_sample"] = float(sstats.one_sample_rollouts)
+    m["rollouts_forked"] = float(sstats.forked_rollouts)
     m["failed_calls"] = float(sstats.failed_calls)
     learns = credit.zero_variance_groups < len(kept) and samples
     return m, samples if learns else []

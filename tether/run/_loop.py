@@ -272,18 +272,14 @@ class TrainingRun(PartsView):
                 first_group=first_group,
             )
 
-        if cfg.rollout.filter_groups:  # sample more groups in place of those without signal
-            groups, filtered = await collect_with_signal(
-                collect,
-                tasks,
-                lambda r, k: extra_tasks(parts.train_tasks, step, r, k, cfg.tasks.seed),
-                Learning.of(cfg),
-                cfg.rollout.max_oversample,
-            )
-            tokens = filtered.pop("completion_tokens")
-        else:
-            collected = await collect(tasks, 0)
-            groups, filtered, tokens = collected.groups(), {}, collected.completion_tokens
+        groups, filtered = await collect_with_signal(  # rollout.filter_groups: and more groups
+            collect,
+            tasks,
+            lambda r, k: extra_tasks(parts.train_tasks, step, r, k, cfg.tasks.seed),
+            Learning.of(cfg),
+            cfg.rollout.max_oversample,
+        )
+        tokens = filtered.pop("completion_tokens")
         t_rollouts = time.perf_counter() - t0
         m = await self.learn(groups, step)
         m.update(filtered)

@@ -56,13 +56,15 @@ async def collect_with_signal(
     tasks until ``how.signal_only`` groups carry signal or ``max_oversample ×
     len(first)`` groups were sampled. Returns every group and the metrics
     ``groups_sampled``, ``groups_extra``, ``rollouts_extra``, ``filter_rounds``,
+    ``completion_tokens``; without ``how.signal_only`` (no filter) the batch alone and
     ``completion_tokens``."""
     batch = len(first)
-    want = how.signal_only if how.signal_only is not None else batch
-    budget = max_oversample * batch
     collected = await collect(first, 0)
     groups = collected.groups()
     tokens = collected.completion_tokens
+    if how.signal_only is None:
+        return groups, {"completion_tokens": float(tokens)}
+    want, budget = how.signal_only, max_oversample * batch
     rounds = 0
     while (have := _with_signal(groups, how)) < want and len(groups) < budget:
         rounds += 1

@@ -99,12 +99,8 @@ def stored_rewards(store: Any) -> Any:
     from tether.trainer import RolloutRewards
 
     def of(r: Any) -> Any:
-        turns: dict[int, float] = {}
-        for w in store.rewards(r.id):
-            if w.attempt == r.attempt and w.call_seq is not None:
-                turns[w.call_seq] = turns.get(w.call_seq, 0.0) + w.value
         calls = store.calls(r.id, attempt=r.attempt)
-        return RolloutRewards(float(r.reward), max((c.seq for c in calls), default=-1) + 1, turns)
+        return RolloutRewards.of(r.reward, calls, store.rewards(r.id), r.attempt)
 
     return of
 

@@ -73,7 +73,10 @@ class TrainerConfig:
     #: PPO-clip upper bound: the ratio is clipped at 1 + clip_high where the advantage is positive
     #: (above clip_low: clip-higher).
     clip_high: float = 0.28
-    #: token_mean, seq_mean, rollout_mean, seq_mean_token_sum_norm.
+    #: How the loss averages: token_mean (every trained token alike), seq_mean (every
+    #: sample alike), rollout_mean (every rollout alike, however many samples its calls
+    #: were cut into: a context reset or a sub-agent forks it; docs/credit.md),
+    #: seq_mean_token_sum_norm (Dr. GRPO).
     aggregation: str = "token_mean"
     #: KL to the starting model; 0 keeps no reference model.
     kl_coef: float = 0.0

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tether.records import Call, Reward
 from tether.trainer import algorithms as A
 
 __all__ = ["CREDIT_MODES", "Credit", "RolloutRewards", "assign_credit", "carries_signal"]
@@ -43,6 +44,18 @@ class RolloutRewards:
     reward: float  # the final reward (finite)
     num_turns: int = 1  # its calls (the last call's seq + 1)
     turn_rewards: Mapping[int, float] = field(default_factory=dict)  # call seq → reward
+
+    @classmethod
+    def of(
+        cls, reward: float, calls: Sequence[Call], rewards: Sequence[Reward], attempt: int
+    ) -> RolloutRewards:
+        """From the stored records of one attempt: its calls, and its rewards (the others'
+        and the final one are skipped; several for one call add up)."""
+        turns: dict[int, float] = {}
+        for w in rewards:
+            if w.attempt == attempt and w.call_seq is not None:
+                turns[w.call_seq] = turns.get(w.call_seq, 0.0) + w.value
+        return cls(float(reward), max((c.seq for c in calls), default=-1) + 1, turns)
 
     @property
     def finite(self) -> bool:

@@ -12,11 +12,13 @@ into one sequence::
 Masked-out tokens (prompts, tool results) have old logprob 0; completion
 tokens carry the engine's recorded logprobs. A call that extends none of the
 rollout's open sequences (the agent rewrote or truncated its history, or a
-sub-agent with another prompt) starts a new sample. A call extends a sequence
+sub-agent with another prompt) starts a new sample: the rollout is cut into
+segments, each trained as its own sample with the rollout's credit, and
+``trainer.aggregation`` says how its segments weigh together (docs/credit.md). A call extends a sequence
 when its prompt starts with that sequence's full tokens and it was sampled at
 the same temperature. We try the rollout's sequences newest first, not only
 the previous one, so an interleaved side call (a summarizer, a sub-agent)
-does not break the main conversation's merging.
+does not break the main conversation's merging (:mod:`tether.trainer.segments`).
 
 **Alignment convention.** Every per-token tensor is ``[B, L]``, aligned with
 ``input_ids``: column ``t`` is about token ``t``. ``loss_mask[b, t] = 1`` when
@@ -29,13 +31,14 @@ and 0 in column 0 (never a completion token: a prompt is never empty).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from tether.records import Call, CallStatus
+from tether.trainer.segments import call_segments
 
 __all__ = [
     "Sample",
@@ -64,6 +67,8 @@ class Sample:
     #: [L] each token's advantage (0 where masked) when the calls of this sample have
     #: their own (``trainer.credit: turn``); None: every token has ``advantage``.
     token_advantages: list[float] | None = None
+    #: The ``seq`` of each call in this sample, in order (one segment of the rollout).
+    call_seqs: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -89,16 +94,15 @@ class SampleStats:
     samples: int
     failed_calls: int  # skipped: the engine failed, never a training sample
     empty_samples: int  # dropped: no completion token at all
+    #: Rollouts whose calls all became one sample, and rollouts cut into several
+    #: (a context reset, a sub-agent's own conversation: the prefix broke).
+    one_sample_rollouts: int = 0
+    forked_rollouts: int = 0
 
     @property
     def merge_fraction(self) -> float:
         """Fraction of calls that were prefix-merged into an earlier sequence."""
         return self.merged_calls / self.calls if self.calls else 0.0
-
-
-def _effective_temperature(call: Call) -> float:
-    # Call.logprobs are log_softmax(logits / T) with T = 1 when greedy (T = 0).
-    return float(call.temperature) if call.temperature > 0 else 1.0
 
 
 def _check(call: Call) -> None:
@@ -109,15 +113,6 @@ def _check(call: Call) -> None:
         )
     if not call.prompt_ids:
         raise ValueError(f"call {call.rollout_id}#{call.seq} has an empty prompt")
-
-
-def _extends(sample: Sample, call: Call, temperature: float) -> bool:
-    n = len(sample.input_ids)
-    return (
-        sample.temperature == temperature
-        and len(call.prompt_ids) >= n
-        and call.prompt_ids[:n] == sample.input_ids
-    )
 
 
 def build_samples(
@@ -134,27 +129,21 @@ def build_samples(
     if len(rollouts) != len(advantages):
         raise ValueError(f"{len(rollouts)} rollouts but {len(advantages)} advantages")
     samples: list[Sample] = []
-    calls = merged = failed = empty = 0
+    calls = merged = failed = empty = one = forked = 0
     for index, (rollout_calls, advantage) in enumerate(zip(rollouts, advantages, strict=True)):
         per_call = advantage if isinstance(advantage, Mapping) else None
-        mine: list[Sample] = []
-        for call in sorted(rollout_calls, key=lambda c: c.seq):
-            if call.status is not CallStatus.OK:
-                failed += 1
-                continue
+        whole = 0.0 if isinstance(advantage, Mapping) else float(advantage)
+        ok = sorted((c for c in rollout_calls if c.status is CallStatus.OK), key=lambda c: c.seq)
+        for call in ok:
             _check(call)
-            calls += 1
-            temperature = _effective_temperature(call)
-            target = next((s for s in reversed(mine) if _extends(s, call, temperature)), None)
-            if target is None:
-                whole = 0.0 if isinstance(advantage, Mapping) else float(advantage)
-                target = Sample([], [], [], whole, index, temperature, 0)
-                target.token_advantages = [] if per_call is not None else None
-                mine.append(target)
-            else:
-                merged += 1
-            _append(target, call, per_call)
-        for s in mine:
+        calls, failed = calls + len(ok), failed + len(rollout_calls) - len(ok)
+        kept = 0
+        for segment in call_segments(ok):  # the calls of each segment, merged into one sample
+            merged += len(segment.calls) - 1
+            s = Sample([], [], [], whole, index, segment.temperature, 0)
+            s.token_advantages = [] if per_call is not None else None
+            for call in segment.calls:
+                _append(s, call, per_call)
             if not any(s.loss_mask):
                 empty += 1
                 continue
@@ -162,7 +151,9 @@ def build_samples(
                 trained = s.completion_advantages()
                 s.advantage = sum(trained) / len(trained)
             samples.append(s)
-    return samples, SampleStats(calls, merged, len(samples), failed, empty)
+            kept += 1
+        one, forked = one + (kept == 1), forked + (kept > 1)
+    return samples, SampleStats(calls, merged, len(samples), failed, empty, one, forked)
 
 
 def _append(target: Sample, call: Call, per_call: Mapping[int, float] | None) -> None:
@@ -180,6 +171,7 @@ def _append(target: Sample, call: Call, per_call: Mapping[int, float] | None) ->
         target.token_advantages.extend([0.0] * len(gap))
         target.token_advantages.extend([float(per_call[call.seq])] * len(call.completion_ids))
     target.num_calls += 1
+    target.call_seqs.append(call.seq)
 
 
 def make_micro_batches(samples: Sequence[Sample], max_tokens_per_batch: int) -> list[list[Sample]]:
