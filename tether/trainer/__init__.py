@@ -4,6 +4,7 @@
   aggregation), torch and nothing of tether;
 - :mod:`tether.trainer.credit`: which advantage each call trains with (trajectory or
   turn-level credit, ``trainer.credit``);
+- :mod:`tether.trainer.segments`: where a rollout's token prefix breaks (torch-free);
 - :mod:`tether.trainer.samples`: finished rollouts → token sequences with masks;
 - :class:`PolicyTrainer`: the policy update (micro-batches, optimizer step);
 - :mod:`tether.trainer.checkpoint`: checkpoints of the trainer's state;
