@@ -119,8 +119,10 @@ class RolloutConfig:
     #: Groups (tasks) per update; a batch is batch_groups × n rollouts.
     batch_groups: int = 8
     #: "module:function" or "path/file.py:function" grading (task, final_answer) -> float,
-    #: or -> {"reward": float, "success": bool} to say itself what counts as solved (a file
-    #: path in a config file is relative to its folder); empty = the agent's own reward.
+    #: or -> {"reward": float, "success": bool} to say itself what counts as solved, and/or
+    #: "turn_rewards": {call seq: float} beside "reward" (intermediate rewards, for
+    #: trainer.credit=turn; a file path in a config file is relative to its folder);
+    #: empty = the agent's own reward.
     grader: str = "tether.starter.calc:grade"
     #: When a rollout counts as a success (the success rate of train steps and evals), unless
     #: the grader says so itself: None = reward > 0; a number = reward >= success_threshold.
