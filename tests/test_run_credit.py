@@ -32,7 +32,7 @@ from tether.runner import RunnerConfig
 from tether.store import Store
 from tether.tracking import export_attempts, step_samples
 from tether.trainer import PolicyTrainer
-from tether.trainer.algorithms import compute_advantages
+from tether.trainer.algorithms import aggregate, compute_advantages, ppo_clip_loss
 from tether.trainer.samples import build_samples, collate
 
 # --------------------------------------------------------------------------- the update's input
@@ -80,6 +80,19 @@ def test_trajectory_credit_is_the_update_tether_always_made() -> None:
     assert metrics["zero_variance_groups"] == before.zero_variance_groups == 1
     for key, value in collate(old).items():
         assert torch.equal(collate(new)[key], value), key
+    # and so the loss: the same per-token loss and aggregate, to the bit
+    losses = []
+    for samples in (old, new):
+        batch = collate(samples)
+        logprobs = batch["old_logprobs"] + 0.01 * batch["loss_mask"]  # a moved policy
+        per_token, _ = ppo_clip_loss(
+            logprobs, batch["old_logprobs"], batch["advantages"], batch["loss_mask"]
+        )
+        rollout = batch["rollout_index"]
+        losses.append(
+            aggregate(per_token, batch["loss_mask"], "rollout_mean", rollout_index=rollout)
+        )
+    assert torch.equal(losses[0], losses[1]) and losses[0].item() != 0
     assert learn_metrics(groups, "grpo") == (metrics, new)  # the estimator's name alone
 
 
@@ -246,6 +259,13 @@ def test_a_turn_credit_run_with_filter_groups(
     assert len(rollouts) == sum(2 * r.metrics["groups_sampled"] for r in run.history)
     assert run.engine.policy_version == 2  # both updates trained
     assert stored["groups_kept"] == run.history[0].metrics["groups_kept"]  # in the store
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "credit" / "tensorboard"))
+    events.Reload()
+    for name in ("groups_kept", "groups_no_signal", "rollouts_extra"):  # and in TensorBoard
+        got = [e.value for e in events.Scalars(f"train/{name}")]
+        assert got == [r.metrics[name] for r in run.history], name
     assert rewards and {(w.call_seq, w.value, w.source.value) for w in rewards} == {
         (0, 0.25, "grader")
     }
