@@ -5,11 +5,13 @@ A grader is ``grade(task, final_answer)`` returning the reward, or a mapping wit
 ``"turn_rewards": {seq: float}`` (intermediate rewards of the rollout's calls, stored as
 the grader's and used by ``trainer.credit: turn``). :func:`record_turn_rewards` stores
 them with the attempt; :func:`turn_rewards` reads back every intermediate reward of an
-attempt (the agent's and the grader's), added up per call. A grader that raises makes its rollout unusable, never the run's
-reward 0: :func:`call_grader` turns the exception into a :class:`GraderFault`, its
-type and message with the place in the grader's own file (``KeyError: 'answr'
-(grader.py:12 in grade)``) and the traceback's last frames, which the store keeps
-with the attempt (``tether rollouts show ID``, the dashboard's rollout page).
+attempt (the agent's and the grader's), added up per call.
+
+A grader that raises makes its rollout unusable, never the run's reward 0:
+:func:`call_grader` turns the exception into a :class:`GraderFault`, its type and
+message with the place in the grader's own file (``KeyError: 'answr' (grader.py:12
+in grade)``) and the traceback's last frames, which the store keeps with the attempt
+(``tether rollouts show ID``, the dashboard's rollout page).
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ tokens carry the engine's recorded logprobs. A call that extends none of the
 rollout's open sequences (the agent rewrote or truncated its history, or a
 sub-agent with another prompt) starts a new sample: the rollout is cut into
 segments, each trained as its own sample with the rollout's credit, and
-``trainer.aggregation`` says how its segments weigh together (docs/credit.md). A call extends a sequence
-when its prompt starts with that sequence's full tokens and it was sampled at
-the same temperature. We try the rollout's sequences newest first, not only
+``trainer.aggregation`` says how its segments weigh together (docs/credit.md).
+A call extends a sequence when its prompt starts with that sequence's full
+tokens and it was sampled at the same temperature. We try the rollout's sequences newest first, not only
 the previous one, so an interleaved side call (a summarizer, a sub-agent)
 does not break the main conversation's merging (:mod:`tether.trainer.segments`).
 
