@@ -249,7 +249,8 @@ def rollouts_page(catalog: Catalog, key: str, run_id: str, query: dict[str, str]
         "run": run_header(store, run),
         "rows": _rows(store, run, found, groups),
         "groups": list(groups.values()),
-        "estimator": estimator,
+        # what the advantages are: the estimator, and with turn credit one per call
+        "estimator": estimator + (", per call (turn credit)" if _credit(run)[0] == "turn" else ""),
         "total": total,
         "page": page,
         "pages": pages,
