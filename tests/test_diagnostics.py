@@ -94,3 +94,9 @@ def test_eval_progress_says_the_share_done() -> None:
         "  eval: 2/6 rollouts (33%)", "  eval: 3/6 rollouts (50%)", "  eval: 5/6 rollouts (83%)",
         "  eval: 1/2 rollouts (50%)", "  eval: 2/2 rollouts (100%)",
     ]  # fmt: skip
+
+
+def test_step_line_shows_the_groups_kept_and_flat_with_filter_groups() -> None:
+    line = _line({**STEP, "groups_kept": 8.0, "groups_no_signal": 5.0, "rollouts_extra": 16.0})
+    assert "  zero-var -  groups 8 kept 5 flat +16 rollouts  gen 1600 tok/s  " in line
+    assert "groups" not in _line(STEP)  # without rollout.filter_groups: as before

@@ -172,11 +172,20 @@ def test_success_is_the_graders_flag_or_the_threshold_in_steps_evals_and_store(
 
 
 def test_grader_may_return_a_reward_or_reward_and_success() -> None:
-    assert read_grade(0.6) == (0.6, None)
-    assert read_grade({"reward": 0.6, "success": False}) == (0.6, False)
-    assert read_grade({"reward": float("nan"), "success": True})[1] is True
+    assert read_grade(0.6) == (0.6, None, {})
+    assert read_grade({"reward": 0.6, "success": False}) == (0.6, False, {})
+    assert read_grade({"reward": float("nan"), "success": True}).success is True
+    # intermediate rewards by call seq (JSON keys are strings), with or without success
+    assert read_grade({"reward": 1.0, "turn_rewards": {"0": 0.5, 2: -1}}) == (
+        1.0, None, {0: 0.5, 2: -1},
+    )  # fmt: skip
+    both = read_grade({"reward": 0.0, "success": True, "turn_rewards": {}})
+    assert both == (0.0, True, {})
     for bad in ({"reward": 1.0}, {"reward": 1.0, "success": 1}, {"r": 1, "success": True},
-                {"reward": 1.0, "success": True, "extra": 0}):  # fmt: skip
+                {"reward": 1.0, "success": True, "extra": 0},
+                {"reward": 1.0, "turn_rewards": [0.5]},
+                {"reward": 1.0, "turn_rewards": {"first": 0.5}},
+                {"reward": 1.0, "turn_rewards": {-1: 0.5}}):  # fmt: skip
         with pytest.raises(UserError, match=r'must return a float \(the reward\) or \{"reward"'):
             read_grade(bad)
 
@@ -314,8 +323,8 @@ def test_grader_fault_names_the_last_frame_in_the_graders_own_file(tmp_path: Pat
         "import json\n\ndef grade(task, answer):\n    return json.loads(answer)\n"
     )
     grade = load_grader(f"{tmp_path / 'g.py'}:grade")
-    raw, flag, fault = call_grader(grade, {}, "not json")
-    assert (raw, flag) == (None, None) and fault is not None
+    got, fault = call_grader(grade, {}, "not json")
+    assert (got.reward, got.success) == (None, None) and fault is not None
     # the exception is raised inside json, but the place named is the grader's own line
     assert fault.summary.startswith("JSONDecodeError: Expecting value") or fault.summary.startswith(
         "json.decoder.JSONDecodeError: Expecting value"
@@ -323,7 +332,7 @@ def test_grader_fault_names_the_last_frame_in_the_graders_own_file(tmp_path: Pat
     assert fault.summary.endswith("(g.py:4 in grade)")
     assert fault.detail.splitlines()[0] == fault.summary
     assert f'File "{tmp_path / "g.py"}", line 4, in grade' in fault.detail
-    assert call_grader(grade, {}, "1.5") == (1.5, None, None)
+    assert call_grader(grade, {}, "1.5") == ((1.5, None, {}), None)
 
 
 def test_check_collection_says_a_raising_grader_once_and_stops_when_it_raised_on_all(

@@ -67,9 +67,9 @@ def _trainer_step(starter_dir: Path, samples: list, cfg: TrainerConfig) -> tuple
     return metrics["loss"], grads
 
 
-def _assert_grads(got: dict, reference: torch.nn.Module) -> None:
+def _assert_grads(got: dict, reference: torch.nn.Module, atol: float = 1e-7) -> None:
     for name, p in reference.named_parameters():
-        torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+        torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=atol, msg=name)
 
 
 @pytest.mark.parametrize("budget", [10**6, 40])
@@ -141,3 +141,73 @@ def test_tis_keeps_the_pre_update_policy_as_proximal_across_optimizer_steps(
     metrics = PolicyTrainer(model, cfg).update(_samples(model, shift=0.5))
     assert abs(metrics["ratio_mean"] - 1.0) > 1e-4
     assert metrics["approx_kl"] > 0
+
+
+def _multi_call_rollouts(model: Any) -> list[list[Call]]:
+    """Two rollouts: one of two prefix-merged calls and a call that forks (new prompt), one
+    of a single call; the engine's logprobs are the model's own (on-policy)."""
+    g = torch.Generator().manual_seed(1)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(3, 1600, (n,), generator=g).tolist()
+
+    def call(rid: str, seq: int, prompt: list[int], completion: list[int]) -> Call:
+        logp = _token_logprobs(model, prompt + completion).detach()
+        lps = [float(logp[len(prompt) - 1 + i]) for i in range(len(completion))]
+        return Call(rid, seq, prompt, completion, lps, policy_version=0)
+
+    p0, c0 = ids(9), ids(4)
+    p1 = p0 + c0 + ids(3)  # the tool's answer, masked
+    first = [call("a", 0, p0, c0), call("a", 1, p1, ids(6)), call("a", 2, ids(5), ids(3))]
+    return [first, [call("b", 0, ids(7), ids(5))]]
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "rollout_mean"])
+def test_per_call_advantages_update_matches_a_loop_over_tokens(
+    starter_dir: Path, aggregation: str
+) -> None:
+    """Turn credit: a merged sample's tokens carry their own call's advantage ([B, L]
+    advantages through the loss), and rollout "a" is cut into two segments (its call 2
+    forks); loss and gradient against a per-token loop, where rollout_mean gives each
+    rollout one weight whatever its segments."""
+    reference = load_model(starter_dir)
+    per_call = [{0: 1.0, 1: -0.5, 2: 0.25}, {0: -2.0}]
+    samples, stats = build_samples(_multi_call_rollouts(reference), per_call)
+    assert stats.merged_calls == 1 and len(samples) == 3 and stats.forked_rollouts == 1
+    tokens = {r: sum(sum(s.loss_mask) for s in samples if s.rollout_index == r) for r in (0, 1)}
+    loss = torch.zeros(())
+    for s in samples:
+        assert s.token_advantages is not None
+        weight = (
+            1 / sum(tokens.values())
+            if aggregation == "token_mean"
+            else 1 / (len(tokens) * tokens[s.rollout_index])
+        )
+        logp = _token_logprobs(reference, s.input_ids)
+        for t, m in enumerate(s.loss_mask[1:]):
+            if m:
+                ratio = torch.exp(logp[t] - logp[t].detach())
+                loss = loss - s.token_advantages[t + 1] * ratio * weight
+    loss.backward()
+
+    cfg = TrainerConfig(
+        lr=1e-3, grad_clip=0, max_tokens_per_micro_batch=40, aggregation=aggregation
+    )
+    got, grads = _trainer_step(starter_dir, samples, cfg)
+    assert got == pytest.approx(loss.item(), rel=1e-5, abs=1e-7)
+    _assert_grads(grads, reference, atol=1e-6)  # gradients up to ~1.3: float32 rounding
+
+
+def test_per_token_advantages_equal_to_the_rollouts_give_the_same_update(starter_dir: Path) -> None:
+    """Per-call advantages that all equal the rollout's: the [B, L] path gives exactly the
+    loss and gradient of the [B] path (trajectory credit)."""
+    model = load_model(starter_dir)
+    rollouts = _multi_call_rollouts(model)
+    whole, _ = build_samples(rollouts, [0.75, -0.75])
+    per_call, _ = build_samples(rollouts, [dict.fromkeys(range(3), 0.75), {0: -0.75}])
+    cfg = TrainerConfig(lr=1e-3, grad_clip=0)
+    loss_whole, grads_whole = _trainer_step(starter_dir, whole, cfg)
+    loss_per_call, grads_per_call = _trainer_step(starter_dir, per_call, cfg)
+    assert loss_per_call == loss_whole
+    for name, grad in grads_whole.items():
+        assert torch.equal(grads_per_call[name], grad), name

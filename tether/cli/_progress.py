@@ -149,7 +149,7 @@ class Progress:
         return (
             f"step {r.step:>3}/{self.total}  reward {m['reward_mean']:.3f}  success {m['success']:.0%}  "
             f"H {_num(m, 'entropy', '.2f')}  zero-var {_num(m, 'zero_variance_frac', '.0%')}  "
-            f"gen {m['gen_tokens_per_s']:.0f} tok/s  gap {_gap(m)}  "
+            f"{_groups(m)}gen {m['gen_tokens_per_s']:.0f} tok/s  gap {_gap(m)}  "
             f"v{int(m['policy_version'])}  {m['step_s']:.1f} s/step  left {self._eta()}"
         )
 
@@ -191,6 +191,18 @@ class Progress:
             start, done = self._eval[0], self._eval[1]
             footer.add_row(f"evaluating at step {start.step}: {done}/{start.rollouts} rollouts")
         return Group(table, footer)
+
+
+def _groups(m: dict[str, float]) -> str:
+    """With rollout.filter_groups: ``groups 8 kept 5 flat +16 rollouts  `` (the groups
+    trained, those dropped for equal rewards, the extra rollouts sampled); else nothing."""
+    if "groups_kept" not in m:
+        return ""
+    extra = int(m.get("rollouts_extra", 0))
+    return (
+        f"groups {int(m['groups_kept'])} kept {int(m.get('groups_no_signal', 0))} flat "
+        f"+{extra} rollouts  "
+    )
 
 
 def _eval_line(r: EvalResult) -> str:

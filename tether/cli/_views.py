@@ -149,6 +149,8 @@ def print_rollout(store: Any, rollout_id: str, *, tokens: bool, tokenizer: Any =
     for a in store.attempts(rollout_id):
         _print_attempt(a)
     calls = store.calls(rollout_id)
+    if calls:
+        out.print(segments_line(calls), highlight=False, markup=False, soft_wrap=True)
     if tokens and tokenizer is None and any(c.completion_ids for c in calls):
         tokenizer, why = run_tokenizer(store, rollout_id)
         if tokenizer is None:
@@ -183,6 +185,25 @@ def print_rollout(store: Any, rollout_id: str, *, tokens: bool, tokenizer: Any =
                 )
                 table.add_row(str(i), Text(text), str(tid), f"{lp:.4f}", f"{math.exp(lp):.3f}")
             out.print(table)
+
+
+def segments_line(calls: list[Any]) -> str:
+    """How the trainer cuts the calls into samples: ``samples: 1 (calls 0, 1, 2 merged)``, or
+    ``samples: 2 (segments: calls 0, 1 | 2, 3; ...)`` where the token prefix broke."""
+    from tether.trainer.segments import call_segments  # torch-free
+
+    parts = [", ".join(str(c.seq) for c in seg.calls) for seg in call_segments(calls)]
+    failed = sum(1 for c in calls if c.status.value != "ok")
+    skipped = f"; {failed} failed call{'s' if failed != 1 else ''} not trained" if failed else ""
+    if not parts:
+        return f"samples: 0 (no successful call{skipped})"
+    if len(parts) == 1:
+        how = "merged" if "," in parts[0] else "alone"
+        return f"samples: 1 (call{'s' if ',' in parts[0] else ''} {parts[0]} {how}{skipped})"
+    return (
+        f"samples: {len(parts)} (segments: calls {' | '.join(parts)}; a call whose prompt does "
+        f"not extend an earlier call's tokens starts a new one{skipped})"
+    )
 
 
 def _print_attempt(a: Any) -> None:

@@ -178,7 +178,12 @@ def _page_groups(store: Store, run: Run, found: list[Any], estimator: str) -> di
         if r.group_id and r.group_id not in groups:
             members = store.list_rollouts(group_id=r.group_id)
             trained = not group_phase(run.id, r.group_id)[0].startswith("eval")
-            adv = advantages(members, estimator) if trained else None  # evals teach nothing
+            credit, gamma = _credit(run)
+            adv = (  # evals teach nothing
+                advantages(members, estimator, credit=credit, gamma=gamma, store=store)
+                if trained
+                else None
+            )
             groups[r.group_id] = {"id": r.group_id, "members": members, "adv": adv}
     return groups
 
@@ -244,7 +249,8 @@ def rollouts_page(catalog: Catalog, key: str, run_id: str, query: dict[str, str]
         "run": run_header(store, run),
         "rows": _rows(store, run, found, groups),
         "groups": list(groups.values()),
-        "estimator": estimator,
+        # what the advantages are: the estimator, and with turn credit one per call
+        "estimator": estimator + (", per call (turn credit)" if _credit(run)[0] == "turn" else ""),
         "total": total,
         "page": page,
         "pages": pages,
@@ -256,6 +262,14 @@ def rollouts_page(catalog: Catalog, key: str, run_id: str, query: dict[str, str]
         "sort": sort,
         "descending": descending,
     }
+
+
+def _credit(run: Run | None) -> tuple[str, float]:
+    """The run's ``trainer.credit`` and ``trainer.gamma`` (trajectory, 1 when unnamed)."""
+    trainer = (run.config or {}).get("trainer") if run is not None else None
+    if not isinstance(trainer, dict):
+        return "trajectory", 1.0
+    return str(trainer.get("credit") or "trajectory"), float(trainer.get("gamma", 1.0))
 
 
 def _estimator(run: Run | None) -> str:
@@ -380,7 +394,12 @@ def rollout_page(
     members = store.list_rollouts(group_id=r.group_id) if r.group_id else [r]
     phase, step = group_phase(r.run_id, r.group_id)
     evaluated = phase.startswith("eval")  # an eval's rollouts are never trained on
-    adv_map = None if evaluated else advantages(members, _estimator(run))
+    credit, gamma = _credit(run)
+    adv_map = (
+        None
+        if evaluated
+        else advantages(members, _estimator(run), credit=credit, gamma=gamma, store=store)
+    )
     adv = None if adv_map is None else adv_map.get(r.id)
     current = store.calls(r.id) if r.attempt else []
     samples, (stats, skipped) = sample_views(current, adv or 0.0, decode)

@@ -36,9 +36,11 @@ def _pct(v: float | None) -> str:
     return "-" if v is None or not math.isfinite(v) else f"{v:.0%}"
 
 
-def _num(v: float | None, digits: int = 3) -> str:
+def _num(v: float | dict[int, float] | None, digits: int = 3) -> str:
     if v is None:
         return "-"
+    if isinstance(v, dict):  # per call seq (trainer.credit: turn)
+        return " · ".join(f"{k}: {_num(x, digits)}" for k, x in sorted(v.items()))
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
     return f"{v:.{digits}g}" if isinstance(v, float) else str(v)

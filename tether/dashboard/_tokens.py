@@ -9,7 +9,7 @@ tokenizer when one is at hand, else from the ``logprobs`` the gateway returned
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,7 +117,7 @@ def call_pieces(call: Call, decode: Decode | None) -> tuple[list[Piece], int]:
 
 
 def sample_views(
-    calls: Sequence[Call], advantage: float, decode: Decode | None
+    calls: Sequence[Call], advantage: float | Mapping[int, float], decode: Decode | None
 ) -> tuple[list[SampleView], Any]:
     """The samples the trainer builds from one rollout's calls (its own code:
     :func:`tether.trainer.build_samples`) and its stats: masked runs as one piece,

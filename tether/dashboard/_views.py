@@ -209,18 +209,34 @@ def outcome(r: Rollout, end: AttemptEnd | None) -> str | None:
     return "success" if verdict else "fail"
 
 
-def advantages(members: list[Rollout], estimator: str) -> dict[str, float] | None:
+def advantages(
+    members: list[Rollout],
+    estimator: str,
+    *,
+    credit: str = "trajectory",
+    gamma: float = 1.0,
+    store: Store | None = None,
+) -> dict[str, float | dict[int, float]] | None:
     """Each rollout's advantage in its group (the trainer's estimator), or None when the
-    group is dropped (a rollout without a usable reward) or not finished."""
+    group is dropped (a rollout without a usable reward) or not finished. With ``credit``
+    "turn" (and the ``store`` of its calls and intermediate rewards): each rollout's
+    advantages per call seq, as ``trainer.credit: turn`` trains them."""
     if not members or not all(usable(r) for r in members):
         return None
-    import torch
+    from tether.trainer import RolloutRewards, assign_credit
 
-    from tether.trainer import algorithms as A
-
-    rewards = torch.tensor([[r.reward for r in members]], dtype=torch.float64)
+    if credit == "turn" and store is not None:
+        group = [
+            RolloutRewards.of(r.reward or 0.0, store.calls(r.id), store.rewards(r.id), r.attempt)
+            for r in members
+        ]
+        try:
+            per_call = assign_credit([group], estimator, "turn", gamma).advantages
+        except ValueError:  # an intermediate reward that is not finite: dropped
+            return None
+        return {r.id: a for r, a in zip(members, per_call, strict=True)}
     try:
-        adv = A.compute_advantages(rewards, estimator).advantages[0].tolist()
+        adv = assign_credit([[RolloutRewards(r.reward or 0.0) for r in members]], estimator)
     except ValueError:
         return None
-    return {r.id: a for r, a in zip(members, adv, strict=True)}
+    return {r.id: a for r, a in zip(members, adv.advantages, strict=True)}

@@ -13,7 +13,11 @@ store, retried ones too.
 
 Success: a grader returns the reward as a float, or ``{"reward": float,
 "success": bool}`` to say itself whether the task was solved (a coding task:
-the failing tests now pass, not merely a partial reward). Without that
+the failing tests now pass, not merely a partial reward). Beside the reward it
+may return ``"turn_rewards": {seq: float}``, intermediate rewards of the
+rollout's calls: they are stored as the grader's (a seq naming no call of the
+attempt is a grader bug), and with the agent's own intermediate rewards they
+are the outcome's ``turn_rewards`` (for ``trainer.credit: turn``). Without that
 flag a usable reward counts as a success when it is above 0, or at least
 ``rollout.success_threshold`` when that is set (:func:`is_success`).
 
@@ -40,6 +44,7 @@ from typing import Any, TypeVar
 from tether.gateway import Gateway, OpenedRollout
 from tether.records import Call, RewardSource, RolloutStatus, Task
 from tether.run._grading import (
+    Grade,
     Grader,
     GraderFault,
     call_grader,
@@ -47,6 +52,8 @@ from tether.run._grading import (
     is_success,
     load_grader,
     read_grade,
+    record_turn_rewards,
+    turn_rewards,
 )
 from tether.runner import AttemptResult, Launch, Runner
 
@@ -86,6 +93,9 @@ class RolloutOutcome:
     output_tail: str = ""  # what the agent printed last (see AttemptResult.output_tail)
     #: What the grader raised, on one line ("KeyError: 'answr' (grader.py:12 in grade)").
     grader_error: str | None = None
+    #: Intermediate rewards of the attempt (the agent's and the grader's) by call seq,
+    #: several for one call added up; NaN/inf where one was not a finite number.
+    turn_rewards: dict[int, float] = field(default_factory=dict)
 
     @property
     def usable(self) -> bool:
@@ -107,22 +117,22 @@ class Collected:
 
 def _reward(
     result: AttemptResult, task: dict[str, Any], grader: Grader | None, gw: Gateway
-) -> tuple[Any, bool | None, RewardSource, GraderFault | None]:
-    """(raw reward, success flag, source, what the grader raised); ``task`` is the whole
+) -> tuple[Grade, RewardSource, GraderFault | None]:
+    """(what the reward is, its source, what the grader raised); ``task`` is the whole
     row, its grader-only fields too."""
     if grader is not None:
-        raw, flag, fault = call_grader(grader, task, result.final_answer)
+        grade, fault = call_grader(grader, task, result.final_answer)
         if fault is not None:  # said once per collection by _failures, kept with the attempt
             log.debug("the grader raised on rollout %s: %s", result.rollout_id, fault.detail)
-        return raw, flag, RewardSource.GRADER, fault
+        return grade, RewardSource.GRADER, fault
     if result.agent_value is not None:
-        return result.agent_value, None, RewardSource.AGENT, None
+        return Grade(result.agent_value), RewardSource.AGENT, None
     finals = [
         r
         for r in gw.store.rewards(result.rollout_id)
         if r.call_seq is None and r.attempt == result.attempt
     ]
-    return (finals[-1].value if finals else None), None, RewardSource.AGENT, None
+    return Grade(finals[-1].value if finals else None), RewardSource.AGENT, None
 
 
 @dataclass(frozen=True)
@@ -227,7 +237,9 @@ def finish_outcome(
     source = RewardSource.GRADER
     if result.ok:
         try:
-            raw, flag, source, fault = _reward(result, task.data, grader, gw)
+            grade, source, fault = _reward(result, task.data, grader, gw)
+            raw, flag = grade.reward, grade.success
+            record_turn_rewards(gw, opened, grade.turn_rewards)
         except Exception as exc:  # a grader bug (UserError) or a store fault: end it, then raise
             end_quietly(
                 gw, opened, RolloutStatus.FAILED, f"grading failed: {exc}",
@@ -255,6 +267,7 @@ def finish_outcome(
         grader_error=fault.detail if fault else None,
     )
     calls = gw.store.calls(opened.rollout_id, attempt=opened.attempt)
+    rewards_per_call = turn_rewards(gw, opened)
     return RolloutOutcome(
         opened.rollout_id,
         group,
@@ -267,6 +280,7 @@ def finish_outcome(
         error=error,
         output_tail=result.output_tail,
         grader_error=fault.summary if fault else None,
+        turn_rewards=rewards_per_call,
     )
 
 
@@ -282,16 +296,18 @@ async def collect_groups(
     sampling: dict[str, float] | None = None,
     retry: RetryPolicy | None = None,
     success_threshold: float | None = None,
+    first_group: int = 0,
 ) -> Collected:
     """Run ``n`` rollouts of every task (one group per task), grade them, return their calls.
 
-    ``retry`` defaults to :meth:`RetryPolicy.of` the runner.
+    ``retry`` defaults to :meth:`RetryPolicy.of` the runner. Groups are numbered from
+    ``first_group`` (a later collection of the same ``tag`` continues the numbering).
     """
     t0 = time.perf_counter()
     policy = retry or RetryPolicy.of(runner)
     opened: list[tuple[int, Task, OpenedRollout]] = []
     try:
-        for g, task in enumerate(tasks):
+        for g, task in enumerate(tasks, start=first_group):
             for i in range(n):
                 o = gw.open_rollout(
                     task.for_agent,

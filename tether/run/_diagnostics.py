@@ -43,8 +43,12 @@ def batch_diagnostics(
         n = sum(1 for m in s.loss_mask if m)
         per_rollout[s.rollout_index] += n
         tokens += n
-        adv_sum += n * s.advantage
-        adv_sq += n * s.advantage * s.advantage
+        if s.token_advantages is None:  # one advantage for the whole sample
+            adv_sum += n * s.advantage
+            adv_sq += n * s.advantage * s.advantage
+        else:  # per call (trainer.credit: turn)
+            adv_sum += sum(s.completion_advantages())
+            adv_sq += sum(a * a for a in s.completion_advantages())
     mean = adv_sum / tokens if tokens else 0.0
     var = max(adv_sq / tokens - mean * mean, 0.0) if tokens else 0.0
     return {

@@ -1,11 +1,17 @@
 """The grader: loading it, calling it, reading what it returns, and what it raised.
 
-A grader is ``grade(task, final_answer)`` returning the reward, or ``{"reward": float,
-"success": bool}``. A grader that raises makes its rollout unusable, never the run's
-reward 0: :func:`call_grader` turns the exception into a :class:`GraderFault`, its
-type and message with the place in the grader's own file (``KeyError: 'answr'
-(grader.py:12 in grade)``) and the traceback's last frames, which the store keeps
-with the attempt (``tether rollouts show ID``, the dashboard's rollout page).
+A grader is ``grade(task, final_answer)`` returning the reward, or a mapping with the
+``"reward"`` and ``"success": bool`` (whether the task was solved) and/or
+``"turn_rewards": {seq: float}`` (intermediate rewards of the rollout's calls, stored as
+the grader's and used by ``trainer.credit: turn``). :func:`record_turn_rewards` stores
+them with the attempt; :func:`turn_rewards` reads back every intermediate reward of an
+attempt (the agent's and the grader's), added up per call.
+
+A grader that raises makes its rollout unusable, never the run's reward 0:
+:func:`call_grader` turns the exception into a :class:`GraderFault`, its type and
+message with the place in the grader's own file (``KeyError: 'answr' (grader.py:12
+in grade)``) and the traceback's last frames, which the store keeps with the attempt
+(``tether rollouts show ID``, the dashboard's rollout page).
 """
 
 from __future__ import annotations
@@ -17,12 +23,18 @@ import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tether.errors import UserError
+from tether.records import RewardSource
+
+if TYPE_CHECKING:
+    from tether.gateway import Gateway, OpenedRollout
 
 __all__ = [
     "GRADE_SHAPE",
+    "Grade",
     "Grader",
     "GraderFault",
     "call_grader",
@@ -31,11 +43,29 @@ __all__ = [
     "is_success",
     "load_grader",
     "read_grade",
+    "record_turn_rewards",
+    "turn_rewards",
 ]
 
-#: ``grade(task, final_answer)`` -> the reward, or ``{"reward": float, "success": bool}``.
+#: ``grade(task, final_answer)`` -> the reward, or ``{"reward": float, "success": bool}``
+#: (``"success"`` and/or ``"turn_rewards": {seq: float}`` beside ``"reward"``).
 Grader = Callable[[dict[str, Any], str | None], float | Mapping[str, Any]]
-GRADE_SHAPE = 'a float (the reward) or {"reward": float, "success": bool}'
+GRADE_SHAPE = (
+    'a float (the reward) or {"reward": float, "success": bool}, '
+    'and/or "turn_rewards": {call seq: float} beside "reward"'
+)
+_OPTIONAL = {"success", "turn_rewards"}
+
+
+class Grade(NamedTuple):
+    """What a grader returned: the raw reward (checked later), the success flag or None,
+    and the intermediate rewards by call seq (empty when none)."""
+
+    reward: Any
+    success: bool | None = None
+    turn_rewards: Mapping[int, Any] = MappingProxyType({})
+
+
 _FRAMES = 6  # traceback frames kept (the last ones)
 
 
@@ -96,29 +126,50 @@ def grader_fault(exc: BaseException, grader: Any) -> GraderFault:
 
 def call_grader(
     grader: Grader, task: dict[str, Any], answer: str | None
-) -> tuple[Any, bool | None, GraderFault | None]:
-    """``(reward, success flag or None, None)``, or ``(None, None, fault)`` when the
-    grader raised. A malformed return value is a bug too but raises (:func:`read_grade`)."""
+) -> tuple[Grade, GraderFault | None]:
+    """``(grade, None)``, or ``(Grade(None), fault)`` when the grader raised. A malformed
+    return value is a bug too but raises (:func:`read_grade`)."""
     try:
         value = grader(task, answer)
     except Exception as exc:  # a grader bug makes this rollout unusable, not the run
-        return None, None, grader_fault(exc, grader)
-    return *read_grade(value), None
+        return Grade(None), grader_fault(exc, grader)
+    return read_grade(value), None
 
 
-def read_grade(value: Any) -> tuple[Any, bool | None]:
-    """A grader's return value as ``(reward, success flag or None)``.
+def read_grade(value: Any) -> Grade:
+    """A grader's return value as a :class:`Grade`.
 
     A float is the reward (checked later: NaN, inf or a non-number make the
-    rollout unusable). A mapping must be exactly ``{"reward": ..., "success":
-    bool}``; any other shape is a bug in the grader and raises :class:`UserError`.
+    rollout unusable). A mapping holds ``"reward"`` and one or both of
+    ``"success"`` (a bool) and ``"turn_rewards"`` (a mapping of call seq, an int or
+    its digits, to a reward; checked later like the reward); any other shape is a
+    bug in the grader and raises :class:`UserError`.
     """
     if not isinstance(value, Mapping):
-        return value, None
-    if set(value) != {"reward", "success"} or not isinstance(value["success"], bool):
+        return Grade(value)
+    keys = set(value)
+    success = value.get("success")
+    turns = value.get("turn_rewards", {})
+    if (
+        "reward" not in keys
+        or not keys - {"reward"}
+        or keys - {"reward"} - _OPTIONAL
+        or ("success" in keys and not isinstance(success, bool))
+        or not isinstance(turns, Mapping)
+        or not all(_seq(k) is not None for k in turns)
+    ):
         shown = repr(dict(value))[:120]
         raise UserError(f"rollout.grader returned {shown}; it must return {GRADE_SHAPE}")
-    return value["reward"], value["success"]
+    return Grade(value["reward"], success, {_seq(k) or 0: v for k, v in turns.items()})
+
+
+def _seq(key: Any) -> int | None:
+    """A call seq as a grader may write it (``3``, or ``"3"`` from JSON), else None."""
+    if isinstance(key, bool):
+        return None
+    if isinstance(key, int):
+        return key if key >= 0 else None
+    return int(key) if isinstance(key, str) and key.isdigit() else None
 
 
 def is_success(reward: float | None, flag: bool | None, threshold: float | None) -> bool:
@@ -140,3 +191,33 @@ def clean_reward(value: Any) -> float | None:
     except OverflowError:  # an int beyond float64 (e.g. 10**400)
         return None
     return value if math.isfinite(value) else None
+
+
+def record_turn_rewards(gw: Gateway, opened: OpenedRollout, turns: Mapping[int, Any]) -> None:
+    """Store the grader's intermediate rewards with the attempt (a seq naming no call of
+    it is the grader's bug: :class:`UserError`)."""
+    calls = {c.seq for c in gw.store.calls(opened.rollout_id, attempt=opened.attempt)}
+    for seq, value in sorted(turns.items()):
+        if seq not in calls:
+            made = f"calls 0..{max(calls)}" if calls else "no call"
+            raise UserError(
+                f"rollout.grader returned turn_rewards for call {seq} of rollout "
+                f"{opened.rollout_id}, which made {made}; key turn_rewards by call seq"
+            )
+        value = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+        gw.record_reward(
+            opened.rollout_id,
+            float("nan") if value is None else value,
+            call_seq=seq,
+            attempt=opened.attempt,
+            source=RewardSource.GRADER,
+        )
+
+
+def turn_rewards(gw: Gateway, opened: OpenedRollout) -> dict[int, float]:
+    """The attempt's intermediate rewards by call seq, added up per call."""
+    out: dict[int, float] = {}
+    for r in gw.store.rewards(opened.rollout_id):
+        if r.attempt == opened.attempt and r.call_seq is not None:
+            out[r.call_seq] = out.get(r.call_seq, 0.0) + r.value
+    return out

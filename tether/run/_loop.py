@@ -56,9 +56,9 @@ import torch
 
 from tether._memory import resident_mb, trim_heap
 from tether.engine import Engine
-from tether.records import Checkpoint
+from tether.records import Checkpoint, Task
 from tether.run._async import AsyncRollouts
-from tether.run._collect import RolloutOutcome, collect_groups
+from tether.run._collect import Collected, RolloutOutcome, collect_groups
 from tether.run._diagnostics import no_signal_line
 from tether.run._evaluate import EvalResult, StepReport, collect_eval, success_rate
 from tether.run._events import (
@@ -74,10 +74,11 @@ from tether.run._events import (
     ignore,
 )
 from tether.run._failures import check_collection
-from tether.run._learn import learn_metrics
+from tether.run._learn import Learning, learn_metrics
 from tether.run._parts import PartsView, RunParts, open_parts
 from tether.run._rundir import ResumePoint, past_metrics, resume_point
 from tether.run._setup import async_rollouts, engine_weights
+from tether.run._signal import collect_with_signal, extra_tasks
 from tether.run._tasks import tasks_for_step
 from tether.run.config import TrainConfig
 from tether.tracking import sample_rows
@@ -257,20 +258,33 @@ class TrainingRun(PartsView):
             return self._report(step, await self._async_rollouts().step(step), t0)
         tasks = tasks_for_step(parts.train_tasks, step, cfg.rollout.batch_groups, cfg.tasks.seed)
         log.info("step %d: rollouts, %d tasks × %d", step, len(tasks), cfg.rollout.n)
-        collected = await collect_groups(
-            parts.gateway,
-            parts.runner,
+
+        async def collect(tasks: list[Task], first_group: int) -> Collected:
+            return await collect_groups(
+                parts.gateway,
+                parts.runner,
+                tasks,
+                cfg.rollout.n,
+                grader=parts.grader,
+                run_id=parts.run_record.id,
+                tag=f"s{step}",
+                success_threshold=cfg.rollout.success_threshold,
+                first_group=first_group,
+            )
+
+        groups, filtered = await collect_with_signal(  # rollout.filter_groups: and more groups
+            collect,
             tasks,
-            cfg.rollout.n,
-            grader=parts.grader,
-            run_id=parts.run_record.id,
-            tag=f"s{step}",
-            success_threshold=cfg.rollout.success_threshold,
+            lambda r, k: extra_tasks(parts.train_tasks, step, r, k, cfg.tasks.seed),
+            Learning.of(cfg),
+            cfg.rollout.max_oversample,
         )
+        tokens = filtered.pop("completion_tokens")
         t_rollouts = time.perf_counter() - t0
-        m = await self.learn(collected.groups(), step)
+        m = await self.learn(groups, step)
+        m.update(filtered)
         m["rollout_s"] = t_rollouts
-        m["gen_tokens_per_s"] = collected.completion_tokens / max(t_rollouts, 1e-9)
+        m["gen_tokens_per_s"] = tokens / max(t_rollouts, 1e-9)
         return self._report(step, m, t0)
 
     async def learn(self, groups: list[list[RolloutOutcome]], step: int) -> dict[str, float]:
@@ -282,7 +296,7 @@ class TrainingRun(PartsView):
         self._check(outcomes, f"step {step}")
         if parts.tracking.samples_on:  # tracking.log_samples: prompts and completions
             parts.tracking.log_samples(step, sample_rows(outcomes))
-        m, samples = learn_metrics(groups, self.cfg.trainer.advantage)
+        m, samples = learn_metrics(groups, Learning.of(self.cfg))
         m["success"] = success_rate(outcomes)
         engine = parts.engine
         version_before = engine.policy_version

@@ -121,14 +121,25 @@ class RolloutConfig:
     #: Groups (tasks) per update; a batch is batch_groups × n rollouts.
     batch_groups: int = 8
     #: "module:function" or "path/file.py:function" grading (task, final_answer) -> float,
-    #: or -> {"reward": float, "success": bool} to say itself what counts as solved (a file
-    #: path in a config file is relative to its folder); empty = the agent's own reward.
+    #: or -> {"reward": float, "success": bool} to say itself what counts as solved, and/or
+    #: "turn_rewards": {call seq: float} beside "reward" (intermediate rewards, for
+    #: trainer.credit=turn; a file path in a config file is relative to its folder);
+    #: empty = the agent's own reward.
     grader: str = "tether.starter.calc:grade"
     #: When a rollout counts as a success (the success rate of train steps and evals), unless
     #: the grader says so itself: None = reward > 0; a number = reward >= success_threshold.
     success_threshold: float | None = None
+    #: Drop groups that carry no signal (every rollout's reward equal; with trainer.credit
+    #: "turn", every turn's return equal) from the update and sample more groups in their
+    #: place, as DAPO's dynamic sampling does (docs/credit.md). Sync mode only.
+    filter_groups: bool = False
+    #: With filter_groups: the most groups one update may sample, as a multiple of
+    #: batch_groups (the first batch included); when they run out the update trains on
+    #: the groups with signal it has. 1 = drop without sampling more.
+    max_oversample: int = 3
 
     def __post_init__(self) -> None:
+        _at_least(1, "rollout.max_oversample", self.max_oversample, "1 samples no extra groups")
         if self.n < 2:
             raise UserError(
                 f"rollout.n ({self.n}) must be >= 2: group advantages need 2 samples or more per task"
@@ -253,6 +264,11 @@ class TrainConfig:
         t, b = self.trainer, self.rollout.batch_groups
         if t.mode != "async":
             return
+        if self.rollout.filter_groups:
+            raise UserError(
+                "rollout.filter_groups (true) works in sync mode only: set trainer.mode=sync, "
+                "or rollout.filter_groups=false"
+            )
         if t.max_groups_in_flight and t.max_groups_in_flight < b:
             raise UserError(
                 f"trainer.max_groups_in_flight ({t.max_groups_in_flight}) must be >= "

@@ -17,7 +17,8 @@ from typing import Any
 
 from tether.errors import UserError
 from tether.records import Call, Rollout
-from tether.tracking._groups import place, run_estimator, step_groups
+from tether.tracking._groups import place, run_credit, step_groups
+from tether.tracking._steps import stored_rewards
 
 __all__ = [
     "CALL_FIELDS",
@@ -66,6 +67,7 @@ CALL_FIELDS = {
     "completion_ids": "list<int32>",
     "logprobs": "list<float32>",
     "reward": "float64",
+    "advantage": "float64",
 }
 #: A training sample (``tether export --samples``): one row per sample of the update.
 SAMPLE_FIELDS = {
@@ -76,6 +78,7 @@ SAMPLE_FIELDS = {
     "loss_mask": "list<int8>",
     "old_logprobs": "list<float32>",
     "advantage": "float64",
+    "token_advantages": "list<float32>",
     "temperature": "float64",
     "num_calls": "int64",
 }
@@ -85,7 +88,7 @@ def _finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def _call_row(c: Call, reward: float | None) -> dict[str, Any]:
+def _call_row(c: Call, reward: float | None, advantage: float | None) -> dict[str, Any]:
     request = c.request or {}
     return {
         "seq": c.seq,
@@ -101,17 +104,21 @@ def _call_row(c: Call, reward: float | None) -> dict[str, Any]:
         "completion_ids": list(c.completion_ids),
         "logprobs": [float(x) for x in c.logprobs],
         "reward": _finite(reward),
+        "advantage": advantage,
     }
 
 
-def _advantages(store: Any, run_id: str, rollouts: list[Rollout]) -> dict[str, float]:
-    """rollout id -> its advantage, for the rollouts sync updates trained on."""
-    estimator = run_estimator(store.get_run(run_id).config)
-    found: dict[str, float] = {}
-    for sg in step_groups(rollouts, estimator).values():
+def _advantages(
+    store: Any, run_id: str, rollouts: list[Rollout]
+) -> dict[str, float | dict[int, float]]:
+    """rollout id -> its advantage (a float, or per call seq with turn credit), for the
+    rollouts sync updates trained on."""
+    how = run_credit(store.get_run(run_id).config)
+    found: dict[str, float | dict[int, float]] = {}
+    for sg in step_groups(rollouts, how, stored_rewards(store)).values():
         for group, advs in zip(sg.kept, sg.advantages, strict=False):
             for r, a in zip(group, advs, strict=True):
-                found[r.id] = float(a)
+                found[r.id] = a if isinstance(a, dict) else float(a)
     return found
 
 
@@ -138,7 +145,9 @@ def _source(r: Rollout, stored: Any, final: bool) -> str | None:
     return stored.source.value if stored is not None else None
 
 
-def _rollout_rows(store: Any, r: Rollout, advantage: float | None) -> Iterator[dict[str, Any]]:
+def _rollout_rows(
+    store: Any, r: Rollout, advantage: float | dict[int, float] | None
+) -> Iterator[dict[str, Any]]:
     p = place(r)
     ends = {a.attempt: a for a in store.attempts(r.id)}
     rewards = store.rewards(r.id)
@@ -152,7 +161,10 @@ def _rollout_rows(store: Any, r: Rollout, advantage: float | None) -> Iterator[d
         final = attempt == r.attempt
         end = ends.get(attempt)
         mine = [w for w in rewards if w.attempt == attempt]
-        per_call = {w.call_seq: w.value for w in mine if w.call_seq is not None}
+        per_call: dict[int, float] = {}  # several for one call add up, as in the trainer
+        for w in mine:
+            if w.call_seq is not None:
+                per_call[w.call_seq] = per_call.get(w.call_seq, 0.0) + w.value
         stored = next((w for w in reversed(mine) if w.call_seq is None), None)
         calls = store.calls(r.id, attempt=attempt)
         yield {
@@ -171,11 +183,23 @@ def _rollout_rows(store: Any, r: Rollout, advantage: float | None) -> Iterator[d
             "reward": _finite(r.reward) if final else _finite(stored.value if stored else None),
             "reward_source": _source(r, stored, final),
             "success": end.success if end else None,
-            "advantage": advantage if final else None,
+            "advantage": advantage if final and not isinstance(advantage, dict) else None,
             "final_answer": r.final_answer if final else None,
             "error": (r.error if final else end.error if end else None),
-            "calls": [_call_row(c, per_call.get(c.seq)) for c in calls],
+            "calls": [
+                _call_row(c, per_call.get(c.seq), _call_advantage(advantage, c.seq, final))
+                for c in calls
+            ],
         }
+
+
+def _call_advantage(
+    advantage: float | dict[int, float] | None, seq: int, final: bool
+) -> float | None:
+    """The advantage the call's tokens trained with: the rollout's, or its own (turn credit)."""
+    if not final or advantage is None:
+        return None
+    return advantage.get(seq) if isinstance(advantage, dict) else advantage
 
 
 def _schema(samples: bool) -> Any:

@@ -7,10 +7,11 @@ written before it counted from 0 are renumbered by the store's migration 7),
 ``eval{step}-s`` / ``eval{step}-g`` for the sampled / greedy rollouts of the eval
 at ``step`` (0: before training, N: after update N), and ``a`` for async
 mode (whose groups are not tied to a step in the store). :func:`place` reads
-that back. :func:`step_advantages` recomputes the advantages of one sync
+that back. :func:`step_groups` recomputes the groups and advantages of each sync
 update exactly as the loop did: the groups whose rollouts all have a usable
-reward, in group order, through the trainer's ``compute_advantages`` with the
-run's ``trainer.advantage``.
+reward (with ``rollout.filter_groups``, the first ``batch_groups`` of them that
+carry signal), in group order, through the trainer's ``assign_credit`` with the
+run's ``trainer.advantage``, ``trainer.credit`` and ``trainer.gamma``.
 """
 
 from __future__ import annotations
@@ -18,12 +19,16 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tether.records import Rollout, RolloutStatus
 
-__all__ = ["Place", "StepGroups", "place", "step_groups", "usable"]
+if TYPE_CHECKING:
+    from tether.trainer import RolloutRewards
+
+__all__ = ["Place", "RunCredit", "StepGroups", "place", "run_credit", "step_groups", "usable"]
 
 _TAG = re.compile(r"(?:s(?P<step>\d+)|eval(?P<eval>\d+)-(?P<how>[sg])|a)-g(?P<group>\d+)")
 _INDEX = re.compile(r"-(\d+)$")
@@ -62,24 +67,47 @@ def usable(rollout: Rollout) -> bool:
     return rollout.status is RolloutStatus.SUCCEEDED and r is not None and math.isfinite(r)
 
 
+@dataclass(frozen=True)
+class RunCredit:
+    """How a run's sync updates chose their groups and advantages (its config's values)."""
+
+    estimator: str = "grpo"  # trainer.advantage
+    credit: str = "trajectory"  # trainer.credit
+    gamma: float = 1.0  # trainer.gamma
+    signal_only: int | None = None  # rollout.filter_groups: rollout.batch_groups, else None
+
+
 @dataclass
 class StepGroups:
-    """One sync update's groups: ``kept`` (all usable, in group order) and their advantages
-    (``advantages[i][j]`` of ``kept[i][j]``); ``dropped`` groups had an unusable rollout."""
+    """One sync update's groups: ``kept`` (the trained ones, in group order) and their
+    advantages (``advantages[i][j]`` of ``kept[i][j]``: a float, or per call seq with turn
+    credit); ``dropped`` groups had an unusable rollout, or (``rollout.filter_groups``) no
+    signal or no room left in the batch."""
 
     step: int
     kept: list[list[Rollout]]
     dropped: list[list[Rollout]]
-    advantages: list[list[float]]
+    advantages: list[list[float | dict[int, float]]]
     zero_variance_groups: int
 
 
-def step_groups(rollouts: list[Rollout], estimator: str) -> dict[int, StepGroups]:
-    """The sync updates among ``rollouts`` (one run record's), by step."""
-    from torch import float64, tensor
+RewardsOf = Callable[[Rollout], "RolloutRewards"]
 
-    from tether.trainer.algorithms import compute_advantages
 
+def step_groups(
+    rollouts: list[Rollout], how: RunCredit | str, rewards_of: RewardsOf | None = None
+) -> dict[int, StepGroups]:
+    """The sync updates among ``rollouts`` (one run record's), by step, chosen and credited
+    as the loop did (``tether/run/_learn.py``). ``how`` is the run's :class:`RunCredit` (or
+    its estimator's name); ``rewards_of`` gives a usable rollout's rewards as credit needs
+    them (its calls and intermediate rewards: needed for turn credit)."""
+    from tether.trainer import RolloutRewards
+
+    how = RunCredit(how) if isinstance(how, str) else how
+    if rewards_of is None:
+        if how.credit != "trajectory":
+            raise ValueError(f"credit {how.credit!r} needs each rollout's calls and rewards")
+        rewards_of = lambda r: RolloutRewards(float(r.reward or 0.0))  # noqa: E731
     by_step: dict[int, dict[int, list[tuple[int, Rollout]]]] = defaultdict(
         lambda: defaultdict(list)
     )
@@ -90,19 +118,50 @@ def step_groups(rollouts: list[Rollout], estimator: str) -> dict[int, StepGroups
     out: dict[int, StepGroups] = {}
     for step, groups in sorted(by_step.items()):
         ordered = [[r for _, r in sorted(groups[g], key=lambda x: x[0])] for g in sorted(groups)]
-        kept = [g for g in ordered if all(usable(r) for r in g)]
-        dropped = [g for g in ordered if not all(usable(r) for r in g)]
-        advantages: list[list[float]] = []
-        zero = 0
-        if kept and len({len(g) for g in kept}) == 1:
-            rewards = tensor([[r.reward for r in g] for g in kept], dtype=float64)
-            adv = compute_advantages(rewards, estimator)
-            advantages, zero = adv.advantages.tolist(), adv.zero_variance_groups
-        out[step] = StepGroups(step, kept, dropped, advantages, zero)
+        out[step] = _credited(step, ordered, how, rewards_of)
     return out
 
 
-def run_estimator(config: dict[str, Any]) -> str:
-    """The advantage estimator of a run record's config (``grpo`` when it names none)."""
+def _credited(
+    step: int, ordered: list[list[Rollout]], how: RunCredit, rewards_of: RewardsOf
+) -> StepGroups:
+    from tether.trainer import assign_credit, carries_signal
+
+    rewards = {r.id: rewards_of(r) for g in ordered if all(usable(r) for r in g) for r in g}
+    kept = [
+        g
+        for g in ordered
+        if all(r.id in rewards for r in g)
+        and (how.credit != "turn" or all(rewards[r.id].finite for r in g))
+    ]
+    if how.signal_only is not None:
+        signal = [
+            g for g in kept if carries_signal([rewards[r.id] for r in g], how.credit, how.gamma)
+        ]
+        kept = signal[: how.signal_only]
+    dropped = [g for g in ordered if g not in kept]
+    advantages: list[list[float | dict[int, float]]] = []
+    zero = 0
+    if kept and (how.credit != "trajectory" or len({len(g) for g in kept}) == 1):
+        credit = assign_credit(
+            [[rewards[r.id] for r in g] for g in kept], how.estimator, how.credit, how.gamma
+        )
+        flat = iter(credit.advantages)
+        advantages = [[next(flat) for _ in g] for g in kept]
+        zero = credit.zero_variance_groups
+    return StepGroups(step, kept, dropped, advantages, zero)
+
+
+def run_credit(config: dict[str, Any]) -> RunCredit:
+    """A run record's config as :class:`RunCredit` (the defaults for what it names not)."""
     trainer = config.get("trainer")
-    return str((trainer if isinstance(trainer, dict) else {}).get("advantage") or "grpo")
+    trainer = trainer if isinstance(trainer, dict) else {}
+    rollout = config.get("rollout")
+    rollout = rollout if isinstance(rollout, dict) else {}
+    batch = int(rollout.get("batch_groups") or 8)
+    return RunCredit(
+        str(trainer.get("advantage") or "grpo"),
+        str(trainer.get("credit") or "trajectory"),
+        float(trainer.get("gamma", 1.0)),
+        batch if rollout.get("filter_groups") else None,
+    )

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether.errors import UserError
-from tether.tracking._groups import StepGroups, place, run_estimator, step_groups
+from tether.tracking._groups import StepGroups, place, run_credit, step_groups
 
-__all__ = ["StepSamples", "step_samples", "training_sample_rows"]
+__all__ = ["StepSamples", "step_samples", "stored_rewards", "training_sample_rows"]
 
 
 @dataclass
@@ -84,7 +84,8 @@ def step_samples(store: Any, step: int | None = None, run_id: str | None = None)
             f"step {step} is not in this store: pass --step between {min(steps)} and {max(steps)}"
         )
     assert step is not None
-    groups = step_groups(store.list_rollouts(run_id=chosen.id), run_estimator(chosen.config))[step]
+    rollouts = store.list_rollouts(run_id=chosen.id)
+    groups = step_groups(rollouts, run_credit(chosen.config), stored_rewards(store))[step]
     flat = [r for g in groups.kept for r in g]
     advantages = [a for row in groups.advantages for a in row]
     calls = [store.calls(r.id, attempt=r.attempt) for r in flat]
@@ -92,9 +93,22 @@ def step_samples(store: Any, step: int | None = None, run_id: str | None = None)
     return StepSamples(chosen.id, step, groups, samples, [r.id for r in flat])
 
 
+def stored_rewards(store: Any) -> Any:
+    """``rollout → RolloutRewards`` of its last attempt as the store holds it: the final
+    reward, the number of calls, the intermediate rewards added up per call."""
+    from tether.trainer import RolloutRewards
+
+    def of(r: Any) -> Any:
+        calls = store.calls(r.id, attempt=r.attempt)
+        return RolloutRewards.of(r.reward, calls, store.rewards(r.id), r.attempt)
+
+    return of
+
+
 def training_sample_rows(found: StepSamples) -> Iterator[dict[str, Any]]:
     """One row per sample: ``step``, ``rollout_id``, ``input_ids``, ``loss_mask``,
-    ``old_logprobs``, ``advantage``, ``temperature``, ``num_calls``."""
+    ``old_logprobs``, ``advantage``, ``token_advantages`` (turn credit; else None),
+    ``temperature``, ``num_calls``."""
     for s in found.samples:
         yield {
             "run_id": found.run_id,
@@ -104,6 +118,7 @@ def training_sample_rows(found: StepSamples) -> Iterator[dict[str, Any]]:
             "loss_mask": list(s.loss_mask),
             "old_logprobs": [float(x) for x in s.old_logprobs],
             "advantage": float(s.advantage),
+            "token_advantages": s.token_advantages,
             "temperature": float(s.temperature),
             "num_calls": s.num_calls,
         }

@@ -2,6 +2,9 @@
 
 - :mod:`tether.trainer.algorithms`: pure tensor math (advantages, losses,
   aggregation), torch and nothing of tether;
+- :mod:`tether.trainer.credit`: which advantage each call trains with (trajectory or
+  turn-level credit, ``trainer.credit``);
+- :mod:`tether.trainer.segments`: where a rollout's token prefix breaks (torch-free);
 - :mod:`tether.trainer.samples`: finished rollouts → token sequences with masks;
 - :class:`PolicyTrainer`: the policy update (micro-batches, optimizer step);
 - :mod:`tether.trainer.checkpoint`: checkpoints of the trainer's state;
@@ -23,18 +26,22 @@ from tether._lazy import lazy_exports
 _EXPORTS = {
     "AgentsFailing": ".errors",
     "CheckpointConflict": ".errors",
+    "Credit": ".credit",
     "GraderFailing": ".errors",
     "LoraConfig": ".config",
     "NoLearningSignal": ".errors",
     "PolicyCollapsed": ".errors",
     "PolicyTrainer": "._update",
     "RankFailed": ".errors",
+    "RolloutRewards": ".credit",
     "Sample": ".samples",
     "SampleStats": ".samples",
     "TrainerConfig": ".config",
     "TrainerError": ".errors",
     "UpdateStopped": "._update",
+    "assign_credit": ".credit",
     "build_samples": ".samples",
+    "carries_signal": ".credit",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
@@ -44,6 +51,10 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._update import UpdateStopped as UpdateStopped
     from .config import LoraConfig as LoraConfig
     from .config import TrainerConfig as TrainerConfig
+    from .credit import Credit as Credit
+    from .credit import RolloutRewards as RolloutRewards
+    from .credit import assign_credit as assign_credit
+    from .credit import carries_signal as carries_signal
     from .errors import AgentsFailing as AgentsFailing
     from .errors import CheckpointConflict as CheckpointConflict
     from .errors import GraderFailing as GraderFailing

@@ -214,7 +214,7 @@ class PolicyTrainer:
         # is 0 adds nothing to it or its gradient (no KL term: every policy loss is
         # advantage × something), so only the others need a forward and backward pass.
         stats = _aggregate_stats(samples)
-        active = samples if self.ref_model is not None else [s for s in samples if s.advantage]
+        active = samples if self.ref_model is not None else [s for s in samples if s.trains]
         if self.ranks is not None:  # rank 0: every rank trains its share, normalised by `stats`
             shards = shard_by_tokens([len(s) for s in active], self.ranks.world)
             parts = [[active[i] for i in shard] for shard in shards]

@@ -51,7 +51,9 @@ __all__ = [
     "compute_advantages",
     "masked_mean",
     "mismatch_metrics",
+    "returns_to_go",
     "truncated_is_weights",
+    "turn_advantages",
 ]
 
 # --------------------------------------------------------------------------- advantages
@@ -161,6 +163,78 @@ def compute_advantages(
     flat = _group_stats(flat_r, group)[3]
     num_flat = int(group[flat].unique().numel())
     return GroupAdvantages(adv.reshape(r.shape), int(group.max()) + 1, num_flat)
+
+
+# --------------------------------------------------------------------------- turn-level credit
+
+
+def returns_to_go(
+    turn_rewards: Tensor, final: Tensor, lengths: Tensor, gamma: float = 1.0
+) -> Tensor:
+    """Each turn's discounted return: its own and later turns' rewards plus the final one.
+
+    ``turn_rewards`` ``[N, K]`` (rollout ``i``'s intermediate reward at turn ``k``, 0
+    where none), ``final`` ``[N]`` (the rollout's final reward, received at its last
+    turn), ``lengths`` ``[N]`` (turns of each rollout, ``0..K``). For ``k < lengths[i]``
+    with ``L = lengths[i]``: ``G[i, k] = Σ_{j=k}^{L−1} γ^{j−k} r[i, j] + γ^{L−1−k} R_i``;
+    0 beyond. Returns ``[N, K]`` float64.
+    """
+    n, k = turn_rewards.shape
+    steps = torch.arange(k, device=turn_rewards.device)
+    valid = steps < lengths[:, None]
+    last = steps == (lengths[:, None] - 1)
+    zero = torch.zeros((n, k), dtype=torch.float64, device=turn_rewards.device)
+    r = torch.where(valid, turn_rewards.to(torch.float64), zero)
+    r = r + torch.where(last, final.to(torch.float64)[:, None].expand(n, k), zero)
+    out = zero.clone()
+    running = torch.zeros(n, dtype=torch.float64, device=r.device)
+    for t in reversed(range(k)):  # turns past a rollout's end hold 0, so running stays 0 there
+        running = r[:, t] + gamma * running
+        out[:, t] = running
+    return out
+
+
+def turn_advantages(
+    returns: Tensor,
+    lengths: Tensor,
+    group_index: Tensor,
+    estimator: str = "grpo",
+    eps: float = 1e-6,
+) -> GroupAdvantages:
+    """Turn-level advantages: each turn's return against the same turn of its group.
+
+    ``returns`` ``[N, K]`` (:func:`returns_to_go`), ``lengths`` ``[N]`` (turns of each
+    rollout), ``group_index`` ``[N]`` (any integer ids; the rollouts of one task). The
+    returns at turn ``k`` of the rollouts of one group that reached turn ``k`` form one
+    comparison group for the named estimator (a turn only one rollout of its group
+    reached has no baseline: advantage 0, as a group of one). ``reinforce_pp`` whitens
+    over every (rollout, turn). Returns advantages ``[N, K]`` float64 (0 beyond each
+    rollout's length), the number of rollout groups, and how many of them carry no
+    signal at any turn.
+    """
+    n, k = returns.shape
+    if group_index.shape != (n,) or lengths.shape != (n,):
+        raise ValueError(
+            f"returns of shape {tuple(returns.shape)} need lengths and group_index of shape [{n}]"
+        )
+    r = returns.to(torch.float64)
+    if n == 0 or k == 0:
+        return GroupAdvantages(torch.zeros_like(r), 0, 0)
+    group = torch.unique(group_index, return_inverse=True)[1]
+    valid = torch.arange(k, device=r.device) < lengths[:, None]
+    key = (group[:, None] * k + torch.arange(k, device=r.device))[valid]
+    out = torch.zeros_like(r)
+    num_groups = int(group.max()) + 1
+    if not bool(valid.any()):
+        return GroupAdvantages(out, num_groups, num_groups)
+    flat_r = r[valid]
+    out[valid] = compute_advantages(flat_r, estimator, group_index=key, eps=eps).advantages
+    dense = torch.unique(key, return_inverse=True)[1]
+    flat = _group_stats(flat_r, dense)[3]  # per (rollout, turn): its comparison is flat
+    owner = group[:, None].expand(n, k)[valid]
+    signal = torch.zeros(num_groups, dtype=torch.bool, device=r.device)
+    signal = signal.index_put((owner[~flat],), torch.tensor(True, device=r.device))
+    return GroupAdvantages(out, num_groups, int((~signal).sum()))
 
 
 # --------------------------------------------------------------------------- policy losses

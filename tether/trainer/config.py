@@ -59,6 +59,13 @@ class TrainerConfig:
     grad_clip: float = 1.0
     #: Advantage estimator: grpo, dr_grpo, rloo, reinforce_pp.
     advantage: str = "grpo"
+    #: Which advantage each call trains with: "trajectory" (every call of a rollout gets the
+    #: rollout's, from its final reward against its group) or "turn" (each call gets its own,
+    #: from its return-to-go: its and later calls' intermediate rewards plus the final one,
+    #: discounted by gamma, against the group's returns at the same turn index; docs/credit.md).
+    credit: Literal["trajectory", "turn"] = "trajectory"
+    #: Discount per call of the return-to-go with credit "turn", in [0, 1]; 1 = none.
+    gamma: float = 1.0
     #: Policy loss: ppo_clip or reinforce.
     policy_loss: str = "ppo_clip"
     #: PPO-clip lower bound: the ratio is clipped at 1 - clip_low where the advantage is negative.
@@ -66,7 +73,10 @@ class TrainerConfig:
     #: PPO-clip upper bound: the ratio is clipped at 1 + clip_high where the advantage is positive
     #: (above clip_low: clip-higher).
     clip_high: float = 0.28
-    #: token_mean, seq_mean, rollout_mean, seq_mean_token_sum_norm.
+    #: How the loss averages: token_mean (every trained token alike), seq_mean (every
+    #: sample alike), rollout_mean (every rollout alike, however many samples its calls
+    #: were cut into: a context reset or a sub-agent forks it; docs/credit.md),
+    #: seq_mean_token_sum_norm (Dr. GRPO).
     aggregation: str = "token_mean"
     #: KL to the starting model; 0 keeps no reference model.
     kl_coef: float = 0.0
@@ -151,6 +161,13 @@ class TrainerConfig:
                 f"trainer.clip_low ({self.clip_low}) must be in [0, 1) and clip_high ({self.clip_high}) >= 0"
             )
         self._check_async()
+        if self.credit not in ("trajectory", "turn"):
+            raise UserError(f"trainer.credit ({self.credit!r}) must be 'trajectory' or 'turn'")
+        if isinstance(self.gamma, bool) or not 0 <= self.gamma <= 1:
+            raise UserError(
+                f"trainer.gamma ({self.gamma}) must be in [0, 1]: the discount per call of the "
+                "return-to-go (1 = undiscounted), e.g. 0.95"
+            )
         for name in ("kl_coef", "tis_cap", "grad_clip", "weight_decay", "collapse_patience"):
             if getattr(self, name) < 0:
                 raise UserError(

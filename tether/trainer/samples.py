@@ -12,11 +12,13 @@ into one sequence::
 Masked-out tokens (prompts, tool results) have old logprob 0; completion
 tokens carry the engine's recorded logprobs. A call that extends none of the
 rollout's open sequences (the agent rewrote or truncated its history, or a
-sub-agent with another prompt) starts a new sample. A call extends a sequence
-when its prompt starts with that sequence's full tokens and it was sampled at
-the same temperature. We try the rollout's sequences newest first, not only
+sub-agent with another prompt) starts a new sample: the rollout is cut into
+segments, each trained as its own sample with the rollout's credit, and
+``trainer.aggregation`` says how its segments weigh together (docs/credit.md).
+A call extends a sequence when its prompt starts with that sequence's full
+tokens and it was sampled at the same temperature. We try the rollout's sequences newest first, not only
 the previous one, so an interleaved side call (a summarizer, a sub-agent)
-does not break the main conversation's merging.
+does not break the main conversation's merging (:mod:`tether.trainer.segments`).
 
 **Alignment convention.** Every per-token tensor is ``[B, L]``, aligned with
 ``input_ids``: column ``t`` is about token ``t``. ``loss_mask[b, t] = 1`` when
@@ -28,14 +30,15 @@ and 0 in column 0 (never a completion token: a prompt is never empty).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from tether.records import Call, CallStatus
+from tether.trainer.segments import call_segments
 
 __all__ = [
     "Sample",
@@ -57,13 +60,31 @@ class Sample:
     input_ids: list[int]  # [L]
     loss_mask: list[int]  # [L], 1 on completion tokens
     old_logprobs: list[float]  # [L], the engine's logprob of each token, 0 where masked
-    advantage: float  # the rollout's advantage
+    advantage: float  # the rollout's advantage (per-call credit: its tokens' mean, a summary)
     rollout_index: int  # position of the rollout in build_samples' input
     temperature: float  # the sampling temperature; the trainer divides logits by it
     num_calls: int = 1
+    #: [L] each token's advantage (0 where masked) when the calls of this sample have
+    #: their own (``trainer.credit: turn``); None: every token has ``advantage``.
+    token_advantages: list[float] | None = None
+    #: The ``seq`` of each call in this sample, in order (one segment of the rollout).
+    call_seqs: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+    def completion_advantages(self) -> list[float]:
+        """The advantage of each completion token (``loss_mask`` 1), in order."""
+        per_token = self.token_advantages
+        if per_token is None:
+            return [self.advantage for m in self.loss_mask if m]
+        return [a for a, m in zip(per_token, self.loss_mask, strict=True) if m]
+
+    @property
+    def trains(self) -> bool:
+        """Whether some completion token has a nonzero advantage (else the sample adds
+        nothing to a policy loss or its gradient)."""
+        return any(self.completion_advantages())
 
 
 @dataclass(frozen=True)
@@ -73,16 +94,15 @@ class SampleStats:
     samples: int
     failed_calls: int  # skipped: the engine failed, never a training sample
     empty_samples: int  # dropped: no completion token at all
+    #: Rollouts whose calls all became one sample, and rollouts cut into several
+    #: (a context reset, a sub-agent's own conversation: the prefix broke).
+    one_sample_rollouts: int = 0
+    forked_rollouts: int = 0
 
     @property
     def merge_fraction(self) -> float:
         """Fraction of calls that were prefix-merged into an earlier sequence."""
         return self.merged_calls / self.calls if self.calls else 0.0
-
-
-def _effective_temperature(call: Call) -> float:
-    # Call.logprobs are log_softmax(logits / T) with T = 1 when greedy (T = 0).
-    return float(call.temperature) if call.temperature > 0 else 1.0
 
 
 def _check(call: Call) -> None:
@@ -95,57 +115,63 @@ def _check(call: Call) -> None:
         raise ValueError(f"call {call.rollout_id}#{call.seq} has an empty prompt")
 
 
-def _extends(sample: Sample, call: Call, temperature: float) -> bool:
-    n = len(sample.input_ids)
-    return (
-        sample.temperature == temperature
-        and len(call.prompt_ids) >= n
-        and call.prompt_ids[:n] == sample.input_ids
-    )
-
-
 def build_samples(
-    rollouts: Sequence[Sequence[Call]], advantages: Sequence[float]
+    rollouts: Sequence[Sequence[Call]], advantages: Sequence[float | Mapping[int, float]]
 ) -> tuple[list[Sample], SampleStats]:
     """Turn usable rollouts into samples.
 
     ``rollouts[i]`` are the calls of rollout ``i`` (any order; sorted by ``seq``),
-    ``advantages[i]`` its advantage, given to every sample it yields. Samples
-    come out in rollout order, then in the order of their first call.
+    ``advantages[i]`` its advantage, given to every sample it yields, or a mapping
+    call ``seq`` → advantage (per-call credit, :mod:`tether.trainer.credit`): each
+    call's completion tokens get their call's, in ``Sample.token_advantages``.
+    Samples come out in rollout order, then in the order of their first call.
     """
     if len(rollouts) != len(advantages):
         raise ValueError(f"{len(rollouts)} rollouts but {len(advantages)} advantages")
     samples: list[Sample] = []
-    calls = merged = failed = empty = 0
+    calls = merged = failed = empty = one = forked = 0
     for index, (rollout_calls, advantage) in enumerate(zip(rollouts, advantages, strict=True)):
-        mine: list[Sample] = []
-        for call in sorted(rollout_calls, key=lambda c: c.seq):
-            if call.status is not CallStatus.OK:
-                failed += 1
-                continue
+        per_call = advantage if isinstance(advantage, Mapping) else None
+        whole = 0.0 if isinstance(advantage, Mapping) else float(advantage)
+        ok = sorted((c for c in rollout_calls if c.status is CallStatus.OK), key=lambda c: c.seq)
+        for call in ok:
             _check(call)
-            calls += 1
-            temperature = _effective_temperature(call)
-            target = next((s for s in reversed(mine) if _extends(s, call, temperature)), None)
-            if target is None:
-                target = Sample([], [], [], float(advantage), index, temperature, 0)
-                mine.append(target)
-            else:
-                merged += 1
-            gap = call.prompt_ids[len(target.input_ids) :]
-            target.input_ids.extend(gap)
-            target.loss_mask.extend([0] * len(gap))
-            target.old_logprobs.extend([0.0] * len(gap))
-            target.input_ids.extend(call.completion_ids)
-            target.loss_mask.extend([1] * len(call.completion_ids))
-            target.old_logprobs.extend(float(x) for x in call.logprobs)
-            target.num_calls += 1
-        for s in mine:
-            if any(s.loss_mask):
-                samples.append(s)
-            else:
+        calls, failed = calls + len(ok), failed + len(rollout_calls) - len(ok)
+        kept = 0
+        for segment in call_segments(ok):  # the calls of each segment, merged into one sample
+            merged += len(segment.calls) - 1
+            s = Sample([], [], [], whole, index, segment.temperature, 0)
+            s.token_advantages = [] if per_call is not None else None
+            for call in segment.calls:
+                _append(s, call, per_call)
+            if not any(s.loss_mask):
                 empty += 1
-    return samples, SampleStats(calls, merged, len(samples), failed, empty)
+                continue
+            if s.token_advantages is not None:
+                trained = s.completion_advantages()
+                s.advantage = sum(trained) / len(trained)
+            samples.append(s)
+            kept += 1
+        one, forked = one + (kept == 1), forked + (kept > 1)
+    return samples, SampleStats(calls, merged, len(samples), failed, empty, one, forked)
+
+
+def _append(target: Sample, call: Call, per_call: Mapping[int, float] | None) -> None:
+    """Extend ``target`` by ``call``: the prompt's new tokens (masked), then its completion."""
+    gap = call.prompt_ids[len(target.input_ids) :]
+    target.input_ids.extend(gap)
+    target.loss_mask.extend([0] * len(gap))
+    target.old_logprobs.extend([0.0] * len(gap))
+    target.input_ids.extend(call.completion_ids)
+    target.loss_mask.extend([1] * len(call.completion_ids))
+    target.old_logprobs.extend(float(x) for x in call.logprobs)
+    if per_call is not None and target.token_advantages is not None:
+        if call.seq not in per_call:
+            raise ValueError(f"no advantage for call {call.rollout_id}#{call.seq}")
+        target.token_advantages.extend([0.0] * len(gap))
+        target.token_advantages.extend([float(per_call[call.seq])] * len(call.completion_ids))
+    target.num_calls += 1
+    target.call_seqs.append(call.seq)
 
 
 def make_micro_batches(samples: Sequence[Sample], max_tokens_per_batch: int) -> list[list[Sample]]:
@@ -181,8 +207,8 @@ def collate(samples: Sequence[Sample], pad_id: int = 0) -> dict[str, Tensor]:
 
     Returns ``input_ids`` ``[B, L]`` long, ``attention_mask`` ``[B, L]`` long,
     ``loss_mask`` ``[B, L]`` float32, ``old_logprobs`` ``[B, L]`` float32,
-    ``advantages`` ``[B]`` float32, ``rollout_index`` ``[B]`` long, ``temperature``
-    ``[B]`` float32.
+    ``advantages`` ``[B]`` float32 (``[B, L]``, each token's, when a sample has
+    ``token_advantages``), ``rollout_index`` ``[B]`` long, ``temperature`` ``[B]`` float32.
     """
     if not samples:
         raise ValueError("collate needs at least one sample")
@@ -202,10 +228,21 @@ def collate(samples: Sequence[Sample], pad_id: int = 0) -> dict[str, Tensor]:
         "attention_mask": attention,
         "loss_mask": loss_mask,
         "old_logprobs": old,
-        "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+        "advantages": _advantages(samples, length),
         "rollout_index": torch.tensor([s.rollout_index for s in samples], dtype=torch.long),
         "temperature": torch.tensor([s.temperature for s in samples], dtype=torch.float32),
     }
+
+
+def _advantages(samples: Sequence[Sample], length: int) -> Tensor:
+    """``[B]``, or ``[B, length]`` when some sample has per-token advantages."""
+    if all(s.token_advantages is None for s in samples):
+        return torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    out = torch.zeros((len(samples), length), dtype=torch.float32)
+    for row, s in enumerate(samples):
+        per_token = s.token_advantages or [s.advantage] * len(s)
+        out[row, : len(s)] = torch.tensor(per_token, dtype=torch.float32)
+    return out
 
 
 def _scaled_rows(
