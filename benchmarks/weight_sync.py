@@ -1,0 +1,239 @@
+"""Seconds per weight push to a server, per transport, against the embedded engine's swap;
+and the gateway's added latency in front of a server, against calling it directly.
+
+Pushes: a randomly initialised model of ``--shape`` (default Qwen2.5-0.5B's: hidden 896,
+24 layers, 151,936 tokens) is served by the FAKE vLLM server (tests/fake_vllm.py: tether's
+embedded engine behind vLLM's routes, a real process); ``RemoteEngine.update_weights``
+pushes full weights by ``disk`` and by broadcast (gloo, standing in for NCCL), and a LoRA
+r=16 adapter by ``lora``. Each row is the median of ``--pushes`` pushes, split into what
+the trainer's side takes (writing the folder; the broadcast) and the whole push (pause,
+push, version check, cache flush, resume). The baseline, in the same run, is the embedded
+engine's own ``update_weights`` of the same state dict in this process. The server's side
+is the fake's (it loads safetensors into a transformers model, and merges a LoRA adapter
+into the base): a real vLLM loads an adapter without merging, so the ``lora`` row's
+server share is an upper bound.
+
+Latency: ``--calls`` one-token completions of the same 30-token prompt, interleaved
+(direct, through the gateway, direct, ...), as raw HTTP posts from one ``httpx`` client:
+direct to the fake vLLM server (starter model), and to a rollout of ``tether serve
+--engine vllm --engine-url`` (its own process) in front of the same fake. Prints p50/p99
+of each and the difference (the gateway's work: auth, recording to SQLite, the engine
+call's re-encoding).
+
+    .venv/bin/python benchmarks/weight_sync.py [--shape qwen2.5-0.5b|tiny] [--pushes 3]
+        [--calls 200] [--skip-pushes] [--skip-latency]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the fake servers live in tests/
+
+from _shapes import quiet_torchao, random_model  # noqa: E402  (the script's folder)
+
+from tests.remote_servers import fake_server  # noqa: E402
+from tether.engine import RemoteEngine, SamplingParams, TransformersEngine, server_api  # noqa: E402
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def model_folder(shape: str, root: Path) -> tuple[Path, Any]:
+    """A random model of ``shape`` saved with the starter's tokenizer (the fake needs one)."""
+    from tether.starter import build_starter
+
+    model = random_model(shape, "cpu")
+    folder = root / f"random-{shape}"
+    model.save_pretrained(folder)
+    starter = Path(build_starter(warm=False))
+    for name in TOKENIZER_FILES:
+        if (starter / name).is_file():
+            shutil.copy2(starter / name, folder / name)
+    return folder, model
+
+
+def lora_state(model: Any, r: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    from peft import LoraConfig, get_peft_model
+
+    from tether._hf import adapter_config, adapter_weights
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets))
+    state, config = adapter_weights(peft_model), adapter_config(peft_model)
+    peft_model.unload()  # the base model back, untouched
+    return state, config
+
+
+async def time_pushes(engine: RemoteEngine, state: dict[str, Any], pushes: int) -> list[float]:
+    out = []
+    for _ in range(pushes):
+        t0 = time.perf_counter()
+        await engine.update_weights(state)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+async def push_rows(
+    folder: Path, model: Any, pushes: int, tmp: Path
+) -> list[tuple[str, float, float]]:
+    full = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    adapter, config = lora_state(model, 16)
+    rows = []
+    embedded = TransformersEngine(model)
+    t = []
+    for _ in range(pushes):
+        t0 = time.perf_counter()
+        await embedded.update_weights(full)
+        t.append(time.perf_counter() - t0)
+    await embedded.close()
+    rows.append(("embedded update_weights (baseline)", statistics.median(t), float("nan")))
+    for transport, state in (("disk", full), ("nccl", full), ("lora", adapter)):
+        with fake_server("vllm", folder, transport) as url:
+            engine = await RemoteEngine.connect(
+                server_api("vllm"), [url], transport=transport, weights_dir=tmp / transport,
+                model_dir=folder, lora_config=config, nccl=("127.0.0.1", 0, "gloo"),
+                timeout_s=1800,
+            )  # fmt: skip
+            try:
+                total = statistics.median(await time_pushes(engine, state, pushes))
+            finally:
+                await engine.close()
+        rows.append((f"vLLM fake, {transport}" + (" (LoRA r=16)" if transport == "lora" else ""),
+                     total, trainer_side(transport, state, config, folder, tmp)))  # fmt: skip
+    return rows
+
+
+def trainer_side(transport: str, state: dict, config: dict, folder: Path, tmp: Path) -> float:
+    """Seconds of the trainer's own part: writing the folder (disk, lora)."""
+    from tether.engine._push import save_adapter, save_full
+
+    t0 = time.perf_counter()
+    if transport == "disk":
+        save_full(state, tmp / "trainer-side", folder)
+    elif transport == "lora":
+        save_adapter(state, config, tmp / "trainer-side-lora")
+    else:
+        return float("nan")  # the broadcast is the push itself
+    return time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def serve_gateway(engine_url: str, model: Path, tmp: Path) -> Iterator[str]:
+    """``tether serve --engine vllm --engine-url URL`` in its own process; its URL."""
+    import os
+    import secrets
+    import subprocess
+
+    import httpx
+
+    from tests.helpers import free_port
+
+    port, key = free_port(), secrets.token_hex(16)
+    cmd = [sys.executable, "-m", "tether.cli", "serve", "--model", str(model), "--port", str(port),
+           "--engine", "vllm", "--engine-url", engine_url, "--store", str(tmp / "traces.sqlite"),
+           "--log-level", "warning"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TETHER_ADMIN_KEY": key}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.2)
+        created = httpx.post(f"{url}/admin/rollouts", json={"task": {}},
+                             headers={"Authorization": f"Bearer {key}"}).json()  # fmt: skip
+        yield f"{created['base_url']}|{created['token']}"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+async def latency(calls: int) -> tuple[list[float], list[float]]:
+    """The same one-token completion, direct to the fake and through ``tether serve`` in
+    front of it, both as raw HTTP posts from one ``httpx`` client (no SDK on either side)."""
+    import httpx
+
+    from tether.engine._vllm import completion_body
+    from tether.starter import build_starter
+
+    starter = Path(build_starter(warm=False))
+    prompt = list(range(10, 40))
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    direct, gated = [], []
+    with (
+        fake_server("vllm", starter) as url,
+        tempfile.TemporaryDirectory() as tmp,
+        serve_gateway(url, starter, Path(tmp)) as rollout,
+    ):
+        base, token = rollout.split("|")
+        auth = {"Authorization": f"Bearer {token}"}
+        gated_body = {"model": "policy", "prompt": prompt, "max_tokens": 1, "temperature": 0}
+        async with httpx.AsyncClient(timeout=60) as client:
+            for i in range(calls + 5):  # the first 5 of each warm up, not counted
+                body = completion_body(
+                    prompt, params, request_id=f"d{i}", adapter=None, stream=False
+                )
+                t0 = time.perf_counter()
+                (await client.post(f"{url}/v1/completions", json=body)).raise_for_status()
+                t1 = time.perf_counter()
+                r = await client.post(f"{base}/completions", json=gated_body, headers=auth)
+                t2 = time.perf_counter()
+                r.raise_for_status()
+                if i >= 5:
+                    direct.append(t1 - t0)
+                    gated.append(t2 - t1)
+    return direct, gated
+
+
+def pct(xs: list[float], q: float) -> float:
+    return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] * 1000
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", default="qwen2.5-0.5b")
+    p.add_argument("--pushes", type=int, default=3)
+    p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--skip-pushes", action="store_true")
+    p.add_argument("--skip-latency", action="store_true")
+    args = p.parse_args()
+    quiet_torchao()
+    torch.manual_seed(0)
+    if not args.skip_pushes:
+        with tempfile.TemporaryDirectory(prefix="weight-sync-") as tmp:
+            folder, model = model_folder(args.shape, Path(tmp))
+            n = sum(t.numel() for t in model.state_dict().values())
+            print(f"weight push, {args.shape}-shaped random model ({n / 1e6:.0f}M parameters, fp32), "
+                  f"median of {args.pushes}")  # fmt: skip
+            rows = asyncio.run(push_rows(folder, model, args.pushes, Path(tmp)))
+        print(f"{'path':42} {'push s':>8} {'trainer side s':>15}")
+        for name, total, side in rows:
+            print(f"{name:42} {total:8.2f} {side:15.2f}")
+    if not args.skip_latency:
+        direct, gated = asyncio.run(latency(args.calls))
+        print(
+            f"\none-token completion, {args.calls} calls each, interleaved (starter model, fake vLLM)"
+        )
+        print(f"{'':24} {'p50 ms':>8} {'p99 ms':>8}")
+        print(f"{'direct to the server':24} {pct(direct, 0.5):8.2f} {pct(direct, 0.99):8.2f}")
+        print(f"{'through the gateway':24} {pct(gated, 0.5):8.2f} {pct(gated, 0.99):8.2f}")
+        print(f"{'added by the gateway':24} {pct(gated, 0.5) - pct(direct, 0.5):8.2f}")
+
+
+if __name__ == "__main__":
+    main()
