@@ -5,6 +5,8 @@
 #
 # Writes one text file per figure to OUTDIR (and summary.txt, timings.txt):
 #   pytest_gpu.txt       the CUDA-marked tests (pytest -m gpu)
+#   real_servers.txt     tests/test_engine_remote.py against real vLLM / SGLang servers
+#                        (TETHER_REAL_SERVERS=1; skipped with the reason where not importable)
 #   engine_throughput.txt engine tokens/s, Qwen2.5-0.5B-shaped random model (bf16, SDPA),
 #                        1/16/64 concurrent vs model.generate one at a time
 #   train_memory.txt     one GRPO update's time and peak memory, full and LoRA
@@ -60,6 +62,11 @@ gpu_tests() {  # only the files that hold CUDA-marked tests: collecting the suit
   [ $rc -eq 5 ] && return 0 || return $rc  # 5: none collected
 }
 
+real_servers() {  # the remote-engine cases against real vLLM / SGLang, where importable
+  TETHER_REAL_SERVERS=1 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_engine_remote.py \
+    -m "slow or not slow" -k "not unreachable"
+}
+
 train_memory() {
   # --fast: one row (tests/test_train_memory_bench.py covers the script itself)
   "$PY" benchmarks/train_memory.py --device "$DEVICE" --quick \
@@ -92,6 +99,7 @@ fi
 } > "$OUT/environment.txt" 2>&1
 
 step pytest_gpu gpu_tests
+step real_servers real_servers
 step engine_throughput "$PY" benchmarks/engine_throughput.py --device "$DEVICE" "${SHAPE[@]}" --dtype "$DTYPE" "${ENGINE[@]}"
 step train_memory train_memory
 step logprob_gap "$PY" benchmarks/logprob_gap.py --device "$DEVICE" "${SHAPE[@]}" "${GAP[@]}"
@@ -103,6 +111,7 @@ step demo demo
   cat "$OUT/timings.txt"
   echo
   grep -h "passed\|skipped\|failed" "$OUT/pytest_gpu.txt" | tail -1
+  grep -h "passed\|skipped\|failed\|SKIPPED" "$OUT/real_servers.txt" | tail -3
   grep -h "TransformersEngine\|model.generate" "$OUT/engine_throughput.txt"
   head -20 "$OUT/train_memory.txt"
   cat "$OUT/logprob_gap.txt" | grep -v "^Loading"
