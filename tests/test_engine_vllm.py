@@ -22,14 +22,13 @@ import torch
 
 from tests.fake_backend import launch_fake
 from tests.fake_vllm import COMPLETION_FIELDS
-from tether.engine import Constraint, EngineFailed, SamplingParams
+from tether.engine import Constraint, EngineFailed, SamplingParams, UnsupportedParams
 from tether.engine._constraint import json_schema_format
 from tether.engine._protocol import GenerateResult
 from tether.engine._server_api import TensorMeta
 from tether.engine._stream import TokenDelta
 from tether.engine._transformers import TransformersEngine
 from tether.engine._vllm import VLLMServer, completion_body
-from tether.errors import UserError
 
 DEV_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
 PROMPT = "<|im_start|>user\nwhat is 12 + 30?<|im_end|>\n<|im_start|>assistant\n"
@@ -190,9 +189,10 @@ async def test_a_json_schema_constraint_gives_json_that_parses(
 
 
 async def test_top_p_below_one_is_refused_before_sending(prompt) -> None:
-    with pytest.raises(UserError, match="top_p"):
+    with pytest.raises(UnsupportedParams, match="top_p") as info:
         completion_body(prompt, SamplingParams(top_p=0.9), request_id="x", adapter=None,
                         stream=False)  # fmt: skip
+    assert info.value.param == "top_p"  # the gateway's 400 names the field
 
 
 async def test_every_field_sent_is_a_vllm_completion_field(prompt) -> None:
