@@ -2,7 +2,7 @@
 
 Each run is the demo recipe (``tether demo``'s config: the warm starter learning the calc
 task, 8 × 8 rollouts per update, lr 1e-4) for ``--steps`` updates, with held-out evals
-(100 tasks, greedy and 4 samples) before and after. ``embedded`` serves with the
+(100 tasks, greedy and 4 samples) before and after. ``embedded[:async]`` serves with the
 embedded engine; ``KIND:TRANSPORT[:async]`` serves from a FAKE server (tests/fake_vllm.py
 or tests/fake_sglang.py: real processes speaking the servers' routes, tether's embedded
 engine behind them) and pushes every update by TRANSPORT (``nccl`` over gloo; ``lora``
@@ -46,15 +46,15 @@ def config(run: str, steps: int, seed: int, url: str | None, tmp: Path) -> Any:
         cfg, name=run.replace(":", "-"), dir=str(tmp),
         eval=dataclasses.replace(cfg.eval, every=steps),
     )  # fmt: skip
+    if run.endswith(":async"):
+        cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, mode="async"))
     if url is None:
         return cfg
-    kind, transport, *mode = run.split(":")
+    kind, transport, *_ = run.split(":")
     engine = EngineConfig(kind=kind, urls=[url], transport=transport, nccl_backend="gloo")  # type: ignore[arg-type]
     trainer = cfg.trainer
     if transport == "lora":
         trainer = dataclasses.replace(trainer, lora=LoraConfig(r=16, alpha=32), lr=1e-3)
-    if mode == ["async"]:
-        trainer = dataclasses.replace(trainer, mode="async")
     return dataclasses.replace(cfg, engine=engine, trainer=trainer)
 
 
@@ -100,7 +100,9 @@ def one(run: str, steps: int, seed: int, warm: Path, tmp: Path) -> str:
     kind, transport = [*run.split(":"), "disk"][:2]
     t0 = time.monotonic()
     with contextlib.ExitStack() as stack:
-        url = None if run == "embedded" else stack.enter_context(fake_server(kind, warm, transport))
+        url = (
+            None if kind == "embedded" else stack.enter_context(fake_server(kind, warm, transport))
+        )
         evals, run_dir = asyncio.run(train(config(run, steps, seed, url, tmp)))
     minutes = (time.monotonic() - t0) / 60
     before, after = evals[0], evals[-1]
