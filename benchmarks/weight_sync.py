@@ -13,10 +13,11 @@ is the fake's (it loads safetensors into a transformers model, and merges a LoRA
 into the base): a real vLLM loads an adapter without merging, so the ``lora`` row's
 server share is an upper bound.
 
-Latency: ``--calls`` one-token completions of the same 30-token prompt, interleaved
-(direct, through the gateway, direct, ...), as raw HTTP posts from one ``httpx`` client:
-direct to the fake vLLM server (starter model), and to a rollout of ``tether serve
---engine vllm --engine-url`` (its own process) in front of the same fake. Prints p50/p99
+Latency: ``--calls`` one-token completions of the same 30-token prompt, as raw HTTP
+posts from one ``httpx`` client, the order alternating (A B B A ...): direct to a NULL
+vLLM server (this file's ``null_vllm_app``: vLLM's start-up routes and a completion
+answered at once, no model, in its own process), and to a rollout of ``tether serve
+--engine vllm --engine-url`` (its own process) in front of the same server. Prints p50/p99
 of each and the difference (the gateway's work: auth, recording to SQLite, the engine
 call's re-encoding).
 
@@ -163,20 +164,92 @@ def serve_gateway(engine_url: str, model: Path, tmp: Path) -> Iterator[str]:
         proc.wait(30)
 
 
+def null_vllm_app() -> Any:
+    """A NULL vLLM server for the latency half: the routes ``VLLMServer`` reads at start-up
+    and ``/v1/completions`` answering one fixed token at once (no model), so the time of
+    a call is the HTTP round trip and what sits in front of it."""
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    model = {"id": "null", "object": "model", "max_model_len": 2048, "parent": None}
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model]}
+
+    @app.get("/server_info")
+    async def server_info() -> dict[str, Any]:
+        return {"vllm_config": {"model_config": {"logprobs_mode": "processed_logprobs"}}}
+
+    @app.get("/get_world_size")
+    async def world() -> dict[str, int]:
+        return {"world_size": 1}
+
+    @app.get("/weight_info")
+    async def weight_info() -> dict[str, str]:
+        return {"weight_version": "default"}
+
+    @app.post("/v1/completions")
+    async def completions(body: dict[str, Any]) -> dict[str, Any]:
+        choice = {"index": 0, "text": "x", "token_ids": [7], "finish_reason": "length",
+                  "logprobs": {"token_logprobs": [-0.5], "top_logprobs": None, "tokens": ["x"],
+                               "text_offset": [0]}}  # fmt: skip
+        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": 1}
+        return {"id": "cmpl-null", "object": "text_completion", "model": "null",
+                "choices": [choice], "usage": usage}  # fmt: skip
+
+    return app
+
+
+@contextlib.contextmanager
+def null_server() -> Iterator[str]:
+    """:func:`null_vllm_app` in its own process (uvicorn), on a free loopback port."""
+    import multiprocessing
+
+    import httpx
+    import uvicorn
+
+    from tests.helpers import free_port
+
+    port = free_port()
+    proc = multiprocessing.get_context("spawn").Process(
+        target=uvicorn.run, args=("weight_sync:null_vllm_app",),
+        kwargs={"factory": True, "port": port, "log_level": "warning", "app_dir": str(ROOT / "benchmarks")},
+        daemon=True,
+    )  # fmt: skip
+    proc.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.join(10)
+
+
 async def latency(calls: int) -> tuple[list[float], list[float]]:
-    """The same one-token completion, direct to the fake and through ``tether serve`` in
-    front of it, both as raw HTTP posts from one ``httpx`` client (no SDK on either side)."""
+    """The same one-token completion, direct to a NULL vLLM server (:func:`null_vllm_app`)
+    and through ``tether serve`` in front of it, both as raw HTTP posts from one ``httpx``
+    client (no SDK on either side), interleaved."""
     import httpx
 
     from tether.engine._vllm import completion_body
     from tether.starter import build_starter
 
-    starter = Path(build_starter(warm=False))
+    starter = Path(build_starter(warm=False))  # the gateway's tokenizer
     prompt = list(range(10, 40))
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     direct, gated = [], []
     with (
-        fake_server("vllm", starter) as url,
+        null_server() as url,
         tempfile.TemporaryDirectory() as tmp,
         serve_gateway(url, starter, Path(tmp)) as rollout,
     ):
@@ -188,15 +261,15 @@ async def latency(calls: int) -> tuple[list[float], list[float]]:
                 body = completion_body(
                     prompt, params, request_id=f"d{i}", adapter=None, stream=False
                 )
-                t0 = time.perf_counter()
-                (await client.post(f"{url}/v1/completions", json=body)).raise_for_status()
-                t1 = time.perf_counter()
-                r = await client.post(f"{base}/completions", json=gated_body, headers=auth)
-                t2 = time.perf_counter()
-                r.raise_for_status()
-                if i >= 5:
-                    direct.append(t1 - t0)
-                    gated.append(t2 - t1)
+                pair = [("direct", f"{url}/v1/completions", body, None),
+                        ("gated", f"{base}/completions", gated_body, auth)]  # fmt: skip
+                for name, target, payload, headers in pair if i % 2 else pair[::-1]:  # A B B A
+                    t0 = time.perf_counter()
+                    r = await client.post(target, json=payload, headers=headers)
+                    elapsed = time.perf_counter() - t0
+                    r.raise_for_status()
+                    if i >= 5:
+                        (direct if name == "direct" else gated).append(elapsed)
     return direct, gated
 
 
@@ -227,7 +300,7 @@ def main() -> None:
     if not args.skip_latency:
         direct, gated = asyncio.run(latency(args.calls))
         print(
-            f"\none-token completion, {args.calls} calls each, interleaved (starter model, fake vLLM)"
+            f"\none-token completion, {args.calls} calls each, order alternating (null vLLM server)"
         )
         print(f"{'':24} {'p50 ms':>8} {'p99 ms':>8}")
         print(f"{'direct to the server':24} {pct(direct, 0.5):8.2f} {pct(direct, 0.99):8.2f}")
