@@ -22,10 +22,19 @@ def test_gpu_check_runs_on_cpu_in_fast_mode(tmp_path: Path, starter_dir: Path) -
         [*cmd, "--demo-model", str(starter_dir)], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    names = ["pytest_gpu", "engine_throughput", "train_memory", "logprob_gap", "demo"]
+    names = [
+        "pytest_gpu",
+        "real_servers",
+        "engine_throughput",
+        "train_memory",
+        "logprob_gap",
+        "demo",
+    ]
     timings = (out / "timings.txt").read_text().splitlines()
     assert [line.split()[:2] for line in timings] == [[n, "ok"] for n in names]
     assert "skipped" in (out / "pytest_gpu.txt").read_text()  # collected, no CUDA here
+    real = (out / "real_servers.txt").read_text()  # no vLLM / SGLang here: skipped, with why
+    assert "vllm is not importable here" in real and "sglang is not importable here" in real
     engine = (out / "engine_throughput.txt").read_text()
     assert "model.generate, one at a time" in engine and "TransformersEngine" in engine
     gap = (out / "logprob_gap.txt").read_text()
