@@ -17,13 +17,11 @@ context leaves). The answer is a ``message`` object or its event stream
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from tether.chat import decode_completion
@@ -32,12 +30,13 @@ from tether.records import RolloutStatus
 from ._context import CallContext
 from ._core import Gateway
 from ._deltas import Done
-from ._errors import ApiError, anthropic_error_body, http_error
+from ._errors import ApiError, anthropic_error_body
+from ._event_stream import event_stream, primed
 from ._http import STREAMED, body_schema, gateway, parse, rollout_attempt
 from ._messages_items import ANTHROPIC_PARAM, chat_fields
 from ._messages_render import MessageMeta, content_blocks, events, message_body, stop_reason
 from ._messages_schema import CountTokensRequest, MessagesRequest
-from ._record_mode import LEFT, OnEnd, check_record_key, recording
+from ._record_mode import OnEnd, check_record_key, recording
 from ._render import Choice
 from ._schemas import ChatCompletionRequest
 
@@ -82,53 +81,6 @@ def _stop_sequence(gw: Gateway, ctx: CallContext, choice: Choice) -> str | None:
     return min(found)[1] if found else None
 
 
-async def _primed(deltas: AsyncGenerator[Any, None]) -> AsyncIterator[Any]:
-    """``deltas`` with its first piece already taken: a call refused or failed before its
-    first token gets an ordinary HTTP error, not a stream."""
-    first = await anext(deltas)
-
-    async def chained() -> AsyncIterator[Any]:
-        yield first
-        async for d in deltas:
-            yield d
-
-    return chained()
-
-
-def _sse(event: dict[str, Any]) -> str:
-    return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
-
-
-def _event_stream(
-    stream: AsyncIterator[dict[str, Any]],
-    deltas: AsyncGenerator[Any, None],
-    on_end: OnEnd | None,
-) -> StreamingResponse:
-    async def lines() -> AsyncIterator[str]:
-        try:
-            async for e in stream:
-                if e["type"] == "message_stop" and on_end is not None:
-                    # before the last event: what the agent saw end is committed
-                    on_end(RolloutStatus.SUCCEEDED, None)
-                yield _sse(e)
-        except Exception as exc:  # after the 200: the error is the stream's last event
-            err = http_error(exc)
-            if err is None:
-                log.exception("streamed message failed")
-                err = ApiError(500, "internal error while streaming")
-            if on_end is not None:
-                on_end(RolloutStatus.FAILED, err.message)
-            yield _sse(anthropic_error_body(err.status, err.message))
-        finally:
-            await deltas.aclose()
-            if on_end is not None:  # a stream that ended neither way: the client left
-                on_end(RolloutStatus.CANCELLED, LEFT)
-
-    return StreamingResponse(
-        lines(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-    )
-
-
 async def _messages(
     gw: Gateway,
     rollout_id: str,
@@ -158,8 +110,11 @@ async def _messages(
 
     if req.stream:
         source = gw.generate_stream(ctx)
-        deltas = await _primed(source)
-        return _event_stream(events(meta, deltas, final), source, on_end)
+        deltas = await primed(source)
+        return event_stream(
+            events(meta, deltas, final), source, on_end, last=("message_stop",),
+            error_event=lambda err, _sent: anthropic_error_body(err.status, err.message),
+        )  # fmt: skip
     choices, _ = await gw.generate(ctx)
     if on_end is not None:
         on_end(RolloutStatus.SUCCEEDED, None)

@@ -11,22 +11,21 @@ request). The answer is a ``response`` object or its event stream
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from tether.records import RolloutStatus
 
 from ._core import Gateway
 from ._deltas import Done
-from ._errors import ApiError, http_error
+from ._errors import ApiError
+from ._event_stream import event_stream, primed
 from ._http import STREAMED, body_schema, gateway, parse, rollout_attempt
-from ._record_mode import LEFT, OnEnd, recording
+from ._record_mode import OnEnd, recording
 from ._render import _chat_logprobs, _usage
 from ._responses_items import RESPONSES_PARAM, chat_fields
 from ._responses_render import (
@@ -58,53 +57,11 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         raise ApiError(400, f"{param}: {err.get('msg')}", param=param) from None
 
 
-async def _primed(deltas: AsyncGenerator[Any, None]) -> Any:
-    """``deltas`` with its first piece already taken: a call refused or failed before its
-    first token gets an ordinary HTTP error, not a stream."""
-    first = await anext(deltas)
-
-    async def chained() -> AsyncIterator[Any]:
-        yield first
-        async for d in deltas:
-            yield d
-
-    return chained()
-
-
-_LAST = ("response.completed", "response.incomplete")
-
-
-def _event_stream(
-    stream: AsyncIterator[dict[str, Any]],
-    deltas: AsyncGenerator[Any, None],
-    on_end: OnEnd | None,
-) -> StreamingResponse:
-    async def lines() -> AsyncIterator[str]:
-        seq = 0
-        try:
-            async for e in stream:
-                seq = e["sequence_number"] + 1
-                if e["type"] in _LAST and on_end is not None:
-                    # before the last event: what the agent saw end is committed
-                    on_end(RolloutStatus.SUCCEEDED, None)
-                yield f"event: {e['type']}\ndata: {json.dumps(e)}\n\n"
-        except Exception as exc:  # after the 200: the error is the stream's last event
-            err = http_error(exc)
-            if err is None:
-                log.exception("streamed response failed")
-            message = "internal error while streaming" if err is None else err.message
-            if on_end is not None:
-                on_end(RolloutStatus.FAILED, message)
-            e = {"type": "error", "code": None, "message": message, "param": None}
-            yield f"event: error\ndata: {json.dumps({**e, 'sequence_number': seq})}\n\n"
-        finally:
-            await deltas.aclose()
-            if on_end is not None:  # a stream that ended neither way: the client left
-                on_end(RolloutStatus.CANCELLED, LEFT)
-
-    return StreamingResponse(
-        lines(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-    )
+def _error_event(err: ApiError, sent: dict[str, Any] | None) -> dict[str, Any]:
+    """The Responses API's ``error`` event, numbered after the last event sent."""
+    seq = 0 if sent is None else sent["sequence_number"] + 1
+    return {"type": "error", "code": None, "message": err.message, "param": None,
+            "sequence_number": seq}  # fmt: skip
 
 
 async def _responses(
@@ -133,8 +90,11 @@ async def _responses(
     ctx = gw.prepare_chat(rollout_id, attempt, chat, recorded)
     if req.stream:
         source = gw.generate_stream(ctx)
-        deltas = await _primed(source)
-        return _event_stream(events(meta, deltas, final), source, on_end)
+        deltas = await primed(source)
+        return event_stream(
+            events(meta, deltas, final), source, on_end,
+            last=("response.completed", "response.incomplete"), error_event=_error_event,
+        )  # fmt: skip
     choices, _ = await gw.generate(ctx)
     if on_end is not None:
         on_end(RolloutStatus.SUCCEEDED, None)
