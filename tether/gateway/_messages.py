@@ -17,7 +17,6 @@ context leaves). The answer is a ``message`` object or its event stream
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -42,7 +41,6 @@ from ._schemas import ChatCompletionRequest
 
 __all__ = ["router"]
 
-log = logging.getLogger(__name__)
 
 router = APIRouter()
 

@@ -11,7 +11,6 @@ request). The answer is a ``response`` object or its event stream
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -41,7 +40,6 @@ from ._schemas import ChatCompletionRequest
 
 __all__ = ["router"]
 
-log = logging.getLogger(__name__)
 
 router = APIRouter()
 
