@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_SHOWN = {"vllm": "vLLM", "sglang": "SGLang"}
 #: Seconds a health check waits for a replica's answer before leaving it as it was.
 HEALTH_TIMEOUT_S = 10.0
 
@@ -84,17 +83,17 @@ class RemoteEngine:
     ):
         if transport not in api.transports:
             raise EngineFailed(
-                f"the {_SHOWN.get(api.name, api.name)} adapter has no {transport!r} transport; "
+                f"the {api.shown} adapter has no {transport!r} transport; "
                 f"engine.transport must be one of {', '.join(api.transports)}"
             )
         if transport == "nccl" and nccl[2] not in api.group_backends:
             raise EngineFailed(
                 f"engine.transport=nccl with engine.nccl_backend={nccl[2]} is not supported for "
-                f"{_SHOWN.get(api.name, api.name)}: tether's trainer cannot join its NCCL group "
+                f"{api.shown}: tether's trainer cannot join its NCCL group "
                 "yet; use engine.transport=lora (docs/engines.md)"
             )
         self.api, self.replicas, self.transport = api, ReplicaSet(urls), transport
-        self.shown = _SHOWN.get(api.name, api.name)
+        self.shown = api.shown
         self._pusher = WeightPusher(
             api,
             transport,
@@ -153,6 +152,8 @@ class RemoteEngine:
     async def start(self) -> None:
         """Check every replica (model, version, context length) and start the health
         checks; the first call does it when :meth:`connect` did not."""
+        if self._started:  # every call comes here: no lock once started
+            return
         async with self._start_lock:
             if not self._started:
                 await self._start()
@@ -198,6 +199,15 @@ class RemoteEngine:
             await asyncio.sleep(self.health_interval_s)
             await self.check_health()
 
+    async def _versions(self, timeout_s: float) -> dict[str, int | BaseException]:
+        """Every replica's weight version now, or what asking it raised, asked at once."""
+        got = await asyncio.gather(
+            *(asyncio.wait_for(self.api.weight_version(self._client, r.url), timeout_s)
+              for r in self.replicas),
+            return_exceptions=True,
+        )  # fmt: skip
+        return {r.url: v for r, v in zip(self.replicas, got, strict=True)}
+
     async def check_health(self) -> None:
         """Ask every replica its weight version: one that answers with the engine's
         version is up; one that cannot be reached, or serves other weights (it missed a
@@ -205,18 +215,14 @@ class RemoteEngine:
         changes nothing."""
         if self._push_lock.locked():
             return  # versions move during a push
+        versions = await self._versions(HEALTH_TIMEOUT_S)
         for r in self.replicas:
-            try:
-                version = await asyncio.wait_for(
-                    self.api.weight_version(self._client, r.url), HEALTH_TIMEOUT_S
-                )
-            except (asyncio.TimeoutError, httpx.TimeoutException):
+            version = versions[r.url]
+            if isinstance(version, asyncio.TimeoutError | httpx.TimeoutException):
                 log.debug("health check of %s timed out; left as it was", r.url)
-                continue
-            except Exception as exc:  # refused, reset, an error answer: not serving
-                self.replicas.mark_down(r, f"health check failed: {exc!r}")
-                continue
-            if version == self._version:
+            elif isinstance(version, BaseException):  # refused, reset, an error answer
+                self.replicas.mark_down(r, f"health check failed: {version!r}")
+            elif version == self._version:
                 self.replicas.mark_up(r)
             else:
                 self.replicas.mark_down(r, f"serves weights v{version}, not v{self._version}")
@@ -377,14 +383,15 @@ class RemoteEngine:
 
     async def _reachable(self) -> list[Replica]:
         """The replicas that answer now (down ones are asked again: they may be back)."""
+        versions = await self._versions(HEALTH_TIMEOUT_S)
         out = []
         for r in self.replicas:
-            try:
-                await asyncio.wait_for(self.api.weight_version(self._client, r.url), 10.0)
-            except Exception as exc:
-                self.replicas.mark_down(r, f"not reachable for the weight push: {exc!r}")
-                continue
-            out.append(r)
+            if isinstance(versions[r.url], BaseException):
+                self.replicas.mark_down(
+                    r, f"not reachable for the weight push: {versions[r.url]!r}"
+                )
+            else:
+                out.append(r)
         if not out:
             raise EngineFailed(f"no {self.shown} server is reachable for the weight push")
         return out

@@ -59,8 +59,10 @@ class TensorMeta:
 class ServerAPI(Protocol):
     """One kind of inference server, one replica per call (see the module docstring)."""
 
-    #: "vllm" or "sglang": in messages ("cannot reach the vLLM server at ...") and config.
+    #: "vllm" or "sglang", as ``engine.kind`` names it.
     name: str
+    #: The server's name in messages: "cannot reach the vLLM server at ...".
+    shown: str
     #: The transports this server supports.
     transports: tuple[Transport, ...]
     #: The broadcast backends (``engine.nccl_backend``) whose group tether's trainer side

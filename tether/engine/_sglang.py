@@ -181,6 +181,7 @@ class SGLangServer:
     """SGLang's native routes for one replica per call (see the module docstring)."""
 
     name = "sglang"
+    shown = _NAME
     transports: tuple[Transport, ...] = ("lora", "disk", "nccl")
     group_backends: tuple[str, ...] = ("nccl", "gloo")  # torch groups on both sides
 

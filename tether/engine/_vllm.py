@@ -197,6 +197,7 @@ class VLLMServer:
     """The vLLM adapter (see the module docstring); one instance serves every replica."""
 
     name = "vllm"
+    shown = SHOWN
     transports: tuple[Transport, ...] = ("lora", "disk", "nccl")
     #: vLLM joins its NCCL group with StatelessProcessGroup + PyNccl, whose handshake a
     #: torch ProcessGroupNCCL on the trainer does not speak: NCCL pushes need vLLM's own
