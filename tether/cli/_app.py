@@ -87,6 +87,8 @@ def setup_logging(level: str) -> None:
     # notices for its enums: noise that int8 rollouts (tether.engine._rollout_copy) never use
     for name in ("torchao", "torch.utils._pytree"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # httpx logs every request at INFO: with a vLLM/SGLang engine, one line per model call
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def interrupts_of(ctx: typer.Context) -> Interrupts:
