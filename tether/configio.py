@@ -112,8 +112,10 @@ def build(cls: type[T], data: dict[str, Any], where: str = "") -> T:
         kwargs[key] = _coerce(value, hints[key], path)
     try:
         return cls(**kwargs)
-    except UserError as exc:
-        raise UserError(f"{where + ': ' if where else ''}{exc}") from None
+    except UserError as exc:  # named by the section unless the message names its key
+        message = str(exc)
+        named = not where or message.startswith(f"{where}.")
+        raise UserError(message if named else f"{where}: {message}") from None
     except (TypeError, ValueError) as exc:
         raise UserError(f"{where or cls.__name__}: {exc}") from None
 
