@@ -94,3 +94,25 @@ def test_a_run_trains_through_the_servers(
     if transport != "nccl":
         pushed = sorted(p.name for p in (tmp_path / "calc" / "weights").iterdir())
         assert pushed == (["v1", "v2"] if transport == "disk" else ["lora-v1", "lora-v2"])
+
+
+@pytest.mark.slow
+def test_a_second_run_resets_a_server_an_earlier_run_pushed_to(
+    starter_dir: Path, tmp_path: Path
+) -> None:
+    """The server holds the first run's weights (v2); the second run pushes its own
+    starting weights as v0 first, so its first rollouts come from what its trainer holds."""
+    with fake_server("vllm", starter_dir, "disk") as url:
+        first = _train(tmp_path / "a", starter_dir, url, "vllm", "disk")
+        assert first.returncode == 0, (first.stdout + first.stderr)[-4000:]
+        second = _train(tmp_path / "b", starter_dir, url, "vllm", "disk")
+        assert second.returncode == 0, (second.stdout + second.stderr)[-4000:]
+    out = second.stdout + second.stderr
+    assert (
+        "the servers serve v2, from an earlier run: pushing the run's starting weights as v0" in out
+    )
+    with Store(tmp_path / "b" / "calc" / "traces.sqlite") as store:
+        run = store.list_runs()[0]
+        gaps = [m.value for m in store.metrics(run.id, "logprob_gap_max")]
+        versions = [m.value for m in store.metrics(run.id, "policy_version")]
+    assert versions == [1.0, 2.0] and max(gaps) <= 1e-5, gaps

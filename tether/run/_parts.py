@@ -34,7 +34,13 @@ from tether.run._collect import Grader, load_grader
 from tether.run._events import RunEvent, Status
 from tether.run._ranks import RankGroup
 from tether.run._rundir import ResumePoint
-from tether.run._setup import end_status, gateway_config, record_config, resolve_model_path
+from tether.run._setup import (
+    end_status,
+    engine_weights,
+    gateway_config,
+    record_config,
+    resolve_model_path,
+)
 from tether.run._tasks import exposed_fields, load_task_set
 from tether.run._ui import mount_ui, ui_line
 from tether.run.config import TrainConfig
@@ -196,7 +202,9 @@ async def open_parts(
         ranks = group = RankGroup.start(cfg.trainer, cfg.model.device)
         if group is not None:  # None: one process after all
             _on_exit(stack, lambda failed: asyncio.to_thread(group.close, not failed))
-    model = await _model(cfg, stack, say, ranks, model_path, engine)
+    # a resumed run pushes its checkpoint's weights itself; an eval pushes what it evaluates
+    push: bool | None = None if resume is not None else command == "eval"
+    model = await _model(cfg, stack, say, ranks, model_path, engine, push=push)
     records = _records(cfg, stack, say, command, resume)
     serving = await _serve(cfg, stack, say, model["engine"], model["tokenizer"], records["store"])
     parts = RunParts(ranks=ranks, **model, **records, **serving)
@@ -212,6 +220,8 @@ async def _model(
     ranks: RankGroup | None,
     model_path: Path | None,
     engine: Engine | None,
+    *,
+    push: bool | None = False,
 ) -> dict[str, Any]:
     """The tokenizer, the trainer and the engine (one copy of the weights when they can share)."""
     from tether.models import load_model, load_tokenizer
@@ -231,7 +241,7 @@ async def _model(
     if ranks is not None:
         ranks.hello(trainer, path, cfg.model.train_dtype)
     if engine is None and cfg.engine.remote:
-        engine = await _remote_engine(cfg, say, path, trainer)
+        engine = await _remote_engine(cfg, say, path, trainer, push=push)
     share = engine is None and trainer.can_share_weights()  # one copy, not two
     if engine is None:
         m = cfg.model
@@ -255,19 +265,37 @@ async def _model(
     return {"model_path": path, "tokenizer": tokenizer, "trainer": trainer, "engine": engine}
 
 
-async def _remote_engine(cfg: TrainConfig, say: Say, path: Path, trainer: PolicyTrainer) -> Engine:
-    """The vLLM or SGLang servers of ``cfg.engine``, checked; pushes go by its transport."""
+async def _remote_engine(
+    cfg: TrainConfig, say: Say, path: Path, trainer: PolicyTrainer, *, push: bool | None
+) -> Engine:
+    """The vLLM or SGLang servers of ``cfg.engine``, checked; pushes go by its transport.
+
+    They must serve the trainer's starting weights. A server at version 0 is taken to
+    serve ``model.path`` as it was started (the logprob gap of step 1 says otherwise); a
+    server at another version (an earlier run pushed to it), or ``push`` (``tether
+    eval``: what it evaluates), gets the trainer's weights as v0 first. ``push=None``: a
+    resumed run, which pushes its checkpoint's weights itself.
+    """
     from tether.engine import connect_engine
 
     e = cfg.engine
     say(Status(f"connecting to the {e.kind} server(s) {', '.join(e.urls)} ({e.transport} weights)"))
-    return await connect_engine(
+    engine = await connect_engine(
         e,
         weights_dir=Path(cfg.dir).resolve() / cfg.name / "weights",
         model_dir=path,
         lora_config=trainer.adapter_config() if e.transport == "lora" else None,
         pause_mode="wait",
     )
+    if push or (push is not None and engine.policy_version != 0):
+        why = "other weights" if push else f"v{engine.policy_version}, from an earlier run"
+        say(Status(f"the servers serve {why}: pushing the run's starting weights as v0"))
+        try:
+            await engine.update_weights(engine_weights(trainer, engine), version=0)
+        except BaseException:
+            await engine.close()
+            raise
+    return engine
 
 
 def _records(
