@@ -9,6 +9,7 @@ import pytest
 
 from tether.engine import RemoteEngine, server_api
 from tether.gateway import create_app
+from tether.records import RolloutStatus
 
 CHAT = {"model": "policy", "messages": [{"role": "user", "content": "2+3?"}], "max_tokens": 4}
 
@@ -40,3 +41,28 @@ async def test_top_p_below_1_is_refused_for_vllm_only(
         assert gw.store.calls("r-1") == []  # refused before anything was recorded
     else:
         assert "cannot reach the SGLang server at http://127.0.0.1:9" in r.text
+
+
+async def test_a_call_that_cannot_reach_its_server_marks_the_attempt_until_it_ends(
+    make_gateway: Any,
+) -> None:
+    """The run asks ``lost_engine`` to retry such an attempt on another replica; ending the
+    attempt forgets the mark (a long ``tether serve`` keeps no mark per dead call)."""
+    engine = RemoteEngine(server_api("sglang"), ["http://127.0.0.1:9"])
+    gw = make_gateway(engine)
+    rollout = gw.open_rollout({}, rollout_id="r-1")
+    transport = httpx.ASGITransport(app=create_app(gw))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            r = await client.post(
+                "/rollouts/r-1/v1/chat/completions",
+                json=CHAT,
+                headers={"Authorization": f"Bearer {rollout.token}"},
+            )
+    finally:
+        await engine.close()
+    assert r.status_code == 502, r.text
+    assert gw.lost_engine("r-1", rollout.attempt)
+    gw.finish_rollout("r-1", RolloutStatus.FAILED, attempt=rollout.attempt)
+    assert not gw.lost_engine("r-1", rollout.attempt)
+    assert gw.calls.lost_engine == set()

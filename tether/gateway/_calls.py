@@ -70,6 +70,12 @@ class ModelCalls:
         self.lost_engine: set[tuple[str, int]] = set()
         self.configure(config)
 
+    def end_conversation(self, key: tuple[str, int]) -> None:
+        """Forget what was kept for an attempt that ended: its rendered history, and the
+        mark of a lost server (read by the run before it ends the attempt)."""
+        self.history.forget(key)
+        self.lost_engine.discard(key)
+
     def configure(self, config: GatewayConfig) -> None:
         """Serve by ``config`` from now on (caps, tool parser, context, prompt logging)."""
         self.config = config

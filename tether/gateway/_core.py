@@ -54,7 +54,9 @@ class Gateway:
         self.keys = Keys(config.admin_key, config.record_keys)
         self.calls = ModelCalls(engine, tokenizer, store, config)
         root = secrets.randbits(62) if seed is None else int(seed)
-        self.lifecycle = RolloutLifecycle(store, self.keys, config, self.calls.history, root)
+        self.lifecycle = RolloutLifecycle(
+            store, self.keys, config, self.calls.end_conversation, root
+        )
         lc = self.lifecycle  # the public rollout methods, not copies of their signatures
         self.open_rollout = lc.open_rollout
         self.retry_rollout = lc.retry_rollout

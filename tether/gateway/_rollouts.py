@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tether.chat import HistoryCache
 from tether.engine import SamplingParams
 from tether.records import Call, Reward, RewardSource, Rollout, RolloutStatus, agent_task
 from tether.store import Store
@@ -65,12 +65,18 @@ class RolloutLifecycle:
     """
 
     def __init__(
-        self, store: Store, keys: Keys, config: GatewayConfig, history: HistoryCache, seed: int
+        self,
+        store: Store,
+        keys: Keys,
+        config: GatewayConfig,
+        end_conversation: Callable[[tuple[str, int]], None],
+        seed: int,
     ) -> None:
         self.store = store
         self.keys = keys
         self.config = config
-        self.history = history
+        # what the model calls keep per conversation (rendered history, a lost server mark)
+        self.end_conversation = end_conversation
         self.seed = seed
         # Rollouts created without a run id belong to this run (``tether serve`` sets it).
         self.default_run_id: str | None = None
@@ -202,7 +208,7 @@ class RolloutLifecycle:
             if auth is None:
                 raise UnknownRollout(f"no rollout {rollout_id!r}")
             attempt = auth[1]
-        self.history.forget((rollout_id, attempt))  # its conversation takes no more calls
+        self.end_conversation((rollout_id, attempt))  # it takes no more calls
         if (
             auth is not None
             and auth[0] is RolloutStatus.QUEUED
