@@ -31,7 +31,8 @@ from tether.engine import (
 from tether.engine._protocol import GenerateResult
 from tether.engine._push import BroadcastGroup, save_full, tensor_metas
 from tether.engine._remote import RemoteEngine
-from tether.engine._sglang import SGLangServer, _bodies
+from tether.engine._sglang import SGLangServer
+from tether.engine._sglang_wire import request_bodies
 from tether.engine._stream import TokenDelta
 from tether.engine._transformers import TransformersEngine
 
@@ -297,7 +298,7 @@ def test_the_adapter_sends_only_fields_sglang_knows(prompt: list[int]) -> None:
     constraint = Constraint.of({"type": "const_string", "value": "hi"})
     params = SamplingParams(stop=("x",), stop_token_ids=(3,), seed=1, top_logprobs=2, n=2,
                             constraint=constraint)  # fmt: skip
-    for body in _bodies(prompt, params, ["a#0", "a#1"], "adapter", random.Random(0)):
+    for body in request_bodies(prompt, params, ["a#0", "a#1"], "adapter", random.Random(0)):
         assert set(body) <= set(GenerateReq.model_fields)
         assert set(body["sampling_params"]) <= KNOWN
 

@@ -50,7 +50,6 @@ from typing import Any
 import httpx
 
 from tether.engine._protocol import (
-    Completion,
     EngineFailed,
     GenerateResult,
     SamplingParams,
@@ -58,130 +57,19 @@ from tether.engine._protocol import (
 )
 from tether.engine._remote_http import check, sse_events
 from tether.engine._server_api import PauseMode, ServerInfo, TensorMeta, Transport
+from tether.engine._sglang_wire import NAME, Answer, request_bodies, rids_of, weight_version_of
 from tether.engine._stream import TokenDelta
 
 __all__ = ["SGLangServer"]
 
-_NAME = "SGLang"
 _PAUSE_MODES = {"keep": "retract", "abort": "abort", "wait": "retract"}
-
-
-def _version(value: Any, url: str) -> int | None:
-    """An integer weight version from SGLang's label (``"default"`` is 0)."""
-    if value is None or str(value) == "default":
-        return None if value is None else 0
-    try:
-        return int(str(value))
-    except ValueError:
-        raise EngineFailed(
-            f"{_NAME} server at {url} reports weight version {value!r}; tether needs integer "
-            "versions: start it with --weight-version 0"
-        ) from None
-
-
-def _rids(request_id: str, n: int) -> list[str]:
-    width = len(str(n - 1))  # equal widths: no sibling's rid is a prefix of another's
-    return [f"{request_id}#{i:0{width}d}" for i in range(n)]
-
-
-def _bodies(
-    prompt_ids: Sequence[int],
-    p: SamplingParams,
-    rids: list[str],
-    adapter: str | None,
-    rng: random.Random,
-) -> list[dict[str, Any]]:
-    """The /generate requests of one call, one per completion: seeds ``seed + i``, or
-    random ones when unseeded. The sampling keys with defaults are sent anyway (a
-    server's ``--preferred-sampling-params`` would fill the ones left out)."""
-    sampling: dict[str, Any] = dict(
-        max_new_tokens=p.max_tokens,
-        temperature=p.temperature,  # < 1e-6: greedy (SGLang: top_k 1, T 1)
-        top_p=p.top_p,
-        top_k=-1,
-        min_p=0.0,
-        repetition_penalty=1.0,
-        ignore_eos=p.ignore_eos,
-    )
-    tag = p.constraint.structural_tag if p.constraint is not None else None
-    optional = {"stop": list(p.stop), "stop_token_ids": list(p.stop_token_ids)}
-    sampling.update((k, v) for k, v in {**optional, "structural_tag": tag}.items() if v)
-    extra = {"top_logprobs_num": p.top_logprobs, "lora_path": adapter}
-    base = {"input_ids": list(prompt_ids), "return_logprob": True}
-    base.update((k, v) for k, v in extra.items() if v)
-    out = []
-    for i, rid in enumerate(rids):
-        seed = rng.randrange(2**31) if p.seed is None else p.seed + i
-        out.append({**base, "rid": rid, "sampling_params": {**sampling, "sampling_seed": seed}})
-    return out
-
-
-def _finish(reason: Any, url: str) -> str | None:
-    """tether's finish reason of SGLang's, None while running; an abort with an error
-    status (a bad grammar, an overloaded server) is EngineFailed."""
-    if reason is None:
-        return None
-    kind = reason.get("type") if isinstance(reason, dict) else str(reason)
-    if kind == "abort" and isinstance(reason, dict) and reason.get("status_code"):
-        raise EngineFailed(f"{_NAME} server at {url} failed the request: {reason.get('message')}")
-    if kind in ("stop", "length", "abort"):
-        return kind
-    raise EngineFailed(f"{_NAME} server at {url} sent an unknown finish reason {reason!r}")
-
-
-class _Answer:
-    """One completion read from one (or, streaming, successive cumulative) answer."""
-
-    def __init__(self) -> None:
-        self.ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.top: list[dict[int, float]] = []
-        self.finish: str | None = None
-        self.version: int | None = None
-
-    def update(self, out: dict[str, Any], url: str) -> int:
-        """Take an answer (the full output so far); return how many tokens are new."""
-        meta = out.get("meta_info") or {}
-        ids = [int(i) for i in out.get("output_ids") or []]  # through the stop token
-        triples = (meta.get("output_token_logprobs") or [])[: len(ids)]
-        if (
-            len(triples) != len(ids)
-            or any(int(t[1]) != i for t, i in zip(triples, ids, strict=True))
-            or ids[: len(self.ids)] != self.ids  # a stream's events are cumulative
-        ):
-            raise EngineFailed(
-                f"{_NAME} server at {url} sent output_ids that do not match its logprobs "
-                "or its earlier events (start it without --incremental-streaming-output)"
-            )
-        old = len(self.ids)
-        self.ids = ids
-        self.logprobs = [float(t[0]) for t in triples]
-        tops = meta.get("output_top_logprobs") or []
-        self.top = [{int(e[1]): float(e[0]) for e in row or []} for row in tops]
-        self.finish = _finish(meta.get("finish_reason"), url)
-        version = _version(meta.get("weight_version"), url)
-        self.version = self.version if version is None else version
-        return len(ids) - old
-
-    def deltas(self, index: int, new: int) -> list[TokenDelta]:
-        out = []
-        for k in range(len(self.ids) - new, len(self.ids)):
-            top = self.top[k] if k < len(self.top) else None
-            last = k == len(self.ids) - 1
-            fin = self.finish if last else None
-            out.append(TokenDelta(index, self.ids[k], self.logprobs[k], top, fin))
-        return out
-
-    def completion(self, top_logprobs: int) -> Completion:
-        top = self.top if top_logprobs else None
-        return Completion(self.ids, self.logprobs, self.finish or "abort", top)
 
 
 class SGLangServer:
     """SGLang's native routes for one replica per call (see the module docstring)."""
 
     name = "sglang"
-    shown = _NAME
+    shown = NAME
     transports: tuple[Transport, ...] = ("lora", "disk", "nccl")
     group_backends: tuple[str, ...] = ("nccl", "gloo")  # torch groups on both sides
 
@@ -197,12 +85,12 @@ class SGLangServer:
     # -- start-up and state ---------------------------------------------------------------
 
     async def info(self, client: httpx.AsyncClient, url: str) -> ServerInfo:
-        models = check(await client.get(f"{url}/v1/models"), _NAME)
+        models = check(await client.get(f"{url}/v1/models"), NAME)
         card = models["data"][0]
-        server = check(await client.get(f"{url}/get_server_info"), _NAME) or {}
+        server = check(await client.get(f"{url}/get_server_info"), NAME) or {}
         if server.get("incremental_streaming_output"):
             raise EngineFailed(
-                f"{_NAME} server at {url} streams incrementally; tether reads cumulative "
+                f"{NAME} server at {url} streams incrementally; tether reads cumulative "
                 "streams: start it without --incremental-streaming-output"
             )
         version = await self.weight_version(client, url)
@@ -210,8 +98,8 @@ class SGLangServer:
         return ServerInfo(str(card["id"]), card.get("max_model_len"), version, ranks)
 
     async def weight_version(self, client: httpx.AsyncClient, url: str) -> int:
-        body = check(await client.get(f"{url}/get_weight_version"), _NAME) or {}
-        return _version(body.get("weight_version", "default"), url) or 0
+        body = check(await client.get(f"{url}/get_weight_version"), NAME) or {}
+        return weight_version_of(body.get("weight_version", "default"), url) or 0
 
     # -- generation ---------------------------------------------------------------------
 
@@ -221,7 +109,7 @@ class SGLangServer:
     ) -> AsyncIterator[tuple[list[str], str | None, int | None]]:
         """One tether request: its rids (known to :meth:`abort`, counted as busy), the
         adapter's loaded name and version (None: the base weights, or not loaded here)."""
-        rids = _rids(request_id, n)
+        rids = rids_of(request_id, n)
         loaded, version = self._lora.get((url, adapter or ""), (adapter, None))
         use = (url, loaded or "")
         self._live[request_id] = rids
@@ -248,7 +136,7 @@ class SGLangServer:
         adapter: str | None,
     ) -> GenerateResult:
         async with self._request(url, request_id, params.n, adapter) as (rids, lora, v):
-            bodies = _bodies(prompt_ids, params, rids, lora, self._rng)
+            bodies = request_bodies(prompt_ids, params, rids, lora, self._rng)
             tasks = [asyncio.ensure_future(self._post(client, url, b)) for b in bodies]
             try:
                 answers = await asyncio.gather(*tasks)
@@ -260,14 +148,14 @@ class SGLangServer:
                 raise
         return self._result(list(answers), params, v)
 
-    async def _post(self, client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> _Answer:
-        out = check(await client.post(f"{url}/generate", json=body), _NAME)
-        answer = _Answer()
+    async def _post(self, client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Answer:
+        out = check(await client.post(f"{url}/generate", json=body), NAME)
+        answer = Answer()
         answer.update(out, url)
         return answer
 
     def _result(
-        self, answers: list[_Answer], params: SamplingParams, lora_version: int | None
+        self, answers: list[Answer], params: SamplingParams, lora_version: int | None
     ) -> GenerateResult:
         """The answers as one result. A call on an adapter ran on it to the end (a call
         SGLang retracts keeps its adapter): the adapter's version is the policy's."""
@@ -290,8 +178,8 @@ class SGLangServer:
     ) -> AsyncGenerator[TokenDelta | GenerateResult, None]:
         async with self._request(url, request_id, params.n, adapter) as (rids, lora, v):
             queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-            answers = [_Answer() for _ in rids]
-            bodies = _bodies(prompt_ids, params, rids, lora, self._rng)
+            answers = [Answer() for _ in rids]
+            bodies = request_bodies(prompt_ids, params, rids, lora, self._rng)
             tasks = [
                 asyncio.ensure_future(self._pump(client, url, {**b, "stream": True}, i, queue))
                 for i, b in enumerate(bodies)
@@ -329,11 +217,11 @@ class SGLangServer:
             async with client.stream("POST", f"{url}/generate", json=body) as resp:
                 if not resp.is_success:
                     await resp.aread()
-                    check(resp, _NAME)
+                    check(resp, NAME)
                 async for event in sse_events(resp):
                     if "error" in event:
                         message = (event["error"] or {}).get("message", event["error"])
-                        raise EngineFailed(f"{_NAME} server at {url} failed the request: {message}")
+                        raise EngineFailed(f"{NAME} server at {url} failed the request: {message}")
                     queue.put_nowait((index, event))
         except Exception as exc:
             queue.put_nowait((index, exc))
@@ -361,7 +249,7 @@ class SGLangServer:
     async def flush_cache(self, client: httpx.AsyncClient, url: str) -> None:
         resp = await client.post(f"{url}/flush_cache")
         if not resp.is_success:  # a 200 answer is plain text, not JSON
-            check(resp, _NAME)
+            check(resp, NAME)
 
     # -- weights ------------------------------------------------------------------------
 
@@ -373,8 +261,8 @@ class SGLangServer:
             out = resp.json()
             if isinstance(out, dict) and out.get("success") is False:
                 message = out.get("error_message") or out.get("message") or "failed"
-                raise EngineFailed(f"{_NAME} server at {url} failed /{route}: {message}")
-        check(resp, _NAME)
+                raise EngineFailed(f"{NAME} server at {url} failed /{route}: {message}")
+        check(resp, NAME)
 
     async def load_lora(
         self, client: httpx.AsyncClient, url: str, name: str, path: str, version: int
