@@ -117,24 +117,29 @@ def test_chunked_head_without_gradients_or_entropy() -> None:
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 @pytest.mark.parametrize(
-    ("chunk", "checkpointing"),
-    [(0, False), (5, False), (0, True), (5, True)],
-    ids=["plain", "chunked", "checkpointed", "chunked+checkpointed"],
+    ("chunk", "checkpointing", "every_n"),
+    [(0, False, 1), (5, False, 1), (0, True, 1), (5, True, 1), (5, True, 2)],
+    ids=["plain", "chunked", "checkpointed", "chunked+checkpointed", "chunked+every-2nd"],
 )
 def test_update_forward_matches_the_plain_forward(
-    lora: bool, chunk: int, checkpointing: bool
+    lora: bool, chunk: int, checkpointing: bool, every_n: int
 ) -> None:
     """Logprobs, entropies and every trainable parameter's gradient, with the shared
-    prefix run once, the LM head chunked and/or the layers checkpointed, equal the plain
-    forward's (same weights: the LoRA B matrices are made nonzero first)."""
+    prefix run once, the LM head chunked and/or the layers checkpointed (all of them, or
+    every second: layers 0 and 2 of 3), equal the plain forward's (same weights: the LoRA
+    B matrices are made nonzero first)."""
     batch = _batch()
     lora_cfg = LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
     cfg = TrainerConfig(
         lora=lora_cfg if lora else None,
         logprob_chunk_tokens=chunk,
         gradient_checkpointing=checkpointing,
+        checkpoint_every_n_layers=every_n,
     )
     trainer = PolicyTrainer(_model(), cfg)
+    if checkpointing:  # the decoder layers: every every_n-th one checkpointed
+        flags = [m.gradient_checkpointing for m in _decoder_layers(trainer.model)]
+        assert flags == [i % every_n == 0 for i in range(3)], flags
     if lora:
         with torch.no_grad():
             for name, p in trainer.model.named_parameters():
@@ -150,6 +155,11 @@ def test_update_forward_matches_the_plain_forward(
     trainer.model.zero_grad(set_to_none=True)
     lp, ent = trainer._forward_logprobs(trainer.model, batch, entropy=True)
     _assert_same(_finish(trainer.model, lp, ent, batch), want)
+
+
+def _decoder_layers(model: Any) -> list[Any]:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return list(base.model.layers)
 
 
 def test_update_with_chunks_and_checkpointing_lands_on_the_same_weights() -> None:

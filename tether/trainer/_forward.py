@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from tether._hf import cache_kwarg, cache_layers
+from tether.errors import UserError
 from tether.trainer.samples import token_logprobs_and_entropy, token_logprobs_from_hidden
 
 __all__ = ["enable_gradient_checkpointing", "forward_logprobs", "split_head"]
@@ -57,15 +58,23 @@ def split_head(model: Any) -> tuple[Any, Any] | None:
     return decoder, head
 
 
-def enable_gradient_checkpointing(model: Any) -> None:
-    """transformers' activation checkpointing on every decoder layer (non-reentrant),
-    on a plain or peft model; the layers keep the read-only prefix cache (module doc)."""
+def enable_gradient_checkpointing(model: Any, every_n_layers: int = 1) -> None:
+    """transformers' activation checkpointing (non-reentrant) on every ``every_n_layers``-th
+    decoder layer, on a plain or peft model; the layers keep the read-only prefix cache
+    (module doc)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     kwargs = {"use_reentrant": False}
     if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.2x
-        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
+        base.activation_checkpointing_enable(
+            activation_checkpointing_kwargs=kwargs, every_n_layers=every_n_layers
+        )
+    elif every_n_layers == 1:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise UserError(
+            f"trainer.checkpoint_every_n_layers ({every_n_layers}) needs transformers >= 5.2 "
+            "(activation_checkpointing_enable): upgrade transformers, or set it to 1"
+        )
     for module in base.modules():
         if getattr(module, "gradient_checkpointing", False) and hasattr(
             module, "_can_checkpoint_with_cache"

@@ -77,7 +77,7 @@ class PolicyTrainer:
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         if cfg.gradient_checkpointing:
-            enable_gradient_checkpointing(self.model)
+            enable_gradient_checkpointing(self.model, cfg.checkpoint_every_n_layers)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), weight_decay=cfg.weight_decay

@@ -107,6 +107,10 @@ class TrainerConfig:
     #: Recompute each decoder layer's activations in the backward instead of keeping them
     #: (transformers' activation checkpointing, non-reentrant): less memory, ~1 more forward.
     gradient_checkpointing: bool = False
+    #: With gradient_checkpointing: checkpoint every n-th decoder layer only (transformers'
+    #: every_n_layers); the others keep their activations. 1 = every layer (least memory);
+    #: 2 = half the layers: about half the recompute back for half the memory saved.
+    checkpoint_every_n_layers: int = 1
     #: Stop early when the batch reward has been 0 for this many updates in a row (collapse); 0 = never.
     collapse_patience: int = 8
     #: sync (collect a batch, update, repeat) or async (groups keep running; admission
@@ -145,6 +149,7 @@ class TrainerConfig:
             max_tokens_per_micro_batch=self.max_tokens_per_micro_batch,
             processes=self.processes,
             collective_timeout_s=self.collective_timeout_s,
+            checkpoint_every_n_layers=self.checkpoint_every_n_layers,
         )
         for name, value, options in (
             ("advantage", self.advantage, ADVANTAGE_ESTIMATORS),
