@@ -40,7 +40,10 @@ def scoring(score: Callable[[dict[str, Any], str], float]) -> Script:
     def script(body: dict[str, Any]) -> str:
         task, found = candidates(body)
         return json.dumps(
-            {k: {"explanation": f"answer {a!r}", "score": score(task, a)} for k, a in found.items()}
+            {
+                k: {"explanation": f"answer {a[:40]!r}", "score": score(task, a)}
+                for k, a in found.items()
+            }
         )
 
     return script

@@ -335,3 +335,32 @@ def test_tethers_own_record_mode_serves_the_judge(
             assert 0 <= g.grade.reward <= 1
     finally:
         live.stop()
+
+
+@pytest.mark.slow
+def test_tether_train_with_the_calc_config_and_a_judge(starter_dir: Path, tmp_path: Path) -> None:
+    """``tether train examples/calc/config.yaml rollout.grader=judge ...``: one step and the
+    evals, every rollout graded by the scripted judge through the CLI."""
+    root = Path(__file__).resolve().parents[1]
+    with ScriptedJudge(scoring(by_length)) as fake:
+        done = subprocess.run(
+            [sys.executable, "-m", "tether.cli", "train", str(root / "examples/calc/config.yaml"),
+             f"dir={tmp_path}", f"model.path={starter_dir}", "tasks.train_size=10",
+             "tasks.val_size=2", "agent.mode=inprocess", "agent.agent=tether.starter.calc:agent",
+             "rollout.n=2", "rollout.batch_groups=1", "rollout.grader=judge",
+             f"rollout.judge.base_url={fake.base_url}", "rollout.judge.model=scripted-judge",
+             "rollout.success_threshold=0.5", "eval.tasks=1", "eval.samples=2",
+             "eval.greedy=false", "gateway.default_max_tokens=16", "trainer.steps=1",
+             "trainer.collapse_patience=0"],
+            capture_output=True, text=True, timeout=300, cwd=root,
+            env={**os.environ, "PYTHONPATH": str(root), "COLUMNS": "200"},
+        )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(fake.requests) == 3  # the eval before, step 1's group, the eval after
+    with Store(tmp_path / "calc" / "traces.sqlite") as store:
+        rollouts = store.list_rollouts()
+        details = [store.attempts(r.id)[-1].grade_detail for r in rollouts]
+    assert len(rollouts) == 6 and all(d and d["model"] == "scripted-judge" for d in details)
+    assert all(
+        r.reward == d["scores"][d["candidate"]] for r, d in zip(rollouts, details, strict=True)
+    )
