@@ -19,6 +19,7 @@ from tether.errors import UserError
 from tether.records import RolloutStatus
 from tether.run import (
     EvalConfig,
+    JudgeConfig,
     RolloutConfig,
     TasksConfig,
     TrainConfig,
@@ -28,7 +29,6 @@ from tether.run import (
 from tether.run._grading import Candidate
 from tether.run._judge import Judge, JudgeFailed, open_grader, parse_scores, response_schema
 from tether.run._paths import resolve_file_paths
-from tether.run.config import JudgeConfig
 from tether.runner import RunnerConfig
 from tether.store import Store
 from tether.trainer.errors import GraderFailing
