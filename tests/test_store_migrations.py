@@ -30,7 +30,7 @@ SCHEMA = {
     "metrics": ["id", "run_id", "step", "name", "value", "created_at"],
     "checkpoints": ["id", "run_id", "step", "path", "created_at"],
     "attempts": ["rollout_id", "attempt", "status", "error", "exit_code", "output_tail",
-                 "success", "finished_at", "started_at", "grader_error"],
+                 "success", "finished_at", "started_at", "grader_error", "grade_detail"],
 }  # fmt: skip
 INDEXES = {
     "tasks": {"tasks_run_split": 0, "tasks_run_id": 1},
@@ -208,6 +208,32 @@ def test_migration_6_adds_the_grader_error_and_keeps_old_attempts(tmp_path, monk
         _migrations._m006_grader_error(conn)
 
 
+def test_migration_8_adds_the_grade_detail_and_keeps_old_attempts(tmp_path, monkeypatch):
+    """A file made before migration 8 keeps its attempt ends (no grade detail: None);
+    attempts after it keep what the judge saw and said, as JSON."""
+    path = tmp_path / "v7.db"
+    with monkeypatch.context() as m:
+        m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:7])
+        with Store(path) as old:
+            old.create_rollout(Rollout(id="r1"))
+    with closing(sqlite3.connect(path)) as conn, conn:  # an attempt as tether before 8 ended it
+        conn.execute("UPDATE rollouts SET status = 'failed', attempt = 1 WHERE id = 'r1'")
+        conn.execute(
+            "INSERT INTO attempts (rollout_id, attempt, status, error, finished_at) "
+            "VALUES ('r1', 1, 'failed', 'x', 5.0)"
+        )
+    detail = {"model": "j", "raw": "{}", "scores": {"1": 0.5}, "candidate": "1"}
+    with Store(path) as store:
+        assert store._db.migrations_run == len(_migrations.MIGRATIONS) - 7
+        store.finish_rollout("r1", "succeeded", attempt=store.start_attempt("r1"), reward=0.5,
+                             grade_detail=detail)  # fmt: skip
+        one, two = store.attempts("r1")
+        assert (one.error, one.grade_detail) == ("x", None)
+        assert two.grade_detail == detail
+    with closing(sqlite3.connect(path)) as conn:  # a re-run finds the column: a no-op
+        _migrations._m008_grade_detail(conn)
+
+
 def test_migration_7_numbers_train_steps_from_one(tmp_path, monkeypatch):
     """A file written when updates counted from 0: its train metrics move one step up (evals
     and checkpoints already counted updates), and its sync groups ``s{k}`` with their
@@ -219,6 +245,8 @@ def test_migration_7_numbers_train_steps_from_one(tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:6])
         with Store(path) as old:
+            with closing(sqlite3.connect(path)) as conn, conn:  # what this tether's
+                conn.execute("ALTER TABLE attempts ADD COLUMN grade_detail TEXT")  # writes need
             old.create_run({}, run_id="r")
             old.log_metrics("r", 0, {"eval/sampled_success": 0.25})
             old.log_metrics("r", 0, {"reward_mean": 0.5})  # update 1
@@ -236,7 +264,7 @@ def test_migration_7_numbers_train_steps_from_one(tmp_path, monkeypatch):
                 )  # fmt: skip
                 old.finish_rollout(rid, "succeeded", attempt=attempt, reward=float(len(rid)))
     with Store(path) as store:
-        assert store._db.migrations_run == 1
+        assert store._db.migrations_run == 2  # 7, and 8 finding its column
         got = [(m.step, m.name, m.value) for m in store.metrics("r")]
         assert sorted(got) == [
             (0, "eval/sampled_success", 0.25),

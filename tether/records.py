@@ -236,6 +236,9 @@ class AttemptEnd:
     in stores from before tether recorded it). ``grader_error`` is what the grader
     raised on the attempt: ``"KeyError: 'answr' (grader.py:12 in grade)"`` on its
     first line, then the traceback's last frames; None when it did not raise.
+    ``grade_detail`` is what a group grader (the judge) saw and answered for the
+    attempt: its model, prompt messages, raw answer and parsed scores (JSON); None
+    for other graders.
     """
 
     rollout_id: str
@@ -248,6 +251,7 @@ class AttemptEnd:
     finished_at: float = field(default_factory=_now)
     started_at: float | None = None
     grader_error: str | None = None
+    grade_detail: dict[str, Any] | None = None
 
 
 @dataclass

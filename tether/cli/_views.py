@@ -217,9 +217,14 @@ def _print_attempt(a: Any) -> None:
     if a.error:
         out.print(f"  error: {a.error}", highlight=False, markup=False)
     if a.grader_error:  # what the grader raised, with its traceback tail
-        out.print("  grader raised:", highlight=False, markup=False)
+        judged = bool(a.grade_detail)
+        out.print(
+            "  judge failed:" if judged else "  grader raised:", highlight=False, markup=False
+        )
         for line in a.grader_error.rstrip("\n").splitlines():
             out.print(f"  | {line}", highlight=False, markup=False, soft_wrap=True)
+    if a.grade_detail:
+        _print_judgement(a.grade_detail)
     lines = a.output_tail.rstrip("\n").splitlines()
     if lines:
         cut = len(lines) > TAIL_LINES
@@ -230,3 +235,30 @@ def _print_attempt(a: Any) -> None:
         )
         for line in lines[-TAIL_LINES:]:
             out.print(f"  | {line}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _print_judgement(d: dict[str, Any]) -> None:
+    """What the judge saw and said for this attempt: model, scores, its answer, its prompt."""
+    me = d.get("candidate")
+    scores = d.get("scores")
+    head = f"  judge {d.get('model', '?')}: candidate {me}"
+    if isinstance(scores, dict):
+        mine = scores.get(me)
+        table = "  ".join(f"{k}={v:g}" for k, v in scores.items())
+        head += f", score {mine:g}; the group: {table}"
+    _say(head)
+    why = (d.get("explanations") or {}).get(me)
+    if why:
+        _say(f"  judge's explanation: {why}")
+    if "raw" in d:
+        _say("  judge's answer:")
+        for line in str(d["raw"]).splitlines() or [""]:
+            _say(f"  | {line}")
+    for m in d.get("messages") or []:
+        _say(f"  judge's prompt ({m.get('role')}):")
+        for line in str(m.get("content")).splitlines():
+            _say(f"  | {line}")
+
+
+def _say(line: str) -> None:
+    out.print(line, highlight=False, markup=False, soft_wrap=True)

@@ -195,12 +195,13 @@ class RolloutLifecycle:
         output_tail: str = "",
         success: bool | None = None,
         grader_error: str | None = None,
+        grade_detail: dict[str, Any] | None = None,
     ) -> Rollout:
         """End a rollout's attempt (its token stops working) with an optional final reward.
 
-        ``exit_code``, ``output_tail`` (what the agent printed), ``success`` and
-        ``grader_error`` (what the grader raised) are kept with the attempt
-        (:meth:`Store.attempts`)."""
+        ``exit_code``, ``output_tail`` (what the agent printed), ``success``,
+        ``grader_error`` (what the grader raised) and ``grade_detail`` (what a judge saw
+        and said) are kept with the attempt (:meth:`Store.attempts`)."""
         self._sampling.pop(rollout_id, None)
         self._draws.pop(rollout_id, None)
         auth = self.store.rollout_auth(rollout_id)
@@ -228,6 +229,7 @@ class RolloutLifecycle:
             output_tail=output_tail,
             success=success,
             grader_error=grader_error,
+            grade_detail=grade_detail,
         )
 
     def record_reward(

@@ -4,7 +4,7 @@ the store and the trainer.
 - :class:`TrainingRun` (``_loop.py``): one run over a :class:`TrainConfig`;
   sync collection (``_collect.py``) or async (``_async.py``), tasks
   (``_tasks.py``), held-out evals (``_evaluate.py``), failed-collection
-  checks (``_failures.py``), run folders and ``--resume`` (``_rundir.py``),
+  checks (``_failures.py``), the judge grader (``_judge.py``), run folders and ``--resume`` (``_rundir.py``),
   what a run derives from its config and its final status (``_setup.py``);
   the run's parts, built once (``_parts.py``), and the typed events its
   listener gets (``_events.py``: :data:`RunEvent`);
@@ -34,6 +34,7 @@ _EXPORTS = {
     "EvalResult": "._evaluate",
     "EvalStart": "._events",
     "Grader": "._collect",
+    "JudgeConfig": ".config",
     "LoraConfig": ".config",
     "ModelConfig": ".config",
     "RankGroup": "._ranks",
@@ -90,6 +91,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._tasks import tasks_for_step as tasks_for_step
     from .config import CheckpointConfig as CheckpointConfig
     from .config import EvalConfig as EvalConfig
+    from .config import JudgeConfig as JudgeConfig
     from .config import LoraConfig as LoraConfig
     from .config import ModelConfig as ModelConfig
     from .config import RolloutConfig as RolloutConfig

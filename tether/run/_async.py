@@ -37,16 +37,17 @@ from typing import Any
 from tether.gateway import Gateway, OpenedRollout
 from tether.records import RolloutStatus, Task
 from tether.run._collect import (
-    Grader,
     RetryPolicy,
     RolloutOutcome,
     cancel_opened,
     end_quietly,
+    finish_groups,
     finish_outcome,
     gather_ended,
     run_attempts,
 )
-from tether.runner import Runner
+from tether.run._grading import AnyGrader, GroupGrader
+from tether.runner import AttemptResult, Runner
 from tether.trainer.errors import TrainerError
 
 __all__ = ["AsyncRollouts", "Group", "group_lag"]
@@ -86,7 +87,7 @@ class AsyncRollouts:
         task_at: Callable[[int], Task],
         n: int,
         *,
-        grader: Grader | None,
+        grader: AnyGrader | None,
         run_id: str,
         batch_groups: int,
         max_in_flight: int,
@@ -133,7 +134,10 @@ class AsyncRollouts:
             task = self.task_at(index)
             opened = self._open(gid, task)
             # the first rollout to raise cancels its siblings: they end before the group does
-            outcomes = await gather_ended([self._rollout(index, task, o) for o in opened])
+            if isinstance(self.grader, GroupGrader):  # the judge: the whole group at once
+                outcomes = await self._judged(index, task, opened)
+            else:
+                outcomes = await gather_ended([self._rollout(index, task, o) for o in opened])
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a store or gateway fault: stop the run, loudly
@@ -166,10 +170,12 @@ class AsyncRollouts:
             raise
         return opened
 
-    async def _rollout(self, group: int, task: Task, opened: OpenedRollout) -> RolloutOutcome:
-        """Run the rollout's attempts (retried as in sync mode); grade the last one."""
+    async def _attempts(
+        self, task: Task, opened: OpenedRollout
+    ) -> tuple[OpenedRollout, AttemptResult]:
+        """Run the rollout's attempts (retried as in sync mode); the last one and its result."""
         try:
-            final, result = await run_attempts(
+            return await run_attempts(
                 self.gw, self.runner, opened, task, self.retry, None, self.run_id
             )
         except asyncio.CancelledError:
@@ -178,9 +184,22 @@ class AsyncRollouts:
                 "cancelled: training ended while the rollout ran", current=True,
             )  # fmt: skip
             raise
+
+    async def _rollout(self, group: int, task: Task, opened: OpenedRollout) -> RolloutOutcome:
+        """Run the rollout's attempts; grade the last one (a per-rollout grader)."""
+        final, result = await self._attempts(task, opened)
+        assert not isinstance(self.grader, GroupGrader)
         return finish_outcome(
             self.gw, final, task, result, self.grader, group, self.success_threshold
         )
+
+    async def _judged(
+        self, group: int, task: Task, opened: list[OpenedRollout]
+    ) -> list[RolloutOutcome]:
+        """Run the group's rollouts; once all ended, the group grader grades them at once."""
+        finals = await gather_ended([self._attempts(task, o) for o in opened])
+        graded = [(group, task, o, result) for o, result in finals]
+        return await finish_groups(self.gw, graded, self.grader, self.success_threshold)
 
     def _drop_stale(self) -> int:
         if not self.drop_stale:

@@ -29,6 +29,12 @@ still graded, and the first error is raised after all of them ended; a
 failure while opening the rollouts cancels the ones already opened. A grader
 that raises ends only that rollout unusable, its exception kept with the
 attempt (``_grading``); ``_failures`` says it once per collection.
+
+A group grader (``rollout.grader: judge``) grades each group once all its
+rollouts' attempts ended (:func:`finish_groups`): the rollouts whose attempt
+succeeded are its candidates; its verdict on each is then stored exactly as a
+grader's return value would be, with what it saw and said (``grade_detail``).
+A per-rollout grader is called as before, one rollout at a time.
 """
 
 from __future__ import annotations
@@ -37,18 +43,22 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tether.gateway import Gateway, OpenedRollout
 from tether.records import Call, RewardSource, RolloutStatus, Task
 from tether.run._grading import (
+    AnyGrader,
     Grade,
     Grader,
     GraderFault,
+    GroupGrade,
+    GroupGrader,
     call_grader,
     clean_reward,
+    group_verdicts,
     is_success,
     load_grader,
     read_grade,
@@ -66,6 +76,7 @@ __all__ = [
     "collect_groups",
     "end_quietly",
     "finish_all",
+    "finish_groups",
     "finish_outcome",
     "gather_ended",
     "is_success",
@@ -115,11 +126,18 @@ class Collected:
         return [by[k] for k in sorted(by)]
 
 
+#: How one rollout is graded: by a per-rollout grader, by a group grader's verdict on it,
+#: or (None) by the agent's own reward.
+RolloutGrader = Grader | GroupGrade | None
+
+
 def _reward(
-    result: AttemptResult, task: dict[str, Any], grader: Grader | None, gw: Gateway
+    result: AttemptResult, task: dict[str, Any], grader: RolloutGrader, gw: Gateway
 ) -> tuple[Grade, RewardSource, GraderFault | None]:
     """(what the reward is, its source, what the grader raised); ``task`` is the whole
     row, its grader-only fields too."""
+    if isinstance(grader, GroupGrade):
+        return grader.grade, RewardSource.GRADER, grader.fault
     if grader is not None:
         grade, fault = call_grader(grader, task, result.final_answer)
         if fault is not None:  # said once per collection by _failures, kept with the attempt
@@ -225,7 +243,7 @@ def finish_outcome(
     opened: OpenedRollout,
     task: Task,
     result: AttemptResult,
-    grader: Grader | None,
+    grader: RolloutGrader,
     group: int,
     success_threshold: float | None = None,
 ) -> RolloutOutcome:
@@ -249,7 +267,7 @@ def finish_outcome(
         reward = clean_reward(raw)
     error = result.error
     if fault is not None:
-        error = f"the grader raised {fault.summary}"
+        error = fault.line
     elif result.ok and reward is None:
         error = "no usable reward (missing, NaN, inf or not a number)"
     success = result.ok and is_success(reward, flag, success_threshold)
@@ -265,6 +283,7 @@ def finish_outcome(
         output_tail=result.output_tail,
         success=success if result.ok else None,
         grader_error=fault.detail if fault else None,
+        grade_detail=grader.detail if isinstance(grader, GroupGrade) and result.ok else None,
     )
     calls = gw.store.calls(opened.rollout_id, attempt=opened.attempt)
     rewards_per_call = turn_rewards(gw, opened)
@@ -290,7 +309,7 @@ async def collect_groups(
     tasks: list[Task],
     n: int,
     *,
-    grader: Grader | None,
+    grader: AnyGrader | None,
     run_id: str,
     tag: str,
     sampling: dict[str, float] | None = None,
@@ -326,7 +345,7 @@ async def collect_groups(
         [run_attempts(gw, runner, o, task, policy, sampling, run_id) for _, task, o in opened]
     )
     graded = [(g, task, o, r) for (g, task, _), (o, r) in zip(opened, finals, strict=True)]
-    outcomes = finish_all(gw, graded, grader, success_threshold)
+    outcomes = await finish_groups(gw, graded, grader, success_threshold)
     tokens = sum(len(c.completion_ids) for o in outcomes for c in o.calls)
     return Collected(outcomes, time.perf_counter() - t0, tokens)
 
@@ -345,17 +364,40 @@ async def gather_ended(aws: list[Coroutine[Any, Any, T]]) -> list[T]:
         raise
 
 
+Ended = tuple[int, Task, OpenedRollout, AttemptResult]  # (group, task, attempt, its result)
+
+
+async def finish_groups(
+    gw: Gateway, graded: list[Ended], grader: AnyGrader | None, success_threshold: float | None
+) -> list[RolloutOutcome]:
+    """:func:`finish_all`, after a group grader judged each group (one call per group, the
+    groups at once); a per-rollout grader goes straight to :func:`finish_all`. Should the
+    judging itself raise or be cancelled, every rollout still ends first."""
+    if not isinstance(grader, GroupGrader):
+        return finish_all(gw, graded, [grader] * len(graded), success_threshold)
+    try:
+        verdicts = await group_verdicts(gw, [(g, t.data, o, r) for g, t, o, r in graded], grader)
+    except BaseException as exc:
+        cancelled = isinstance(exc, asyncio.CancelledError)
+        status = RolloutStatus.CANCELLED if cancelled else RolloutStatus.FAILED
+        for _, _, o, _ in graded:
+            end_quietly(gw, o, status, "cancelled" if cancelled else f"grading failed: {exc}")
+        raise
+    return finish_all(gw, graded, verdicts, success_threshold)
+
+
 def finish_all(
     gw: Gateway,
-    graded: list[tuple[int, Task, OpenedRollout, AttemptResult]],
-    grader: Grader | None,
+    graded: list[Ended],
+    graders: Sequence[RolloutGrader],
     success_threshold: float | None,
 ) -> list[RolloutOutcome]:
-    """:func:`finish_outcome` of each (group, task, attempt, result); every rollout ends even
-    when grading one raises (that one ends ``failed``), then the first error is raised."""
+    """:func:`finish_outcome` of each (group, task, attempt, result) with its grader; every
+    rollout ends even when grading one raises (that one ends ``failed``), then the first
+    error is raised."""
     outcomes: list[RolloutOutcome] = []
     first: Exception | None = None
-    for g, task, o, result in graded:
+    for (g, task, o, result), grader in zip(graded, graders, strict=True):
         try:
             outcomes.append(finish_outcome(gw, o, task, result, grader, g, success_threshold))
         except Exception as exc:

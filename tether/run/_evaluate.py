@@ -16,7 +16,8 @@ from typing import Any
 
 from tether.gateway import Gateway
 from tether.records import Task
-from tether.run._collect import Grader, RolloutOutcome, collect_groups
+from tether.run._collect import RolloutOutcome, collect_groups
+from tether.run._grading import AnyGrader
 from tether.run.config import EvalConfig
 
 __all__ = [
@@ -121,7 +122,7 @@ async def collect_eval(
     e: EvalConfig,
     *,
     step: int,
-    grader: Grader | None,
+    grader: AnyGrader | None,
     run_id: str,
     success_threshold: float | None,
 ) -> EvalRollouts:

@@ -94,14 +94,19 @@ def _grader_raised(outcomes: Sequence[RolloutOutcome], what: str) -> bool:
         return False
     first = raised[0]
     look = f"tether rollouts show {first.rollout_id}"
+    judge = (first.error or "").startswith("the judge")  # a group grader's failed verdict
     if len(raised) == len(outcomes):
-        raise GraderFailing(
-            f"the grader raised {first.grader_error} on every rollout of {what}; "
-            f"fix the grader ({look} has the traceback)"
+        line = first.error if judge else f"the grader raised {first.grader_error}"
+        fix = (
+            "check the judge (" + look + " has its prompt and answer)"
+            if judge
+            else (f"fix the grader ({look} has the traceback)")
         )
+        raise GraderFailing(f"{line} on every rollout of {what}; {fix}")
     log.warning(
-        "%s: the grader raised on %d of %d rollouts (unusable, not reward 0): %s (%s)",
+        "%s: the %s on %d of %d rollouts (unusable, not reward 0): %s (%s)",
         what,
+        "judge failed" if judge else "grader raised",
         len(raised),
         len(outcomes),
         first.grader_error,

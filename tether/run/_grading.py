@@ -12,10 +12,16 @@ A grader that raises makes its rollout unusable, never the run's reward 0:
 message with the place in the grader's own file (``KeyError: 'answr' (grader.py:12
 in grade)``) and the traceback's last frames, which the store keeps with the attempt
 (``tether rollouts show ID``, the dashboard's rollout page).
+
+A group grader (:class:`GroupGrader`: the judge of ``rollout.grader: judge``,
+``_judge``) grades a whole group at once instead: ``grade_group(task, candidates)``
+returns one :class:`GroupGrade` per rollout, each with what the grader saw and said
+(``detail``, stored with the attempt as its ``grade_detail``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import math
@@ -24,22 +30,28 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from tether.errors import UserError
-from tether.records import RewardSource
+from tether.records import Call, RewardSource
 
 if TYPE_CHECKING:
     from tether.gateway import Gateway, OpenedRollout
+    from tether.runner import AttemptResult
 
 __all__ = [
     "GRADE_SHAPE",
+    "AnyGrader",
+    "Candidate",
     "Grade",
     "Grader",
     "GraderFault",
+    "GroupGrade",
+    "GroupGrader",
     "call_grader",
     "clean_reward",
     "grader_fault",
+    "group_verdicts",
     "is_success",
     "load_grader",
     "read_grade",
@@ -71,10 +83,52 @@ _FRAMES = 6  # traceback frames kept (the last ones)
 
 @dataclass(frozen=True)
 class GraderFault:
-    """What a grader raised: ``summary`` is one line, ``detail`` adds the traceback tail."""
+    """What a grader raised: ``summary`` is one line, ``detail`` adds the traceback tail
+    (for the judge: why its grade failed, and its answer). ``by`` names who failed."""
 
     summary: str  # "KeyError: 'answr' (grader.py:12 in grade)"
     detail: str
+    by: str = "grader"  # or "judge"
+
+    @property
+    def line(self) -> str:
+        """The rollout's error: ``the grader raised KeyError: ...`` / ``the judge failed: ...``."""
+        return (
+            f"the grader raised {self.summary}"
+            if self.by == "grader"
+            else (f"the {self.by} failed: {self.summary}")
+        )
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One rollout of a group as a group grader sees it: its final answer and calls."""
+
+    answer: str | None
+    calls: tuple[Call, ...] = ()
+
+
+class GroupGrade(NamedTuple):
+    """A group grader's verdict on one rollout: the grade, the fault that replaces it
+    (None when graded), and what the grader saw and said (stored with the attempt)."""
+
+    grade: Grade
+    fault: GraderFault | None
+    detail: dict[str, Any]
+
+
+@runtime_checkable
+class GroupGrader(Protocol):
+    """Grades a group's rollouts at once (the judge): one :class:`GroupGrade` per candidate,
+    in order; a failure is a fault on every one of them, never a raise."""
+
+    async def grade_group(
+        self, task: dict[str, Any], candidates: list[Candidate]
+    ) -> list[GroupGrade]: ...
+
+
+#: What ``rollout.grader`` loads to: a per-rollout grader, or a group grader.
+AnyGrader = Grader | GroupGrader
 
 
 def load_grader(spec: str) -> Grader | None:
@@ -220,4 +274,33 @@ def turn_rewards(gw: Gateway, opened: OpenedRollout) -> dict[int, float]:
     for r in gw.store.rewards(opened.rollout_id):
         if r.attempt == opened.attempt and r.call_seq is not None:
             out[r.call_seq] = out.get(r.call_seq, 0.0) + r.value
+    return out
+
+
+async def group_verdicts(
+    gw: Gateway,
+    graded: list[tuple[int, dict[str, Any], OpenedRollout, AttemptResult]],
+    grader: GroupGrader,
+) -> list[GroupGrade | None]:
+    """The group grader's verdict on each (group, task row, attempt, result) of ``graded``
+    (None where the attempt did not succeed: no candidate), one ``grade_group`` per group,
+    the groups at once."""
+    groups: dict[int, list[int]] = {}
+    for i, (g, _, _, result) in enumerate(graded):
+        if result.ok:
+            groups.setdefault(g, []).append(i)
+    out: list[GroupGrade | None] = [None] * len(graded)
+
+    async def judge(members: list[int]) -> None:
+        task = graded[members[0]][1]
+        candidates = []
+        for i in members:
+            _, _, o, result = graded[i]
+            calls = tuple(gw.store.calls(o.rollout_id, attempt=o.attempt))
+            candidates.append(Candidate(result.final_answer, calls))
+        verdicts = await grader.grade_group(task, candidates)
+        for i, verdict in zip(members, verdicts, strict=True):
+            out[i] = verdict
+
+    await asyncio.gather(*(judge(members) for members in groups.values()))
     return out

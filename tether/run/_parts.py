@@ -30,8 +30,9 @@ from tether.dashboard import Catalog
 from tether.engine import Engine, TransformersEngine
 from tether.gateway import Gateway, GatewayConfig, LoopServer, create_app
 from tether.records import Run, Task
-from tether.run._collect import Grader, load_grader
 from tether.run._events import RunEvent, Status
+from tether.run._grading import AnyGrader
+from tether.run._judge import open_grader
 from tether.run._ranks import RankGroup
 from tether.run._rundir import ResumePoint
 from tether.run._setup import (
@@ -78,7 +79,7 @@ class RunParts:
     tracking: Tracking
     train_tasks: list[Task]
     val_tasks: list[Task]
-    grader: Grader | None
+    grader: AnyGrader | None
     gateway: Gateway
     #: The gateway's effective config: the admin key made when none was given, the
     #: server's URL, async mode's hold timeout (``cfg.gateway`` is left as given).
@@ -196,6 +197,7 @@ async def open_parts(
     resume: ResumePoint | None,
 ) -> RunParts:
     """Build the run's parts (their closes on ``stack``); ``engine`` replaces the embedded one."""
+    grader = await open_grader(cfg.rollout)  # first: a judge that cannot be reached stops it
     ranks = None
     if command == "train" and (cfg.trainer.processes > 1 or world_from_env() > 1):
         say(Status("starting the training processes"))
@@ -207,7 +209,7 @@ async def open_parts(
     model = await _model(cfg, stack, say, ranks, model_path, engine, push=push)
     records = _records(cfg, stack, say, command, resume)
     serving = await _serve(cfg, stack, say, model["engine"], model["tokenizer"], records["store"])
-    parts = RunParts(ranks=ranks, **model, **records, **serving)
+    parts = RunParts(ranks=ranks, grader=grader, **model, **records, **serving)
     trainer = parts.trainer
     _close(stack, trainer.stop)  # first at teardown: an update on its thread ends soon
     return parts
@@ -348,7 +350,6 @@ def _records(
         "tracking": tracking,
         "train_tasks": train_tasks,
         "val_tasks": val_tasks,
-        "grader": load_grader(cfg.rollout.grader),
     }
 
 

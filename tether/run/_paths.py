@@ -21,6 +21,7 @@ relative to. What moves, and how:
                        as written (they are relative to that cwd)
 ``tasks.source``       a JSONL path → the file's folder (``calc`` stays)
 ``rollout.grader``     ``path/file.py:function`` → the file's folder
+``rollout.judge.``     ``rubric_file`` → the file's folder
 ``agent.kubernetes.``  ``template`` → the file's folder (tether reads it here)
 =====================  ==========================================================
 
@@ -90,4 +91,11 @@ def resolve_file_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     rollout = data.get("rollout")
     if isinstance(rollout, dict) and "grader" in rollout:
         rollout["grader"] = _spec(folder, rollout["grader"])
+    judge = rollout.get("judge") if isinstance(rollout, dict) else None
+    if (
+        isinstance(judge, dict)
+        and isinstance(judge.get("rubric_file"), str)
+        and judge["rubric_file"]
+    ):
+        judge["rubric_file"] = _under(folder, judge["rubric_file"])
     return data

@@ -32,6 +32,7 @@ __all__ = [
     "CheckpointConfig",
     "EngineConfig",
     "EvalConfig",
+    "JudgeConfig",
     "LoraConfig",
     "ModelConfig",
     "RolloutConfig",
@@ -115,6 +116,59 @@ class TasksConfig:
 
 
 @dataclass
+class JudgeConfig:
+    #: The judge's OpenAI-compatible endpoint, e.g. https://api.openai.com/v1, or a
+    #: tether serve's record mode http://127.0.0.1:8000/v1; needed by rollout.grader=judge.
+    base_url: str = ""
+    #: The judge model's name at that endpoint, e.g. gpt-4.1-mini.
+    model: str = ""
+    #: The name of the environment variable that holds the judge's API key (e.g.
+    #: OPENAI_API_KEY); the key itself is never in the config or the store. Empty: no key.
+    api_key_env: str = ""
+    #: Grading standards added to the judge's prompt (text); empty = tether's default rubric.
+    rubric: str = ""
+    #: A text file holding the rubric instead (in a config file, relative to its folder).
+    rubric_file: str = ""
+    #: Show the judge each rollout's conversation (its last call's messages and reply),
+    #: not only its final answer.
+    conversation: bool = False
+    #: Ask for the answer's JSON shape with response_format json_schema (false for an
+    #: endpoint that refuses it: the prompt alone then asks for the shape).
+    structured: bool = True
+    #: Seconds one judge request may take.
+    timeout_s: float = 60.0
+    #: Most tokens of the judge's answer.
+    max_tokens: int = 1024
+    #: The judge's sampling temperature (0: its most likely verdict).
+    temperature: float = 0.0
+    #: Retries of a request that fails in transport (connection, timeout, 429, 5xx); an
+    #: answer that does not parse is not retried: the group's grade fails with its text.
+    retries: int = 2
+
+    def __post_init__(self) -> None:
+        _at_least(0, "rollout.judge.retries", self.retries, "0 sends each request once")
+        _at_least(1, "rollout.judge.max_tokens", self.max_tokens, "e.g. 1024")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise UserError(f"rollout.judge.timeout_s ({self.timeout_s}) must be > 0; e.g. 60")
+        t = self.temperature
+        if isinstance(t, bool) or not (math.isfinite(t) and t >= 0):
+            raise UserError(f"rollout.judge.temperature ({t}) must be >= 0; e.g. 0")
+        if self.rubric and self.rubric_file:
+            raise UserError(
+                "rollout.judge.rubric and rollout.judge.rubric_file are both set: keep one"
+            )
+
+    def check_ready(self) -> None:
+        """What ``rollout.grader: judge`` needs: an endpoint and a model."""
+        for key, fix in (("base_url", "http://127.0.0.1:8000/v1"), ("model", "gpt-4.1-mini")):
+            if not getattr(self, key):
+                raise UserError(
+                    f"rollout.grader=judge needs rollout.judge.{key}; set it, e.g. "
+                    f"rollout.judge.{key}={fix}"
+                )
+
+
+@dataclass
 class RolloutConfig:
     #: Rollouts per task (the GRPO group size).
     n: int = 8
@@ -124,7 +178,8 @@ class RolloutConfig:
     #: or -> {"reward": float, "success": bool} to say itself what counts as solved, and/or
     #: "turn_rewards": {call seq: float} beside "reward" (intermediate rewards, for
     #: trainer.credit=turn; a file path in a config file is relative to its folder);
-    #: empty = the agent's own reward.
+    #: "judge" = each group's rollouts scored against each other by a judge model
+    #: (rollout.judge, docs/judge.md); empty = the agent's own reward.
     grader: str = "tether.starter.calc:grade"
     #: When a rollout counts as a success (the success rate of train steps and evals), unless
     #: the grader says so itself: None = reward > 0; a number = reward >= success_threshold.
@@ -137,8 +192,12 @@ class RolloutConfig:
     #: batch_groups (the first batch included); when they run out the update trains on
     #: the groups with signal it has. 1 = drop without sampling more.
     max_oversample: int = 3
+    #: The judge of rollout.grader=judge: its endpoint, model, key and prompt.
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
 
     def __post_init__(self) -> None:
+        if self.grader == "judge":
+            self.judge.check_ready()
         _at_least(1, "rollout.max_oversample", self.max_oversample, "1 samples no extra groups")
         if self.n < 2:
             raise UserError(

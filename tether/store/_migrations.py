@@ -229,6 +229,17 @@ def _m007_steps_from_one(conn: sqlite3.Connection) -> None:
                 )
 
 
+def _m008_grade_detail(conn: sqlite3.Connection) -> None:
+    """``attempts.grade_detail``: what a group grader (``rollout.grader: judge``) saw and
+    said for the attempt, as JSON (the judge's model, prompt messages, raw answer, the
+    group's parsed scores, this rollout's candidate label); NULL for other graders. On
+    the attempt, not the reward row: a failed judgement has no reward, and must still
+    show the judge's text."""
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(attempts)")}
+    if "grade_detail" not in columns:
+        conn.execute("ALTER TABLE attempts ADD COLUMN grade_detail TEXT")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _m001_initial,
     _m002_attempts,
@@ -237,6 +248,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _m005_attempt_start,
     _m006_grader_error,
     _m007_steps_from_one,
+    _m008_grade_detail,
 ]
 
 

@@ -59,7 +59,7 @@ CALL_COLUMNS = (
 )
 ATTEMPT_COLUMNS = (
     "rollout_id, attempt, status, error, exit_code, output_tail, success, finished_at, started_at, "
-    "grader_error"
+    "grader_error, grade_detail"
 )
 REWARD_COLUMNS = "rollout_id, value, given, source, attempt, call_seq, created_at"
 METRIC_COLUMNS = "run_id, step, name, value, created_at"
@@ -105,6 +105,7 @@ def attempt_from_row(row: Row) -> AttemptEnd:
         finished_at=row[7],
         started_at=row[8],
         grader_error=row[9],
+        grade_detail=load_json(row[10]),
     )
 
 

@@ -278,12 +278,14 @@ class Store(RunLog, Browse):
         output_tail: str = "",
         success: bool | None = None,
         grader_error: str | None = None,
+        grade_detail: dict[str, Any] | None = None,
     ) -> Rollout:
         """End the current attempt with a final status; return the stored rollout.
 
         The attempt's end (status, ``error``, ``exit_code``, the last
         :data:`TAIL_BYTES` of ``output_tail``, ``success``, what the grader raised
-        as ``grader_error``) is also kept in its own row, which a retry does not
+        as ``grader_error``, what a judge saw and said as ``grade_detail``) is also kept
+        in its own row, which a retry does not
         clear (:meth:`attempts`).
 
         A ``reward`` is stored as the attempt's final reward (source defaults to
@@ -300,6 +302,7 @@ class Store(RunLog, Browse):
                 f"{new.value!r}; use start_attempt to run it again"
             )
         source = RewardSource(reward_source or RewardSource.ADMIN)
+        detail = None if grade_detail is None else dump_json(grade_detail, "grade_detail")
         with self._db.write() as conn:
             old, current = _state(conn, rollout_id)
             _check_attempt(rollout_id, attempt, current)
@@ -317,11 +320,12 @@ class Store(RunLog, Browse):
             )
             conn.execute(
                 "INSERT OR REPLACE INTO attempts (rollout_id, attempt, status, error, exit_code, "
-                "output_tail, success, finished_at, grader_error, started_at) "
-                "VALUES (?,?,?,?,?,?,?,?,?,(SELECT started_at FROM rollouts WHERE id = ?))",
+                "output_tail, success, finished_at, grader_error, grade_detail, started_at) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,(SELECT started_at FROM rollouts WHERE id = ?))",
                 (rollout_id, attempt, new.value, error, exit_code, keep_tail(output_tail or ""),
                  None if success is None else int(bool(success)), now,
-                 None if grader_error is None else grader_error[:TAIL_BYTES], rollout_id),
+                 None if grader_error is None else grader_error[:TAIL_BYTES], detail,
+                 rollout_id),
             )  # fmt: skip
             row = conn.execute(
                 f"SELECT {rows.ROLLOUT_COLUMNS} FROM rollouts WHERE id = ?", (rollout_id,)
