@@ -229,6 +229,13 @@ def _m007_steps_from_one(conn: sqlite3.Connection) -> None:
                 )
 
 
+def _m008_call_role(conn: sqlite3.Connection) -> None:
+    """``calls.role``: the agent role that made the call (several agents in one run, named
+    in the call's URL ``/rollouts/{id}/roles/{role}/v1``), NULL for a call without one;
+    rows from before roles existed stay NULL."""
+    conn.execute("ALTER TABLE calls ADD COLUMN role TEXT")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _m001_initial,
     _m002_attempts,
@@ -237,6 +244,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _m005_attempt_start,
     _m006_grader_error,
     _m007_steps_from_one,
+    _m008_call_role,
 ]
 
 
