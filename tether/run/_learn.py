@@ -20,7 +20,7 @@ from typing import Any
 from tether.run._collect import RolloutOutcome
 from tether.run._diagnostics import batch_diagnostics
 from tether.run.config import TrainConfig
-from tether.trainer.credit import RolloutRewards, assign_credit, carries_signal
+from tether.trainer.credit import RolloutRewards, assign_credit, call_roles, carries_signal
 from tether.trainer.samples import build_samples
 
 __all__ = ["Learning", "has_signal", "learn_metrics", "rollout_rewards", "trainable"]
@@ -47,7 +47,7 @@ def rollout_rewards(o: RolloutOutcome) -> RolloutRewards:
     """What credit needs of a usable outcome."""
     assert o.reward is not None
     turns = max((c.seq for c in o.calls), default=-1) + 1
-    return RolloutRewards(o.reward, turns, o.turn_rewards)
+    return RolloutRewards(o.reward, turns, o.turn_rewards, call_roles(o.calls, turns))
 
 
 def trainable(group: list[RolloutOutcome], credit: str) -> bool:

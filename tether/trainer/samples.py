@@ -69,6 +69,8 @@ class Sample:
     token_advantages: list[float] | None = None
     #: The ``seq`` of each call in this sample, in order (one segment of the rollout).
     call_seqs: list[int] = field(default_factory=list)
+    #: The role of its calls (``Call.role``; a sample never mixes roles), None without one.
+    role: str | None = None
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -140,7 +142,7 @@ def build_samples(
         kept = 0
         for segment in call_segments(ok):  # the calls of each segment, merged into one sample
             merged += len(segment.calls) - 1
-            s = Sample([], [], [], whole, index, segment.temperature, 0)
+            s = Sample([], [], [], whole, index, segment.temperature, 0, role=segment.role)
             s.token_advantages = [] if per_call is not None else None
             for call in segment.calls:
                 _append(s, call, per_call)
