@@ -50,6 +50,7 @@ __all__ = [
     "token_logprobs",
     "token_logprobs_and_entropy",
     "token_logprobs_from_hidden",
+    "weigh_roles",
 ]
 
 
@@ -174,6 +175,23 @@ def _append(target: Sample, call: Call, per_call: Mapping[int, float] | None) ->
         target.token_advantages.extend([float(per_call[call.seq])] * len(call.completion_ids))
     target.num_calls += 1
     target.call_seqs.append(call.seq)
+
+
+def weigh_roles(samples: Sequence[Sample], weights: Mapping[str, float]) -> list[Sample]:
+    """The samples an update trains, by role: a role's weight scales its advantages (so
+    its policy loss); weight 0 (a frozen role: ``train: false``) drops its samples. A
+    role not in ``weights``, and a sample without a role, keep theirs (weight 1)."""
+    out = []
+    for s in samples:
+        w = weights.get(s.role, 1.0) if s.role is not None else 1.0
+        if w == 0:
+            continue
+        if w != 1:
+            s.advantage *= w
+            if s.token_advantages is not None:
+                s.token_advantages = [a * w for a in s.token_advantages]
+        out.append(s)
+    return out
 
 
 def make_micro_batches(samples: Sequence[Sample], max_tokens_per_batch: int) -> list[list[Sample]]:
