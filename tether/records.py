@@ -189,12 +189,12 @@ class Rollout:
 
 #: A role name (``/rollouts/{id}/roles/{role}/v1``, the run config's ``roles``): a letter,
 #: then up to 63 letters, digits, ``_`` or ``-``.
-ROLE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+_ROLE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 
 
 def check_role_name(name: object) -> str:
-    """``name`` if it is a role name (:data:`ROLE_NAME`); ValueError naming the rule otherwise."""
-    if not isinstance(name, str) or not ROLE_NAME.fullmatch(name):
+    """``name`` if it is a role name; ValueError naming the rule otherwise."""
+    if not isinstance(name, str) or not _ROLE_NAME.fullmatch(name):
         raise ValueError(
             f"invalid role name {name!r}: use a letter, then up to 63 letters, digits, _ or -"
         )
