@@ -24,7 +24,7 @@ SCHEMA = {
     "calls": ["rollout_id", "attempt", "seq", "prompt_ids", "completion_ids", "logprobs",
               "n_prompt", "n_completion", "policy_version", "request", "response",
               "finish_reason", "temperature", "status", "error", "latency_s", "created_at",
-              "constraint_label"],
+              "constraint_label", "role"],
     "rewards": ["id", "rollout_id", "attempt", "call_seq", "value", "given", "source",
                 "created_at"],
     "metrics": ["id", "run_id", "step", "name", "value", "created_at"],
@@ -43,6 +43,16 @@ INDEXES = {
     "checkpoints": {"checkpoints_run_step": 0},
     "attempts": {"sqlite_autoindex_attempts_1": 1},
 }  # fmt: skip
+
+
+#: One call of rollout ``?`` as tether wrote it before migration 9 (no ``role`` column).
+_CALL_BEFORE_9 = (
+    "INSERT INTO calls (rollout_id, attempt, seq, prompt_ids, completion_ids, logprobs, "
+    "n_prompt, n_completion, policy_version, request, response, finish_reason, "
+    "temperature, status, error, latency_s, created_at, constraint_label) "
+    "VALUES (?, 1, 0, X'01000000', X'02000000', X'000000bf', 1, 1, 0, '{}', '{}', 'stop', "
+    "1.0, 'ok', NULL, 0, 0, NULL)"
+)
 
 
 def test_schema_after_migrating(tmp_path):
@@ -258,13 +268,11 @@ def test_migration_7_numbers_train_steps_from_one(tmp_path, monkeypatch):
                 gid = rid.rsplit("-", 1)[0] if rid != "x" else None
                 old.create_rollout(Rollout(id=rid, run_id="r", group_id=gid))
                 attempt = old.start_attempt(rid)
-                old.record_call(
-                    Call(rollout_id=rid, seq=0, prompt_ids=[1], completion_ids=[2],
-                         logprobs=[-0.5], policy_version=0)
-                )  # fmt: skip
+                with old._db.write() as conn:  # a call as tether before migration 9 wrote it
+                    conn.execute(_CALL_BEFORE_9, (rid,))
                 old.finish_rollout(rid, "succeeded", attempt=attempt, reward=float(len(rid)))
     with Store(path) as store:
-        assert store._db.migrations_run == 2  # 7, and 8 finding its column
+        assert store._db.migrations_run == 3  # 7, 8 finding its column, and 9
         got = [(m.step, m.name, m.value) for m in store.metrics("r")]
         assert sorted(got) == [
             (0, "eval/sampled_success", 0.25),
@@ -292,3 +300,27 @@ def test_migration_7_numbers_train_steps_from_one(tmp_path, monkeypatch):
         assert store.get_rollout("r-a-g3-0").group_id == "r-a-g3"
         with store._db.read() as conn:
             assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+
+
+def test_migration_9_records_call_roles_and_keeps_old_calls(tmp_path, monkeypatch):
+    """A file made before migration 9 keeps its calls (no role: NULL); new calls carry the
+    role named in their URL."""
+    path = tmp_path / "v8.db"
+    with monkeypatch.context() as m:
+        m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:8])
+        with Store(path) as old:
+            old.create_rollout(Rollout(id="r1"))
+            old.start_attempt("r1")
+            with old._db.write() as conn:
+                conn.execute(_CALL_BEFORE_9, ("r1",))
+    with Store(path) as store:
+        assert store._db.migrations_run == 1
+        store.record_call(
+            Call(rollout_id="r1", seq=-1, prompt_ids=[1], completion_ids=[3], logprobs=[-0.5],
+                 policy_version=0, role="critic")
+        )  # fmt: skip
+        calls = store.calls("r1")
+        assert [(c.role, c.completion_ids, c.logprobs) for c in calls] == [
+            (None, [2], [-0.5]),
+            ("critic", [3], [-0.5]),
+        ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,7 @@ __all__ = [
     "Split",
     "Task",
     "agent_task",
+    "check_role_name",
     "check_transition",
     "usable_reward",
 ]
@@ -185,6 +187,20 @@ class Rollout:
         return self.status is RolloutStatus.SUCCEEDED and usable_reward(self.reward)
 
 
+#: A role name (``/rollouts/{id}/roles/{role}/v1``, the run config's ``roles``): a letter,
+#: then up to 63 letters, digits, ``_`` or ``-``.
+_ROLE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+
+
+def check_role_name(name: object) -> str:
+    """``name`` if it is a role name; ValueError naming the rule otherwise."""
+    if not isinstance(name, str) or not _ROLE_NAME.fullmatch(name):
+        raise ValueError(
+            f"invalid role name {name!r}: use a letter, then up to 63 letters, digits, _ or -"
+        )
+    return name
+
+
 @dataclass
 class Call:
     """One model call. ``logprobs[i]`` is the log-probability of ``completion_ids[i]``
@@ -212,6 +228,7 @@ class Call:
     latency_s: float = 0.0
     created_at: float = field(default_factory=_now)
     constraint: str | None = None
+    role: str | None = None
 
 
 @dataclass

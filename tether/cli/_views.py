@@ -156,8 +156,10 @@ def print_rollout(store: Any, rollout_id: str, *, tokens: bool, tokenizer: Any =
         if tokenizer is None:
             out.print(f"token text not shown: {why}", markup=False, highlight=False, soft_wrap=True)
     for c in calls:
+        role = f"  role {c.role}" if c.role is not None else ""
         out.rule(
-            f"call {c.seq}  policy v{c.policy_version}  {c.status.value}  finish={c.finish_reason}  "
+            f"call {c.seq}{role}  policy v{c.policy_version}  {c.status.value}  "
+            f"finish={c.finish_reason}  "
             f"T={c.temperature:g}  {c.latency_s * 1000:.1f} ms"
         )
         if c.constraint:  # the tokens were drawn under a grammar; logprobs are unmasked

@@ -105,6 +105,7 @@ class ModelCalls:
         override: dict[str, float],
         recorded: dict[str, Any] | None = None,
         ceiling: bool = False,
+        role: str | None = None,
     ) -> CallContext:
         """Check and render one chat-shaped call (a ``ChatCompletionRequest``; the Responses
         and Messages routes map their requests onto one first); ``recorded`` adds keys to
@@ -143,11 +144,17 @@ class ModelCalls:
         return CallContext(
             rollout_id, attempt, tuple(prompt_ids), params, record,
             parse_tools=bool(req.tools) and req.tool_choice != "none",
-            max_tool_calls=1 if req.parallel_tool_calls is False else None,
+            max_tool_calls=1 if req.parallel_tool_calls is False else None, role=role,
         )  # fmt: skip
 
     def completion(
-        self, rollout_id: str, attempt: int, req: Any, *, override: dict[str, float]
+        self,
+        rollout_id: str,
+        attempt: int,
+        req: Any,
+        *,
+        override: dict[str, float],
+        role: str | None = None,
     ) -> CallContext:
         """Check and encode one text completion (a ``CompletionRequest``: text or token ids)."""
         params = sampling_params(
@@ -170,7 +177,7 @@ class ModelCalls:
             "prompt": req.prompt,
             "params": req.model_dump(exclude={"prompt"}, exclude_none=True),
         }
-        return CallContext(rollout_id, attempt, tuple(prompt_ids), params, record)
+        return CallContext(rollout_id, attempt, tuple(prompt_ids), params, record, role=role)
 
     def render(
         self,

@@ -6,6 +6,9 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from tether.errors import UserError
+from tether.records import check_role_name
+
+from ._exceptions import InvalidRequest, UnknownRole
 
 __all__ = ["DEFAULT_PORT", "GatewayConfig", "is_loopback"]
 
@@ -78,6 +81,10 @@ class GatewayConfig:
     log_prompts: bool = False
     #: Render and tokenize only the new turns of a rollout's conversation (tether.chat.HistoryCache).
     render_cache: bool = True
+    #: The agent roles served at /rollouts/{id}/roles/{role}/v1 (each call records its
+    #: role); another role gets a 404. None: any role name. A training run with a
+    #: roles section serves exactly its roles.
+    roles: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_n", "max_tokens", "max_messages", "max_tools", "max_body_bytes"):
@@ -99,6 +106,27 @@ class GatewayConfig:
             raise UserError(f"gateway.port ({self.port}) must be in 0..65535")
         if self.engine_timeout_s <= 0 or self.admission_timeout_s <= 0:
             raise UserError("gateway.engine_timeout_s and admission_timeout_s must be > 0")
+        if self.roles is not None:
+            self.roles = tuple(self.roles)
+            for name in self.roles:
+                try:
+                    check_role_name(name)
+                except ValueError as exc:
+                    raise UserError(f"gateway.roles: {exc}") from None
+
+    def check_role(self, role: str) -> str:
+        """``role`` if this gateway serves it: 400 for a malformed name, 404 for one not
+        in :attr:`roles`."""
+        try:
+            check_role_name(role)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param="role") from None
+        if self.roles is not None and role not in self.roles:
+            served = ", ".join(self.roles) or "none"
+            raise UnknownRole(
+                f"unknown role {role!r}: this run serves {served}; add it to the config's roles"
+            )
+        return role
 
     def check_bind(self) -> None:
         """Refuse to listen beyond loopback without an admin key."""

@@ -20,7 +20,8 @@ class CallContext:
     """A checked call: whose it is, what the engine gets and what is recorded with it.
 
     ``max_tool_calls=1`` (``parallel_tool_calls: false``) keeps only the first parsed
-    tool call in the answer and in the recorded response.
+    tool call in the answer and in the recorded response. ``params.adapter`` is the
+    role's adapter where the role has its own (``Gateway.prepare_chat``).
     """
 
     rollout_id: str
@@ -30,6 +31,7 @@ class CallContext:
     request: dict[str, Any]  # what is recorded as the call's request
     parse_tools: bool = False
     max_tool_calls: int | None = None
+    role: str | None = None  # the agent role named in the call's URL, recorded with it
 
     @property
     def conversation(self) -> tuple[str, int]:

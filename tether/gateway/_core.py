@@ -144,12 +144,14 @@ class Gateway:
         recorded: dict[str, Any] | None = None,
         *,
         ceiling: bool = False,
+        role: str | None = None,
     ) -> CallContext:
         """Check and render one chat-shaped call (nothing is generated or stored yet);
-        ``ceiling``: its max_tokens is an upper bound (``ModelCalls.chat``)."""
+        ``ceiling``: its max_tokens is an upper bound (``ModelCalls.chat``); ``role``: the
+        agent role named in its URL (recorded with the call)."""
         over = self.lifecycle.overrides(rollout_id)
         return self.calls.chat(
-            rollout_id, attempt, req, override=over, recorded=recorded, ceiling=ceiling
+            rollout_id, attempt, req, override=over, recorded=recorded, ceiling=ceiling, role=role
         )
 
     def prompt_tokens(self, req: Any) -> int:
@@ -157,10 +159,12 @@ class Gateway:
         or stored, no conversation's render cache is touched)."""
         return len(self.calls.render(req.messages, req.tools))
 
-    def prepare_completion(self, rollout_id: str, attempt: int, req: Any) -> CallContext:
+    def prepare_completion(
+        self, rollout_id: str, attempt: int, req: Any, *, role: str | None = None
+    ) -> CallContext:
         """Check and encode one text completion (nothing is generated or stored yet)."""
         over = self.lifecycle.overrides(rollout_id)
-        return self.calls.completion(rollout_id, attempt, req, override=over)
+        return self.calls.completion(rollout_id, attempt, req, override=over, role=role)
 
     async def generate(self, ctx: CallContext) -> tuple[list[Choice], list[int]]:
         """Run the engine, record one call per choice (committed before this returns), and

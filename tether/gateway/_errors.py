@@ -36,6 +36,7 @@ from ._exceptions import (
     InvalidRequest,
     ModelLoading,
     Unauthenticated,
+    UnknownRole,
     UnknownRollout,
 )
 
@@ -77,6 +78,7 @@ _STATUSES: tuple[tuple[type[Exception], int, str], ...] = (
     (Unauthenticated, 401, ""),
     (Forbidden, 403, ""),
     (UnknownRollout, 404, ""),
+    (UnknownRole, 404, ""),
     (Conflict, 409, ""),
     (ModelLoading, 503, ""),  # not ready yet: nothing failed
     (InvalidMessages, 400, ""),

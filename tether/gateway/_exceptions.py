@@ -28,6 +28,7 @@ __all__ = [
     "InvalidRequest",
     "ModelLoading",
     "Unauthenticated",
+    "UnknownRole",
     "UnknownRollout",
 ]
 
@@ -63,6 +64,10 @@ class Forbidden(GatewayError):
 
 class UnknownRollout(GatewayError):
     """No rollout with that id."""
+
+
+class UnknownRole(GatewayError):
+    """A role the gateway does not serve (``gateway.roles``, set from the run's ``roles``)."""
 
 
 class Conflict(GatewayError):

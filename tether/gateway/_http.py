@@ -8,7 +8,8 @@ that fails a check never reaches the engine and changes nothing stored.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,6 +26,7 @@ from ._errors import MAPPED, ApiError, anthropic_error_body, error_body, http_er
 __all__ = [
     "STREAMED",
     "body_schema",
+    "call_role",
     "gateway",
     "install_handlers",
     "is_anthropic",
@@ -32,6 +34,7 @@ __all__ = [
     "request_key",
     "require_admin",
     "rollout_attempt",
+    "rollout_route",
 ]
 
 
@@ -49,6 +52,33 @@ class _AnyRolloutId(Convertor):
 
 
 register_url_convertor("rid", _AnyRolloutId())
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _AnyRole(_AnyRolloutId):
+    """One path segment, any text: a malformed role gets a 400 that names the rule."""
+
+    regex = r"[^/]+"
+
+
+register_url_convertor("role", _AnyRole())
+
+
+def rollout_route(method: Callable[..., Any], path: str, **kwargs: Any) -> Callable[[F], F]:
+    """Register a rollout's route twice: at ``/rollouts/{id}{path}`` and at its role form
+    ``/rollouts/{id}/roles/{role}{path}`` (one function, the role in ``path_params``).
+
+    ``method`` is ``router.post`` or ``router.get``. The role form is registered first:
+    the rollout id's convertor takes "/" (so a bad id gets its 400), and the plain form
+    would read ``abc/roles/critic`` as an id.
+    """
+
+    def register(fn: F) -> F:
+        method(f"/rollouts/{{rollout_id:rid}}/roles/{{role:role}}{path}", **kwargs)(fn)
+        return method(f"/rollouts/{{rollout_id:rid}}{path}", **kwargs)(fn)
+
+    return register
 
 
 # -- dependencies ------------------------------------------------------------
@@ -70,8 +100,20 @@ def request_key(request: Request) -> str | None:
 
 
 def rollout_attempt(rollout_id: str, request: Request) -> int:
-    """The rollout's current attempt, if the request carries that rollout's own token."""
-    return gateway(request).authorize(rollout_id, request_key(request))
+    """The rollout's current attempt, if the request carries that rollout's own token (and,
+    on a role route, names a role the gateway serves: 400/404 otherwise)."""
+    gw = gateway(request)
+    attempt = gw.authorize(rollout_id, request_key(request))
+    role = request.path_params.get("role")
+    if role is not None:
+        gw.config.check_role(role)
+    return attempt
+
+
+def call_role(request: Request) -> str | None:
+    """The role named in the request's URL (``/rollouts/{id}/roles/{role}/v1/...``), checked
+    by :func:`rollout_attempt`; None on the plain routes and in record mode."""
+    return request.path_params.get("role")
 
 
 # -- bodies ------------------------------------------------------------------

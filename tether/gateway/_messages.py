@@ -31,7 +31,7 @@ from ._core import Gateway
 from ._deltas import Done
 from ._errors import ApiError, anthropic_error_body
 from ._event_stream import event_stream, primed
-from ._http import STREAMED, body_schema, gateway, parse, rollout_attempt
+from ._http import STREAMED, body_schema, call_role, gateway, parse, rollout_attempt, rollout_route
 from ._messages_items import ANTHROPIC_PARAM, chat_fields
 from ._messages_render import MessageMeta, content_blocks, events, message_body, stop_reason
 from ._messages_schema import CountTokensRequest, MessagesRequest
@@ -92,7 +92,9 @@ async def _messages(
     meta = MessageMeta(model=req.model)
     kept = req.model_dump(exclude={"messages", "system", "tools"}, exclude_none=True)
     recorded = {"api": "messages", "anthropic": {"id": meta.id, **kept}}
-    ctx = gw.prepare_chat(rollout_id, attempt, chat, recorded, ceiling=True)
+    ctx = gw.prepare_chat(
+        rollout_id, attempt, chat, recorded, ceiling=True, role=call_role(request)
+    )
     meta.input_tokens = len(ctx.prompt_ids)
 
     def final(done: Done) -> dict[str, Any]:
@@ -124,8 +126,9 @@ async def _count(gw: Gateway, request: Request) -> dict[str, int]:
     return {"input_tokens": gw.prompt_tokens(chat_request(req))}
 
 
-@router.post(
-    "/rollouts/{rollout_id:rid}/v1/messages",
+@rollout_route(
+    router.post,
+    "/v1/messages",
     tags=["anthropic"],
     openapi_extra=body_schema(MessagesRequest),
     responses=STREAMED,
@@ -139,8 +142,9 @@ async def rollout_messages(
     return await _messages(gw, rollout_id, attempt, request)
 
 
-@router.post(
-    "/rollouts/{rollout_id:rid}/v1/messages/count_tokens",
+@rollout_route(
+    router.post,
+    "/v1/messages/count_tokens",
     tags=["anthropic"],
     openapi_extra=body_schema(CountTokensRequest),
 )

@@ -18,7 +18,16 @@ from tether.records import RewardSource, RolloutStatus
 from ._auth import bearer, check_rollout_id
 from ._core import Gateway
 from ._errors import ApiError
-from ._http import STREAMED, body_schema, gateway, parse, request_key, rollout_attempt
+from ._http import (
+    STREAMED,
+    body_schema,
+    call_role,
+    gateway,
+    parse,
+    request_key,
+    rollout_attempt,
+    rollout_route,
+)
 from ._record_mode import OnEnd, recording
 from ._render import chat_body, completion_body
 from ._schemas import ChatCompletionRequest, CompletionRequest, RewardRequest
@@ -34,7 +43,7 @@ async def _chat(
 ) -> Any:
     """``on_end`` hears how the call ended (for a stream: when the stream ends)."""
     req: ChatCompletionRequest = await parse(request, ChatCompletionRequest)
-    ctx = gw.prepare_chat(rollout_id, attempt, req)
+    ctx = gw.prepare_chat(rollout_id, attempt, req, role=call_role(request))
     top = req.top_logprobs or 0
     if req.stream:
         return await stream_response(
@@ -75,8 +84,9 @@ async def healthz() -> dict[str, Any]:
     return {"status": "ok"}
 
 
-@router.post(
-    "/rollouts/{rollout_id:rid}/v1/chat/completions",
+@rollout_route(
+    router.post,
+    "/v1/chat/completions",
     tags=["openai"],
     openapi_extra=body_schema(ChatCompletionRequest),
     responses=STREAMED,
@@ -90,8 +100,9 @@ async def rollout_chat(
     return await _chat(gw, rollout_id, attempt, request)
 
 
-@router.post(
-    "/rollouts/{rollout_id:rid}/v1/completions",
+@rollout_route(
+    router.post,
+    "/v1/completions",
     tags=["openai"],
     openapi_extra=body_schema(CompletionRequest),
     responses=STREAMED,
@@ -103,7 +114,7 @@ async def rollout_completions(
     attempt: int = Depends(rollout_attempt),
 ):
     req: CompletionRequest = await parse(request, CompletionRequest)
-    ctx = gw.prepare_completion(rollout_id, attempt, req)
+    ctx = gw.prepare_completion(rollout_id, attempt, req, role=call_role(request))
     if req.stream:
         return await stream_response(
             gw.generate_stream(ctx, tokens=True),
@@ -126,7 +137,7 @@ async def rollout_completions(
     return JSONResponse(body)
 
 
-@router.get("/rollouts/{rollout_id:rid}/v1/models", tags=["openai"])
+@rollout_route(router.get, "/v1/models", tags=["openai"])
 async def rollout_models(
     gw: Gateway = Depends(gateway), _: int = Depends(rollout_attempt)
 ) -> dict[str, Any]:

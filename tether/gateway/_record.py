@@ -93,4 +93,5 @@ def _call(
         request=ctx.request,
         finish_reason=None,
         temperature=ctx.params.temperature,
+        role=ctx.role,
     )

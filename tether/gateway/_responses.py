@@ -23,7 +23,7 @@ from ._core import Gateway
 from ._deltas import Done
 from ._errors import ApiError
 from ._event_stream import event_stream, primed
-from ._http import STREAMED, body_schema, gateway, parse, rollout_attempt
+from ._http import STREAMED, body_schema, call_role, gateway, parse, rollout_attempt, rollout_route
 from ._record_mode import OnEnd, recording
 from ._render import _chat_logprobs, _usage
 from ._responses_items import RESPONSES_PARAM, chat_fields
@@ -85,7 +85,7 @@ async def _responses(
         usage = _usage(done.prompt_tokens, done.choices)
         return response_body(meta, output, status=final_status(choice), usage=usage)
 
-    ctx = gw.prepare_chat(rollout_id, attempt, chat, recorded)
+    ctx = gw.prepare_chat(rollout_id, attempt, chat, recorded, role=call_role(request))
     if req.stream:
         source = gw.generate_stream(ctx)
         deltas = await primed(source)
@@ -99,8 +99,9 @@ async def _responses(
     return JSONResponse(final(Done(choices, len(ctx.prompt_ids))))
 
 
-@router.post(
-    "/rollouts/{rollout_id:rid}/v1/responses",
+@rollout_route(
+    router.post,
+    "/v1/responses",
     tags=["openai"],
     openapi_extra=body_schema(ResponsesRequest),
     responses=STREAMED,

@@ -14,14 +14,15 @@ or no sample).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from tether.run._collect import RolloutOutcome
 from tether.run._diagnostics import batch_diagnostics
 from tether.run.config import TrainConfig
-from tether.trainer.credit import RolloutRewards, assign_credit, carries_signal
-from tether.trainer.samples import build_samples
+from tether.trainer.credit import RolloutRewards, assign_credit, call_roles, carries_signal
+from tether.trainer.samples import build_samples, weigh_roles
 
 __all__ = ["Learning", "has_signal", "learn_metrics", "rollout_rewards", "trainable"]
 
@@ -36,18 +37,22 @@ class Learning:
     #: rollout.filter_groups: train only groups that carry signal, at most this many
     #: (rollout.batch_groups); None = every kept group.
     signal_only: int | None = None
+    #: Each configured role's loss weight (0: frozen, its samples are not trained).
+    role_weights: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> Learning:
         t, r = cfg.trainer, cfg.rollout
-        return cls(t.advantage, t.credit, t.gamma, r.batch_groups if r.filter_groups else None)
+        weights = {n: role.weight if role.train else 0.0 for n, role in cfg.roles.items()}
+        only = r.batch_groups if r.filter_groups else None
+        return cls(t.advantage, t.credit, t.gamma, only, weights)
 
 
 def rollout_rewards(o: RolloutOutcome) -> RolloutRewards:
     """What credit needs of a usable outcome."""
     assert o.reward is not None
     turns = max((c.seq for c in o.calls), default=-1) + 1
-    return RolloutRewards(o.reward, turns, o.turn_rewards)
+    return RolloutRewards(o.reward, turns, o.turn_rewards, call_roles(o.calls, turns))
 
 
 def trainable(group: list[RolloutOutcome], credit: str) -> bool:
@@ -85,6 +90,10 @@ def learn_metrics(
     )
     flat = [o for g in kept for o in g]
     samples, sstats = build_samples([o.calls for o in flat], credit.advantages)
+    built = len(samples)
+    samples = weigh_roles(samples, how.role_weights)
+    if how.role_weights:
+        m["samples_frozen"] = float(built - len(samples))
     m["zero_variance_groups"] = float(credit.zero_variance_groups)
     m.update(batch_diagnostics(samples, len(flat), len(kept), credit.zero_variance_groups))
     m["merge_fraction"] = sstats.merge_fraction

@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tether.configio import build
 from tether.engine import EngineConfig
 from tether.errors import UserError
 from tether.gateway import GatewayConfig
+from tether.records import check_role_name
 from tether.run._paths import resolve_file_paths
 from tether.runner import RunnerConfig
 from tether.tracking import TrackingConfig, normalize_tracking
-from tether.trainer.config import LoraConfig, TrainerConfig
+from tether.trainer.config import LoraConfig, RoleConfig, TrainerConfig
 
 __all__ = [
     "CheckpointConfig",
@@ -35,6 +38,7 @@ __all__ = [
     "JudgeConfig",
     "LoraConfig",
     "ModelConfig",
+    "RoleConfig",
     "RolloutConfig",
     "TasksConfig",
     "TrackingConfig",
@@ -55,6 +59,24 @@ def _one_of(where: str, value: object, options: tuple[str, ...]) -> None:
     """The Literal fields' check for configs built in Python (configio checks loaded ones)."""
     if value not in options:
         raise UserError(f"{where} ({value!r}) must be one of {', '.join(map(repr, options))}")
+
+
+def _role_configs(roles: Mapping[str, Any]) -> dict[str, RoleConfig]:
+    """The ``roles`` mapping of a config (role name → RoleConfig or its fields), checked."""
+    out: dict[str, RoleConfig] = {}
+    for name, value in roles.items():
+        try:
+            check_role_name(name)
+        except ValueError as exc:
+            raise UserError(f"roles: {exc}") from None
+        role = (
+            value
+            if isinstance(value, RoleConfig)
+            else build(RoleConfig, value or {}, f"roles.{name}")
+        )
+        role.check(name)
+        out[name] = role
+    return out
 
 
 TrainDtype = Literal["float32", "bfloat16"]
@@ -288,6 +310,11 @@ class TrainConfig:
     #: Metrics to TensorBoard (default), W&B, MLflow: a list of sinks, or a mapping
     #: (sinks, log_samples, ...); see tether/tracking/config.py and docs/tracking.md.
     tracking: TrackingConfig | list[str] = field(default_factory=TrackingConfig)
+    #: Several agents in one run: each role an agent names in its URL
+    #: ({base}/rollouts/{id}/roles/{role}/v1) → {train, adapter, weight} (docs/credit.md,
+    #: "Roles"), e.g. {solver: {adapter: true}, critic: {train: false}}. Calls without a
+    #: role train the shared policy; {} = any role, each training the shared policy.
+    roles: dict[str, RoleConfig] = field(default_factory=dict)
     #: Continue the run of this name from its newest checkpoint (``tether train --resume``).
     resume: bool = False
     #: Free-form notes kept with the run's store record; tether reads none of them.
@@ -303,6 +330,7 @@ class TrainConfig:
             )
         self._check_async()
         self._check_engine()
+        self._check_roles()
 
     def _check_engine(self) -> None:
         e = self.engine
@@ -318,6 +346,34 @@ class TrainConfig:
                 f"model.rollout_dtype ({self.model.rollout_dtype}) is the embedded engine's; "
                 f"with engine.kind={e.kind} the server's own --dtype decides"
             )
+
+    def _check_roles(self) -> None:
+        self.roles = _role_configs(self.roles)
+        if not self.roles:
+            return
+        self.gateway.roles = tuple(self.roles)  # the gateway serves exactly these
+        special = [n for n, r in self.roles.items() if r.adapter or not r.train]
+        if not special:
+            return
+        if self.trainer.lora is None:
+            raise UserError(
+                f"roles {', '.join(special)}: own adapters and frozen roles need a LoRA trainer "
+                "(one base model, an adapter per role); set trainer.lora (e.g. trainer.lora.r=8)"
+            )
+        if self.engine.remote:
+            raise UserError(
+                f"roles {', '.join(special)}: own adapters and frozen roles are served by the "
+                f"embedded engine only; use engine.kind=transformers (not {self.engine.kind})"
+            )
+        if self.model.rollout_dtype != "float32" or self.trainer.processes != 1:
+            raise UserError(
+                f"roles {', '.join(special)}: own adapters and frozen roles need "
+                "model.rollout_dtype=float32 and trainer.processes=1 for now"
+            )
+        raise UserError(  # until the embedded engine serves per-role adapters
+            f"roles {', '.join(special)}: own adapters and frozen roles are not served yet; "
+            "give every role train: true and adapter: false (the shared policy)"
+        )
 
     def _check_async(self) -> None:
         t, b = self.trainer, self.rollout.batch_groups

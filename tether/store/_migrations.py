@@ -240,6 +240,13 @@ def _m008_grade_detail(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE attempts ADD COLUMN grade_detail TEXT")
 
 
+def _m009_call_role(conn: sqlite3.Connection) -> None:
+    """``calls.role``: the agent role that made the call (several agents in one run, named
+    in the call's URL ``/rollouts/{id}/roles/{role}/v1``), NULL for a call without one;
+    rows from before roles existed stay NULL."""
+    conn.execute("ALTER TABLE calls ADD COLUMN role TEXT")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _m001_initial,
     _m002_attempts,
@@ -249,6 +256,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _m006_grader_error,
     _m007_steps_from_one,
     _m008_grade_detail,
+    _m009_call_role,
 ]
 
 

@@ -55,7 +55,7 @@ ROLLOUT_COLUMNS = (
 CALL_COLUMNS = (
     "rollout_id, seq, prompt_ids, completion_ids, logprobs, policy_version, attempt, "
     "request, response, finish_reason, temperature, status, error, latency_s, created_at, "
-    "constraint_label"
+    "constraint_label, role"
 )
 ATTEMPT_COLUMNS = (
     "rollout_id, attempt, status, error, exit_code, output_tail, success, finished_at, started_at, "
@@ -127,6 +127,7 @@ def call_from_row(row: Row) -> Call:
         latency_s=row[13],
         created_at=row[14],
         constraint=row[15],
+        role=row[16],
     )
 
 

@@ -45,8 +45,8 @@ __all__ = ["Store"]
 _INSERT_CALL = (
     "INSERT INTO calls (rollout_id, attempt, seq, prompt_ids, completion_ids, logprobs, "
     "n_prompt, n_completion, policy_version, request, response, finish_reason, temperature, "
-    "status, error, latency_s, created_at, constraint_label) "
-    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    "status, error, latency_s, created_at, constraint_label, role) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 _NEXT_SEQ = "SELECT COALESCE(MAX(seq) + 1, 0) FROM calls WHERE rollout_id = ? AND attempt = ?"
 _STATE = "SELECT status, attempt FROM rollouts WHERE id = ?"
@@ -367,6 +367,7 @@ class Store(RunLog, Browse):
             call.latency_s,
             call.created_at,
             call.constraint,
+            call.role,
         ]
         with self._db.write() as conn:
             status, current = _state(conn, call.rollout_id)

@@ -55,6 +55,7 @@ ROW_FIELDS = {
 #: A call of an attempt (the items of the row's ``calls`` list).
 CALL_FIELDS = {
     "seq": "int64",
+    "role": "string",
     "policy_version": "int64",
     "status": "string",
     "finish_reason": "string",
@@ -92,6 +93,7 @@ def _call_row(c: Call, reward: float | None, advantage: float | None) -> dict[st
     request = c.request or {}
     return {
         "seq": c.seq,
+        "role": c.role,
         "policy_version": c.policy_version,
         "status": c.status.value,
         "finish_reason": c.finish_reason,

@@ -20,7 +20,7 @@ import math
 import re
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tether.records import Rollout, RolloutStatus
@@ -75,6 +75,8 @@ class RunCredit:
     credit: str = "trajectory"  # trainer.credit
     gamma: float = 1.0  # trainer.gamma
     signal_only: int | None = None  # rollout.filter_groups: rollout.batch_groups, else None
+    #: roles: each role's loss weight, 0 for a frozen one (``trainer.samples.weigh_roles``)
+    role_weights: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -159,9 +161,16 @@ def run_credit(config: dict[str, Any]) -> RunCredit:
     rollout = config.get("rollout")
     rollout = rollout if isinstance(rollout, dict) else {}
     batch = int(rollout.get("batch_groups") or 8)
+    roles = config.get("roles")
+    weights = {
+        str(name): float(role.get("weight", 1.0)) if role.get("train", True) else 0.0
+        for name, role in (roles if isinstance(roles, dict) else {}).items()
+        if isinstance(role, dict)
+    }
     return RunCredit(
         str(trainer.get("advantage") or "grpo"),
         str(trainer.get("credit") or "trajectory"),
         float(trainer.get("gamma", 1.0)),
         batch if rollout.get("filter_groups") else None,
+        weights,
     )

@@ -57,6 +57,7 @@ def step_samples(store: Any, step: int | None = None, run_id: str | None = None)
     One-line :class:`UserError` when the step is not in the store.
     """
     from tether.trainer import build_samples
+    from tether.trainer.samples import weigh_roles
 
     runs = [r for r in store.list_runs() if _is_training(r.config)]
     if run_id is not None:
@@ -85,11 +86,13 @@ def step_samples(store: Any, step: int | None = None, run_id: str | None = None)
         )
     assert step is not None
     rollouts = store.list_rollouts(run_id=chosen.id)
-    groups = step_groups(rollouts, run_credit(chosen.config), stored_rewards(store))[step]
+    how = run_credit(chosen.config)
+    groups = step_groups(rollouts, how, stored_rewards(store))[step]
     flat = [r for g in groups.kept for r in g]
     advantages = [a for row in groups.advantages for a in row]
     calls = [store.calls(r.id, attempt=r.attempt) for r in flat]
     samples, _ = build_samples(calls, advantages) if flat else ([], None)
+    samples = weigh_roles(samples, how.role_weights)
     return StepSamples(chosen.id, step, groups, samples, [r.id for r in flat])
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "PolicyLoss",
     "aggregate",
     "compute_advantages",
+    "keyed_advantages",
     "masked_mean",
     "mismatch_metrics",
     "returns_to_go",
@@ -235,6 +236,32 @@ def turn_advantages(
     signal = torch.zeros(num_groups, dtype=torch.bool, device=r.device)
     signal = signal.index_put((owner[~flat],), torch.tensor(True, device=r.device))
     return GroupAdvantages(out, num_groups, int((~signal).sum()))
+
+
+def keyed_advantages(
+    values: Tensor, key: Tensor, owner: Tensor, estimator: str = "grpo", eps: float = 1e-6
+) -> GroupAdvantages:
+    """Advantages of entries compared only within their key (e.g. per (group, role): the
+    calls of one agent role in a group's rollouts, docs/credit.md "Roles").
+
+    ``values`` ``[M]`` (finite), ``key`` ``[M]`` (each entry's comparison group, any
+    integer ids), ``owner`` ``[M]`` (the rollout group of each entry, any integer ids;
+    a key lies within one owner). Each key's entries are one group of the named
+    estimator (``reinforce_pp`` whitens over every entry). Returns advantages ``[M]``
+    float64, the number of owners, and how many owners have no key with signal.
+    """
+    if not values.shape == key.shape == owner.shape or values.dim() != 1:
+        raise ValueError("values, key and owner must all have one shape [M]")
+    v = values.to(torch.float64)
+    if v.numel() == 0:
+        return GroupAdvantages(v.clone(), 0, 0)
+    adv = compute_advantages(v, estimator, group_index=key, eps=eps).advantages
+    flat = _group_stats(v, torch.unique(key, return_inverse=True)[1])[3]
+    owners = torch.unique(owner, return_inverse=True)[1]
+    num = int(owners.max()) + 1
+    signal = torch.zeros(num, dtype=torch.bool, device=v.device)
+    signal = signal.index_put((owners[~flat],), torch.tensor(True, device=v.device))
+    return GroupAdvantages(adv, num, int((~signal).sum()))
 
 
 # --------------------------------------------------------------------------- policy losses

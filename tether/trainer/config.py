@@ -7,12 +7,13 @@ built, and every error names the value, the rule and the fix.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 from tether.errors import UserError
 
-__all__ = ["LoraConfig", "TrainerConfig"]
+__all__ = ["LoraConfig", "RoleConfig", "TrainerConfig"]
 
 
 def _positive(section: str, **values: float) -> None:
@@ -42,6 +43,28 @@ class LoraConfig:
             raise UserError(
                 "trainer.lora.target_modules is empty: name the modules to adapt, "
                 "e.g. [q_proj, k_proj, v_proj, o_proj]"
+            )
+
+
+@dataclass
+class RoleConfig:
+    """How one agent role is served and trained (the run config's ``roles``, docs/credit.md)."""
+
+    #: Train the role's calls (False: frozen, served by the starting weights, never trained).
+    train: bool = True
+    #: Its own LoRA adapter on the same base model (needs trainer.lora); False: the shared policy.
+    adapter: bool = False
+    #: Scales the role's advantages, so its policy loss (its KL term is not scaled); >= 0.
+    weight: float = 1.0
+
+    def check(self, name: str) -> None:
+        where = f"roles.{name}"
+        if not (math.isfinite(self.weight) and self.weight >= 0):
+            raise UserError(f"{where}.weight ({self.weight}) must be a finite number >= 0")
+        if self.adapter and not self.train:
+            raise UserError(
+                f"{where}: a frozen role (train: false) has no adapter of its own: it is served "
+                "by the starting weights; set adapter: false or train: true"
             )
 
 

@@ -50,6 +50,7 @@ __all__ = [
     "token_logprobs",
     "token_logprobs_and_entropy",
     "token_logprobs_from_hidden",
+    "weigh_roles",
 ]
 
 
@@ -69,6 +70,8 @@ class Sample:
     token_advantages: list[float] | None = None
     #: The ``seq`` of each call in this sample, in order (one segment of the rollout).
     call_seqs: list[int] = field(default_factory=list)
+    #: The role of its calls (``Call.role``; a sample never mixes roles), None without one.
+    role: str | None = None
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -140,7 +143,7 @@ def build_samples(
         kept = 0
         for segment in call_segments(ok):  # the calls of each segment, merged into one sample
             merged += len(segment.calls) - 1
-            s = Sample([], [], [], whole, index, segment.temperature, 0)
+            s = Sample([], [], [], whole, index, segment.temperature, 0, role=segment.role)
             s.token_advantages = [] if per_call is not None else None
             for call in segment.calls:
                 _append(s, call, per_call)
@@ -172,6 +175,23 @@ def _append(target: Sample, call: Call, per_call: Mapping[int, float] | None) ->
         target.token_advantages.extend([float(per_call[call.seq])] * len(call.completion_ids))
     target.num_calls += 1
     target.call_seqs.append(call.seq)
+
+
+def weigh_roles(samples: Sequence[Sample], weights: Mapping[str, float]) -> list[Sample]:
+    """The samples an update trains, by role: a role's weight scales its advantages (so
+    its policy loss); weight 0 (a frozen role: ``train: false``) drops its samples. A
+    role not in ``weights``, and a sample without a role, keep theirs (weight 1)."""
+    out = []
+    for s in samples:
+        w = weights.get(s.role, 1.0) if s.role is not None else 1.0
+        if w == 0:
+            continue
+        if w != 1:
+            s.advantage *= w
+            if s.token_advantages is not None:
+                s.token_advantages = [a * w for a in s.token_advantages]
+        out.append(s)
+    return out
 
 
 def make_micro_batches(samples: Sequence[Sample], max_tokens_per_batch: int) -> list[list[Sample]]:

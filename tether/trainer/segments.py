@@ -35,6 +35,7 @@ class Segment:
 
     calls: list[Call] = field(default_factory=list)
     temperature: float = 1.0
+    role: str | None = None  # every call's role (Call.role): roles never share a segment
 
     @property
     def tokens(self) -> list[int]:
@@ -43,9 +44,9 @@ class Segment:
         return [*last.prompt_ids, *last.completion_ids]
 
     def extended_by(self, call: Call) -> bool:
-        """Whether ``call`` continues this segment: same temperature, and its prompt starts
-        with the segment's tokens."""
-        if effective_temperature(call) != self.temperature:
+        """Whether ``call`` continues this segment: same temperature and role, and its prompt
+        starts with the segment's tokens."""
+        if effective_temperature(call) != self.temperature or call.role != self.role:
             return False
         last = self.calls[-1]
         n = len(last.prompt_ids) + len(last.completion_ids)
@@ -65,7 +66,7 @@ def call_segments(calls: Sequence[Call]) -> list[Segment]:
             continue
         target = next((s for s in reversed(segments) if s.extended_by(call)), None)
         if target is None:
-            target = Segment(temperature=effective_temperature(call))
+            target = Segment(temperature=effective_temperature(call), role=call.role)
             segments.append(target)
         target.calls.append(call)
     return segments
