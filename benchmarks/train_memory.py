@@ -47,6 +47,7 @@ class Row:
     lora: bool
     chunk: int  # trainer.logprob_chunk_tokens
     ckpt: bool  # trainer.gradient_checkpointing
+    every: int = 1  # trainer.checkpoint_every_n_layers
 
     @property
     def name(self) -> str:
@@ -54,7 +55,8 @@ class Row:
             "" if self.model == "0.5b" else f"-{self.model}"
         )
         head = "chunked" if self.chunk else "plain"
-        return f"{kind}/{head}" + ("+ckpt" if self.ckpt else "")
+        every = f"/{self.every}" if self.every > 1 else ""
+        return f"{kind}/{head}" + (f"+ckpt{every}" if self.ckpt else "")
 
 
 ROWS = {
@@ -66,6 +68,7 @@ ROWS = {
         Row("0.5b", True, 0, False),
         Row("0.5b", True, CHUNK, False),
         Row("0.5b", True, CHUNK, True),
+        Row("0.5b", True, CHUNK, True, every=2),
         Row("1.5b", True, CHUNK, True),
     ]
 }
@@ -117,7 +120,8 @@ def estimate_gib(row: Row, seqs: int, tokens: int) -> float:
     n = seqs * tokens
     state = params * (4 if row.lora else 24)
     per_layer = (12 * h + 4 * i + 3 * kv) * 4 * n
-    acts = (layers * h * 4 * n + 2 * per_layer) if row.ckpt else layers * per_layer
+    kept = layers - layers // row.every  # layers checkpointing leaves their activations
+    acts = (layers * h * 4 * n + (2 + kept) * per_layer) if row.ckpt else layers * per_layer
     head = 6 * min(row.chunk, n) * v * 4 if row.chunk else 5 * n * v * 4
     return 1.3 * (state + acts + head) / GIB + 1.0
 
@@ -169,6 +173,7 @@ def run_row(row: Row, seqs: int, tokens: int, device: str, train_dtype: str) -> 
         else None,
         logprob_chunk_tokens=row.chunk,
         gradient_checkpointing=row.ckpt,
+        checkpoint_every_n_layers=row.every,
         max_tokens_per_micro_batch=seqs * tokens,
     )
     trainer = PolicyTrainer(model, cfg, device=device, train_dtype=train_dtype)
@@ -209,7 +214,9 @@ def _child_main(args: argparse.Namespace) -> None:
 
 def _quick_rows() -> dict[str, Row]:
     return {
-        name: Row("quick", r.lora, r.chunk, r.ckpt) for name, r in ROWS.items() if r.model == "0.5b"
+        name: Row("quick", r.lora, r.chunk, r.ckpt, r.every)
+        for name, r in ROWS.items()
+        if r.model == "0.5b"
     }
 
 
