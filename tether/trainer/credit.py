@@ -1,14 +1,14 @@
 """Credit assignment: which advantage each call of a rollout trains with (``trainer.credit``).
 
 - ``trajectory`` (the default): every call of a rollout gets the rollout's
-  advantage, the final reward against its group (:func:`algorithms.compute_advantages`
+  advantage, the final reward against its group (:func:`advantages.compute_advantages`
   over ``[groups, n]``, exactly the update tether has always made). Intermediate
   rewards are ignored.
 - ``turn``: call ``k`` (its ``seq``, the turn index) gets the advantage of its own
   return-to-go, its and later calls' intermediate rewards plus the final reward,
-  discounted by ``gamma`` per call (:func:`algorithms.returns_to_go`), against the
+  discounted by ``gamma`` per call (:func:`advantages.returns_to_go`), against the
   returns of the other rollouts of its group at the same turn index
-  (:func:`algorithms.turn_advantages`).
+  (:func:`advantages.turn_advantages`).
 
 Intermediate rewards come from the store (the agent's ``POST /rollouts/{id}/reward``
 with ``call_seq``, the grader's ``turn_rewards``); several for one call add up. A
@@ -18,7 +18,7 @@ toward earlier turns' returns; they train nothing themselves).
 Roles (several agents in one run, each call recording the role named in its URL):
 when a batch's calls name two or more roles (no role counts as one), a role's
 calls are compared only with the same role's calls in their group's rollouts
-(:func:`algorithms.keyed_advantages`): ``trajectory`` compares the final rewards
+(:func:`advantages.keyed_advantages`): ``trajectory`` compares the final rewards
 of the group's rollouts that made a call of that role, ``turn`` the returns of
 the role's own ``k``-th call (its turn index among the role's calls). With one
 role or none the advantages are the ones above, bit for bit.
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tether.records import Call, Reward
-from tether.trainer import algorithms as A
+from tether.trainer import advantages as A
 
 __all__ = [
     "CREDIT_MODES",
@@ -133,7 +133,7 @@ def assign_credit(
 
 
 def _returns(flat: Sequence[RolloutRewards], gamma: float) -> torch.Tensor:
-    """``[N, K]`` every rollout's return-to-go per turn (:func:`algorithms.returns_to_go`)."""
+    """``[N, K]`` every rollout's return-to-go per turn (:func:`advantages.returns_to_go`)."""
     if not all(r.finite for r in flat):
         raise ValueError("turn rewards must be finite; drop rollouts with NaN/inf rewards first")
     width = max(max(r.num_turns for r in flat), 1)
