@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from tether._hf import adapter_config, adapter_weights, merged_copy
+from tether._memory import map_large_blocks
 from tether.trainer import algorithms as A
 from tether.trainer._forward import enable_gradient_checkpointing, forward_logprobs
 from tether.trainer.config import TrainerConfig
@@ -63,6 +64,8 @@ class PolicyTrainer:
         #: split across them and the gradients summed; None = this process alone.
         self.ranks = ranks
         self.device = torch.device(device)
+        if self.device.type == "cpu":
+            map_large_blocks()  # an update's freed activations leave no resident holes
         self.pad_id = pad_id
         self.autocast = train_dtype == "bfloat16"
         self.share_prefix = True
