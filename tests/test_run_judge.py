@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tether.configio import load_config
 from tether.errors import UserError
 from tether.records import RolloutStatus
 from tether.run import (
@@ -26,7 +27,7 @@ from tether.run import (
     TrainerConfig,
     TrainingRun,
 )
-from tether.run._grading import Candidate
+from tether.run._grading import Candidate, is_success
 from tether.run._judge import Judge, JudgeFailed, open_grader, parse_scores, response_schema
 from tether.run._paths import resolve_file_paths
 from tether.runner import RunnerConfig
@@ -119,6 +120,19 @@ def test_grader_judge_without_an_endpoint_or_model_is_one_line() -> None:
         JudgeConfig(rubric="a", rubric_file="r.txt")
     with pytest.raises(UserError, match=r"rollout\.judge\.retries \(-1\) must be >= 0"):
         JudgeConfig(retries=-1)
+
+
+def test_a_judge_counts_success_from_half_a_point_unless_told() -> None:
+    judge = JudgeConfig(base_url="http://x/v1", model="m")
+    assert RolloutConfig(grader="judge", judge=judge).success_threshold == 0.5
+    told = RolloutConfig(grader="judge", judge=judge, success_threshold=0.8)
+    assert told.success_threshold == 0.8
+    assert RolloutConfig().success_threshold is None  # other graders: reward > 0
+    # what a run sees: the config loaded from YAML with overrides
+    cfg = load_config(TrainConfig, None, ["rollout.grader=judge", "rollout.judge.base_url=http://x/v1",
+                             "rollout.judge.model=m"])  # fmt: skip
+    assert cfg.rollout.success_threshold == 0.5
+    assert not is_success(0.3, None, cfg.rollout.success_threshold)
 
 
 def test_the_rubric_file_is_relative_to_the_config_file(tmp_path: Path) -> None:
