@@ -93,6 +93,34 @@ def test_an_unusable_answer_is_refused_with_one_line(text: str, said: str) -> No
     assert "\n" not in str(e.value)
 
 
+def _answer(*verdicts: tuple[str, Any]) -> str:
+    return json.dumps(
+        {str(k): {"explanation": e, "score": v} for k, (e, v) in enumerate(verdicts, 1)}
+    )
+
+
+def test_a_long_explanation_is_cut_and_marked_but_a_bad_score_still_fails() -> None:
+    scores = parse_scores(_answer(("x" * 650, 1), ("short", 0)), 2)
+    assert scores["1"].explanation == "x" * 400 + "… [250 more characters cut]"
+    assert scores["1"].score == 1.0 and scores["2"].explanation == "short"
+    assert parse_scores(_answer(("x" * 400, 1), ("", 0)), 2)["1"].explanation == "x" * 400
+    with pytest.raises(JudgeFailed, match="1's score"):
+        parse_scores(_answer(("x" * 650, 1.5), ("ok", 0)), 2)
+    schema = response_schema(2)["properties"]["1"]["properties"]["explanation"]
+    assert schema["maxLength"] == 400  # constrained servers still get the bound
+
+
+def test_a_talkative_judge_still_grades_its_group() -> None:
+    talk = _answer(("right, because " * 60, 1), ("wrong", 0))
+    with ScriptedJudge(talk) as fake:
+        grades = asyncio.run(
+            _judge(fake.base_url).grade_group(TASK, [Candidate("5"), Candidate("6")])
+        )
+    assert [g.grade.reward for g in grades] == [1.0, 0.0] and all(g.fault is None for g in grades)
+    assert grades[0].detail["explanations"]["1"].endswith("more characters cut]")
+    assert grades[0].detail["raw"] == talk  # the judge's whole answer is kept
+
+
 def test_the_schema_requires_every_candidate_and_bounds_the_score() -> None:
     schema = response_schema(3)
     assert schema["required"] == ["1", "2", "3"] and schema["additionalProperties"] is False
