@@ -8,6 +8,7 @@ import asyncio
 import json
 import math
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -310,6 +311,15 @@ def test_a_run_trains_on_the_judges_scores_and_a_garbage_group_is_dropped(
         d = attempts[r.id].grade_detail
         assert d["scores"][d["candidate"]] == r.reward and math.isfinite(r.reward)
         assert by_length({}, r.final_answer or "(no final answer)") == r.reward
+        assert d["messages"][1]["content"].startswith("<task>")  # filled back in when read
+    # the judge's prompt is stored once per judged group, with its first candidate
+    db = sqlite3.connect(tmp_path / "judged" / "traces.sqlite")
+    stored = [json.loads(t) for (t,) in db.execute("SELECT grade_detail FROM attempts")
+              if t is not None]  # fmt: skip
+    db.close()
+    holders = [d for d in stored if "messages" in d]
+    assert len(holders) == len(judge.requests) and all(d["candidate"] == "1" for d in holders)
+    assert all("prompt_from" in d for d in stored if "messages" not in d)
 
 
 def test_rollouts_show_prints_the_judgement(starter_dir: Path, tmp_path: Path) -> None:
@@ -317,7 +327,7 @@ def test_rollouts_show_prints_the_judgement(starter_dir: Path, tmp_path: Path) -
         run = _train(_config(tmp_path, fake.base_url), starter_dir)
     path = tmp_path / "judged" / "traces.sqlite"
     with Store(path) as store:
-        rid = store.list_rollouts(run_id=run.run_record.id)[0].id
+        rid = store.list_rollouts(run_id=run.run_record.id)[1].id  # its prompt: the first's
     root = Path(__file__).resolve().parents[1]
     shown = subprocess.run(
         [sys.executable, "-m", "tether.cli", "rollouts", "show", rid, "--store", str(path)],
@@ -326,7 +336,7 @@ def test_rollouts_show_prints_the_judgement(starter_dir: Path, tmp_path: Path) -
     )  # fmt: skip
     text = shown.stdout
     assert shown.returncode == 0, shown.stderr
-    assert "judge scripted-judge: candidate 1, score" in text and "the group: 1=" in text
+    assert "judge scripted-judge: candidate 2, score" in text and "the group: 1=" in text
     assert "judge's answer:" in text and "judge's prompt (system):" in text
     assert '<candidate id="2">' in text
 
