@@ -340,3 +340,49 @@ def test_the_rollout_page_shows_what_the_grader_raised_and_the_run_its_held_out_
     events = visible(run_page.text)
     assert "held-out success: sampled 50%; mean reward 0.625" in events
     assert "held-out mean reward" in html.unescape(run_page.text)
+
+
+def test_the_rollout_page_shows_what_the_judge_saw_and_said_escaped(tmp_path: Path) -> None:
+    prompt = [
+        {"role": "system", "content": "You are a strict grader."},
+        {"role": "user", "content": f'<task>{{}}</task> <candidate id="1">{HOSTILE}</candidate>'},
+    ]
+    scores = {"1": {"explanation": HOSTILE, "score": 0.25}, "2": {"explanation": "ok", "score": 1}}
+    judged = {
+        "judge": "judge",
+        "model": "judge-<i>m</i>",
+        "messages": prompt,
+        "raw": json.dumps(scores),
+        "scores": {"1": 0.25, "2": 1.0},
+        "explanations": {"1": HOSTILE, "2": "right"},
+        "candidate": "1",
+    }
+    failed = {"judge": "judge", "model": "m", "messages": prompt, "raw": HOSTILE, "candidate": "2"}
+    why = "the judge failed: not JSON"
+    with Store(tmp_path / "j" / "traces.sqlite") as s:
+        run = s.create_run({"name": "j"}, "j-1")
+        for i, (reward, detail) in enumerate([(0.25, judged), (None, failed)]):
+            rid = f"j-1-s1-g{i}-0"
+            s.create_rollout(Rollout(id=rid, run_id=run.id, group_id=f"j-1-s1-g{i}", task={}))
+            a = s.start_attempt(rid)
+            fault = None if reward is not None else f"{why}\nthe judge's answer:\n{HOSTILE}"
+            s.finish_rollout(
+                rid, "succeeded", attempt=a, reward=reward, error=fault and why,
+                grader_error=fault, grade_detail=detail,
+            )  # fmt: skip
+    app = create_server_app(Catalog(runs_dir=tmp_path), KEY)
+    pages = get_all(app, ["/ui/s/j/rollout/j-1-s1-g0-0", "/ui/s/j/rollout/j-1-s1-g1-0"])
+    for page in pages:
+        assert page.status_code == 200
+        assert "<script>window" not in page.text and "<img src=x" not in page.text
+        assert "<i>m</i>" not in page.text and "<b>bold" not in page.text
+    text = visible(pages[0].text)
+    assert "the judge judge-<i>m</i>: candidate 1, score 0.25" in text
+    assert "1 (this rollout)" in text and "right" in text
+    assert text.count(HOSTILE) == 2  # the explanation, the prompt
+    assert json.dumps(HOSTILE)[1:-1] in text  # the raw answer
+    assert "the judge's prompt (2 messages)" in text and "You are a strict grader." in text
+    assert '<details class="judge-prompt">' in pages[0].text  # the prompt starts collapsed
+    text = visible(pages[1].text)
+    assert "the judge failed" in text and "the grader raised" not in text
+    assert "the judge m: candidate 2\n" in text  # no score: the judge failed

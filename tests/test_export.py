@@ -24,8 +24,16 @@ from tests.helpers import TETHER
 from tests.tracking_run import Tracked
 from tether.cli._track_run import run_export
 from tether.errors import UserError
+from tether.records import Rollout
 from tether.store import Store
-from tether.tracking import CALL_FIELDS, ROW_FIELDS, step_samples, write_report
+from tether.tracking import (
+    CALL_FIELDS,
+    ROW_FIELDS,
+    export_attempts,
+    step_samples,
+    write_report,
+    write_rows,
+)
 
 
 def tether(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -188,3 +196,33 @@ def test_report_of_a_store_without_training_is_one_line(tmp_path: Path) -> None:
     assert done.stderr.strip() == (
         "error: this store holds no training run: pass a run folder that `tether train` wrote"
     )
+
+
+def test_each_attempt_row_carries_what_the_judge_saw_and_said(tmp_path: Path) -> None:
+    detail = {
+        "judge": "judge",
+        "model": "m",
+        "messages": [{"role": "user", "content": "<task>…</task>"}],
+        "raw": '{"1": {"explanation": "right", "score": 1}}',
+        "scores": {"1": 1.0, "2": 0.0},
+        "explanations": {"1": "right", "2": "wrong"},
+        "candidate": "1",
+    }
+    with Store(tmp_path / "traces.sqlite") as s:
+        run = s.create_run({"name": "j"}, "j-1")
+        s.create_rollout(Rollout(id="j-1-s1-g0-0", run_id=run.id, group_id="j-1-s1-g0", task={}))
+        a = s.start_attempt("j-1-s1-g0-0")
+        s.finish_rollout("j-1-s1-g0-0", "failed", attempt=a, error="lost worker; retried")
+        a = s.start_attempt("j-1-s1-g0-0")
+        s.finish_rollout(
+            "j-1-s1-g0-0", "succeeded", attempt=a, reward=1.0, reward_source="grader",
+            success=True, grade_detail=detail,
+        )  # fmt: skip
+        rows = list(export_attempts(s))
+    assert (rows[0]["attempt"], rows[0]["grade_detail"]) == (1, None)  # the retried one
+    assert json.loads(rows[1]["grade_detail"]) == detail
+    for fmt in ("jsonl", "parquet"):  # both formats hold the column
+        out = tmp_path / f"rows.{fmt}"
+        assert write_rows(iter(rows), out, fmt) == 2
+        loaded = load(fmt, out, tmp_path / "hf")
+        assert [r["grade_detail"] for r in loaded] == [None, rows[1]["grade_detail"]]

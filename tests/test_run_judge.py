@@ -8,6 +8,7 @@ import asyncio
 import json
 import math
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tether.configio import load_config
 from tether.errors import UserError
 from tether.records import RolloutStatus
 from tether.run import (
@@ -26,7 +28,7 @@ from tether.run import (
     TrainerConfig,
     TrainingRun,
 )
-from tether.run._grading import Candidate
+from tether.run._grading import Candidate, is_success
 from tether.run._judge import Judge, JudgeFailed, open_grader, parse_scores, response_schema
 from tether.run._paths import resolve_file_paths
 from tether.runner import RunnerConfig
@@ -92,6 +94,34 @@ def test_an_unusable_answer_is_refused_with_one_line(text: str, said: str) -> No
     assert "\n" not in str(e.value)
 
 
+def _answer(*verdicts: tuple[str, Any]) -> str:
+    return json.dumps(
+        {str(k): {"explanation": e, "score": v} for k, (e, v) in enumerate(verdicts, 1)}
+    )
+
+
+def test_a_long_explanation_is_cut_and_marked_but_a_bad_score_still_fails() -> None:
+    scores = parse_scores(_answer(("x" * 650, 1), ("short", 0)), 2)
+    assert scores["1"].explanation == "x" * 400 + "… [250 more characters cut]"
+    assert scores["1"].score == 1.0 and scores["2"].explanation == "short"
+    assert parse_scores(_answer(("x" * 400, 1), ("", 0)), 2)["1"].explanation == "x" * 400
+    with pytest.raises(JudgeFailed, match="1's score"):
+        parse_scores(_answer(("x" * 650, 1.5), ("ok", 0)), 2)
+    schema = response_schema(2)["properties"]["1"]["properties"]["explanation"]
+    assert schema["maxLength"] == 400  # constrained servers still get the bound
+
+
+def test_a_talkative_judge_still_grades_its_group() -> None:
+    talk = _answer(("right, because " * 60, 1), ("wrong", 0))
+    with ScriptedJudge(talk) as fake:
+        grades = asyncio.run(
+            _judge(fake.base_url).grade_group(TASK, [Candidate("5"), Candidate("6")])
+        )
+    assert [g.grade.reward for g in grades] == [1.0, 0.0] and all(g.fault is None for g in grades)
+    assert grades[0].detail["explanations"]["1"].endswith("more characters cut]")
+    assert grades[0].detail["raw"] == talk  # the judge's whole answer is kept
+
+
 def test_the_schema_requires_every_candidate_and_bounds_the_score() -> None:
     schema = response_schema(3)
     assert schema["required"] == ["1", "2", "3"] and schema["additionalProperties"] is False
@@ -119,6 +149,19 @@ def test_grader_judge_without_an_endpoint_or_model_is_one_line() -> None:
         JudgeConfig(rubric="a", rubric_file="r.txt")
     with pytest.raises(UserError, match=r"rollout\.judge\.retries \(-1\) must be >= 0"):
         JudgeConfig(retries=-1)
+
+
+def test_a_judge_counts_success_from_half_a_point_unless_told() -> None:
+    judge = JudgeConfig(base_url="http://x/v1", model="m")
+    assert RolloutConfig(grader="judge", judge=judge).success_threshold == 0.5
+    told = RolloutConfig(grader="judge", judge=judge, success_threshold=0.8)
+    assert told.success_threshold == 0.8
+    assert RolloutConfig().success_threshold is None  # other graders: reward > 0
+    # what a run sees: the config loaded from YAML with overrides
+    cfg = load_config(TrainConfig, None, ["rollout.grader=judge", "rollout.judge.base_url=http://x/v1",
+                             "rollout.judge.model=m"])  # fmt: skip
+    assert cfg.rollout.success_threshold == 0.5
+    assert not is_success(0.3, None, cfg.rollout.success_threshold)
 
 
 def test_the_rubric_file_is_relative_to_the_config_file(tmp_path: Path) -> None:
@@ -268,6 +311,15 @@ def test_a_run_trains_on_the_judges_scores_and_a_garbage_group_is_dropped(
         d = attempts[r.id].grade_detail
         assert d["scores"][d["candidate"]] == r.reward and math.isfinite(r.reward)
         assert by_length({}, r.final_answer or "(no final answer)") == r.reward
+        assert d["messages"][1]["content"].startswith("<task>")  # filled back in when read
+    # the judge's prompt is stored once per judged group, with its first candidate
+    db = sqlite3.connect(tmp_path / "judged" / "traces.sqlite")
+    stored = [json.loads(t) for (t,) in db.execute("SELECT grade_detail FROM attempts")
+              if t is not None]  # fmt: skip
+    db.close()
+    holders = [d for d in stored if "messages" in d]
+    assert len(holders) == len(judge.requests) and all(d["candidate"] == "1" for d in holders)
+    assert all("prompt_from" in d for d in stored if "messages" not in d)
 
 
 def test_rollouts_show_prints_the_judgement(starter_dir: Path, tmp_path: Path) -> None:
@@ -275,7 +327,7 @@ def test_rollouts_show_prints_the_judgement(starter_dir: Path, tmp_path: Path) -
         run = _train(_config(tmp_path, fake.base_url), starter_dir)
     path = tmp_path / "judged" / "traces.sqlite"
     with Store(path) as store:
-        rid = store.list_rollouts(run_id=run.run_record.id)[0].id
+        rid = store.list_rollouts(run_id=run.run_record.id)[1].id  # its prompt: the first's
     root = Path(__file__).resolve().parents[1]
     shown = subprocess.run(
         [sys.executable, "-m", "tether.cli", "rollouts", "show", rid, "--store", str(path)],
@@ -284,7 +336,7 @@ def test_rollouts_show_prints_the_judgement(starter_dir: Path, tmp_path: Path) -
     )  # fmt: skip
     text = shown.stdout
     assert shown.returncode == 0, shown.stderr
-    assert "judge scripted-judge: candidate 1, score" in text and "the group: 1=" in text
+    assert "judge scripted-judge: candidate 2, score" in text and "the group: 1=" in text
     assert "judge's answer:" in text and "judge's prompt (system):" in text
     assert '<candidate id="2">' in text
 

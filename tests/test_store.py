@@ -530,3 +530,26 @@ def test_crash_check_notices_a_lost_write(tmp_path):
     Store(path).close()
     assert verify(path, [], "") == []
     assert verify(path, ["call x-0 1 0"], "x-") == ["acknowledged call lost: call x-0 1 0"]
+
+
+def test_a_judged_attempt_reads_the_prompt_its_group_stores_once(tmp_path) -> None:
+    prompt = [{"role": "user", "content": "<task>...</task>"}]
+    with Store(tmp_path / "t.db") as s:
+        for i in range(3):
+            s.create_rollout(Rollout(id=f"g-{i}", group_id="g", task={}))
+            s.start_attempt(f"g-{i}")
+        s.finish_rollout(
+            "g-0", "succeeded", attempt=1, grade_detail={"candidate": "1", "messages": prompt}
+        )
+        ref = {"rollout_id": "g-0", "attempt": 1}
+        s.finish_rollout(
+            "g-1", "succeeded", attempt=1, grade_detail={"candidate": "2", "prompt_from": ref}
+        )
+        gone = {"rollout_id": "nowhere", "attempt": 1}
+        s.finish_rollout(
+            "g-2", "succeeded", attempt=1, grade_detail={"candidate": "3", "prompt_from": gone}
+        )
+        (one,), (two,), (three,) = (s.attempts(f"g-{i}") for i in range(3))
+    assert two.grade_detail == {"candidate": "2", "prompt_from": ref, "messages": prompt}
+    assert one.grade_detail == {"candidate": "1", "messages": prompt}
+    assert three.grade_detail == {"candidate": "3", "prompt_from": gone}  # the rest still reads

@@ -255,7 +255,8 @@ class AttemptEnd:
     first line, then the traceback's last frames; None when it did not raise.
     ``grade_detail`` is what a group grader (the judge) saw and answered for the
     attempt: its model, prompt messages, raw answer and parsed scores (JSON); None
-    for other graders.
+    for other graders. The store keeps a group's prompt once (the others' detail names
+    that attempt as ``prompt_from``) and fills it back in when it reads attempts.
     """
 
     rollout_id: str

@@ -15,6 +15,8 @@ from tether.dashboard._views import (
     chart_layout,
     events,
     group_phase,
+    judgement,
+    message_text,
     outcome,
     phase_prefix,
     run_header,
@@ -35,7 +37,6 @@ __all__ = [
     "runs_page",
 ]
 
-MAX_TEXT = 20_000  # characters of one message shown; the rest is counted
 PER_PAGE = 50
 SORTS = ("created", "reward", "status", "task", "calls", "tokens", "duration")
 
@@ -280,37 +281,21 @@ def _estimator(run: Run | None) -> str:
 # -- one rollout -------------------------------------------------------------------------
 
 
-def _text(value: Any) -> dict[str, Any]:
-    """Message content as text (parts joined; other shapes as JSON), capped."""
-    if value is None:
-        text = ""
-    elif isinstance(value, str):
-        text = value
-    elif isinstance(value, list):
-        text = "".join(
-            p.get("text", "") if isinstance(p, dict) and isinstance(p.get("text"), str) else str(p)
-            for p in value
-        )
-    else:
-        text = str(value)
-    return {"text": text[:MAX_TEXT], "cut": max(len(text) - MAX_TEXT, 0)}
-
-
 def _tool_calls(message: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for tc in message.get("tool_calls") or []:
         fn = tc.get("function") if isinstance(tc, dict) else None
         if isinstance(fn, dict):
-            out.append({"name": str(fn.get("name", "")), **_text(fn.get("arguments"))})
+            out.append({"name": str(fn.get("name", "")), **message_text(fn.get("arguments"))})
     return out
 
 
 def _message(m: Any) -> dict[str, Any]:
     if not isinstance(m, dict):
-        return {"role": "?", **_text(m), "tool_calls": [], "tool_call_id": None}
+        return {"role": "?", **message_text(m), "tool_calls": [], "tool_call_id": None}
     return {
         "role": str(m.get("role", "?")),
-        **_text(m.get("content")),
+        **message_text(m.get("content")),
         "tool_calls": _tool_calls(m),
         "tool_call_id": m.get("tool_call_id"),
     }
@@ -352,7 +337,7 @@ def _call(call: Call, decode: Any, rewards: dict[int, list[Any]]) -> dict[str, A
     return {
         "c": call,
         "messages": [_message(m) for m in messages] if isinstance(messages, list) else [],
-        "prompt": None if "prompt" not in request else _text(request.get("prompt")),
+        "prompt": None if "prompt" not in request else message_text(request.get("prompt")),
         "tools": [
             str((t.get("function") or {}).get("name", "?"))
             for t in request.get("tools") or []
@@ -388,8 +373,14 @@ def rollout_page(
             if w.attempt == n and w.call_seq is not None:
                 mine.setdefault(w.call_seq, []).append(w)
         calls = store.calls(r.id, attempt=n)
+        end = ends.get(n)
         attempts.append(
-            {"n": n, "end": ends.get(n), "calls": [_call(c, decode, mine) for c in calls]}
+            {
+                "n": n,
+                "end": end,
+                "judge": judgement(end.grade_detail if end else None),
+                "calls": [_call(c, decode, mine) for c in calls],
+            }
         )
     members = store.list_rollouts(group_id=r.group_id) if r.group_id else [r]
     phase, step = group_phase(r.run_id, r.group_id)

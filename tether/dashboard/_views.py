@@ -23,6 +23,8 @@ __all__ = [
     "chart_layout",
     "events",
     "group_phase",
+    "judgement",
+    "message_text",
     "outcome",
     "run_header",
     "sparkline",
@@ -54,6 +56,7 @@ _HIDDEN = {
     "rollouts",
     "micro_batches",
 }
+MAX_TEXT = 20_000  # characters of one message shown; the rest is counted
 _GROUP = re.compile(r"-(s|eval)(\d+)(?:-(s|g))?-g\d+$")
 
 
@@ -240,3 +243,61 @@ def advantages(
     except ValueError:
         return None
     return {r.id: a for r, a in zip(members, adv.advantages, strict=True)}
+
+
+def message_text(value: Any) -> dict[str, Any]:
+    """Message content as text (parts joined; other shapes as JSON), capped."""
+    if value is None:
+        text = ""
+    elif isinstance(value, str):
+        text = value
+    elif isinstance(value, list):
+        text = "".join(
+            p.get("text", "") if isinstance(p, dict) and isinstance(p.get("text"), str) else str(p)
+            for p in value
+        )
+    else:
+        text = str(value)
+    return {"text": text[:MAX_TEXT], "cut": max(len(text) - MAX_TEXT, 0)}
+
+
+def judgement(detail: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a judge saw and said for one attempt (its ``grade_detail``), for the page:
+    the model, this rollout's candidate label and score, the group's scores and
+    explanations (this one's marked), the raw answer and the prompt; None without one.
+    Every value is the judge's text or from it: the template escapes it all."""
+    if not detail:
+        return None
+    me = str(detail.get("candidate", ""))
+    scores: dict[str, Any] = _of(detail, "scores", dict)
+    why: dict[str, Any] = _of(detail, "explanations", dict)
+    group = [
+        {"label": str(k), "score": _number(v), "explanation": str(why.get(k, "")), "me": k == me}
+        for k, v in scores.items()
+    ]
+    raw = detail.get("raw")
+    messages: list[Any] = _of(detail, "messages", list)
+    return {
+        "model": str(detail.get("model", "?")),
+        "candidate": me,
+        "score": _number(scores.get(me)),
+        "explanation": str(why.get(me, "")),
+        "group": group,
+        "raw": None if raw is None else message_text(str(raw)),
+        "messages": [
+            {"role": str(m.get("role", "?")), **message_text(m.get("content"))}
+            for m in messages
+            if isinstance(m, dict)
+        ],
+    }
+
+
+def _of(detail: dict[str, Any], key: str, kind: type) -> Any:
+    """``detail[key]`` when it is a ``kind`` (a dict or a list), else an empty one."""
+    value = detail.get(key)
+    return value if isinstance(value, kind) else kind()
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    return float(value) if ok else None

@@ -2,7 +2,8 @@
 the store and the trainer.
 
 - :class:`TrainingRun` (``_loop.py``): one run over a :class:`TrainConfig`;
-  sync collection (``_collect.py``) or async (``_async.py``), tasks
+  sync collection (``_collect.py``; grading and ending each rollout:
+  ``_finish.py``) or async (``_async.py``), tasks
   (``_tasks.py``), held-out evals (``_evaluate.py``), failed-collection
   checks (``_failures.py``), the judge grader (``_judge.py``), run folders and ``--resume`` (``_rundir.py``),
   what a run derives from its config and its final status (``_setup.py``);
@@ -41,7 +42,7 @@ _EXPORTS = {
     "Resumed": "._events",
     "RetryPolicy": "._collect",
     "RolloutConfig": ".config",
-    "RolloutOutcome": "._collect",
+    "RolloutOutcome": "._finish",
     "RunEvent": "._events",
     "Status": "._events",
     "StepDone": "._events",
@@ -67,7 +68,6 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
     from ._collect import Grader as Grader
     from ._collect import RetryPolicy as RetryPolicy
-    from ._collect import RolloutOutcome as RolloutOutcome
     from ._collect import collect_groups as collect_groups
     from ._diagnostics import batch_diagnostics as batch_diagnostics
     from ._evaluate import EvalResult as EvalResult
@@ -80,6 +80,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._events import RunEvent as RunEvent
     from ._events import Status as Status
     from ._events import StepDone as StepDone
+    from ._finish import RolloutOutcome as RolloutOutcome
     from ._loop import TrainingRun as TrainingRun
     from ._ranks import RankGroup as RankGroup
     from ._ranks import rank_from_env as rank_from_env

@@ -36,16 +36,8 @@ from typing import Any
 
 from tether.gateway import Gateway, OpenedRollout
 from tether.records import RolloutStatus, Task
-from tether.run._collect import (
-    RetryPolicy,
-    RolloutOutcome,
-    cancel_opened,
-    end_quietly,
-    finish_groups,
-    finish_outcome,
-    gather_ended,
-    run_attempts,
-)
+from tether.run._collect import RetryPolicy, cancel_opened, gather_ended, run_attempts
+from tether.run._finish import RolloutOutcome, end_quietly, finish_groups, finish_outcome
 from tether.run._grading import AnyGrader, GroupGrader
 from tether.runner import AttemptResult, Runner
 from tether.trainer.errors import TrainerError

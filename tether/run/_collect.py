@@ -1,4 +1,4 @@
-"""Running groups of rollouts through the gateway and a runner, and grading them.
+"""Running groups of rollouts through the gateway and a runner, then grading them.
 
 Attempts: a rollout's attempt that ends by an infrastructure fault
 (``AttemptResult.infra``: a foreign kill, a lost worker or node, an evicted
@@ -11,15 +11,7 @@ and its reward; writes still arriving from an older attempt are refused.
 Every attempt's end (status, error, exit code, output tail) is kept in the
 store, retried ones too.
 
-Success: a grader returns the reward as a float, or ``{"reward": float,
-"success": bool}`` to say itself whether the task was solved (a coding task:
-the failing tests now pass, not merely a partial reward). Beside the reward it
-may return ``"turn_rewards": {seq: float}``, intermediate rewards of the
-rollout's calls: they are stored as the grader's (a seq naming no call of the
-attempt is a grader bug), and with the agent's own intermediate rewards they
-are the outcome's ``turn_rewards`` (for ``trainer.credit: turn``). Without that
-flag a usable reward counts as a success when it is above 0, or at least
-``rollout.success_threshold`` when that is set (:func:`is_success`).
+Grading, success and what a group grader (the judge) does: ``_finish``.
 
 Failures: whatever goes wrong, every rollout a collection opened ends
 ``succeeded``, ``failed`` or ``cancelled`` before the error reaches the run.
@@ -29,12 +21,6 @@ still graded, and the first error is raised after all of them ended; a
 failure while opening the rollouts cancels the ones already opened. A grader
 that raises ends only that rollout unusable, its exception kept with the
 attempt (``_grading``); ``_failures`` says it once per collection.
-
-A group grader (``rollout.grader: judge``) grades each group once all its
-rollouts' attempts ended (:func:`finish_groups`): the rollouts whose attempt
-succeeded are its candidates; its verdict on each is then stored exactly as a
-grader's return value would be, with what it saw and said (``grade_detail``).
-A per-rollout grader is called as before, one rollout at a time.
 """
 
 from __future__ import annotations
@@ -43,28 +29,20 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tether.gateway import Gateway, OpenedRollout
-from tether.records import Call, RewardSource, RolloutStatus, Task
-from tether.run._grading import (
-    AnyGrader,
-    Grade,
-    Grader,
-    GraderFault,
-    GroupGrade,
-    GroupGrader,
-    call_grader,
-    clean_reward,
-    group_verdicts,
-    is_success,
-    load_grader,
-    read_grade,
-    record_turn_rewards,
-    turn_rewards,
+from tether.records import RolloutStatus, Task
+from tether.run._finish import (
+    RolloutOutcome,
+    end_quietly,
+    finish_all,
+    finish_groups,
+    finish_outcome,
 )
+from tether.run._grading import AnyGrader, Grader, is_success, load_grader, read_grade
 from tether.runner import AttemptResult, Launch, Runner
 
 __all__ = [
@@ -91,29 +69,6 @@ T = TypeVar("T")
 
 
 @dataclass
-class RolloutOutcome:
-    rollout_id: str
-    group: int
-    status: RolloutStatus
-    reward: float | None  # None when missing or unusable (NaN/inf/not a number)
-    calls: list[Call] = field(default_factory=list)
-    final_answer: str | None = None
-    attempt: int = 1  # the attempt whose calls and reward these are (the last one)
-    success: bool = False  # usable and solved (the grader's flag, or the threshold)
-    error: str | None = None  # why the attempt failed or is unusable
-    output_tail: str = ""  # what the agent printed last (see AttemptResult.output_tail)
-    #: What the grader raised, on one line ("KeyError: 'answr' (grader.py:12 in grade)").
-    grader_error: str | None = None
-    #: Intermediate rewards of the attempt (the agent's and the grader's) by call seq,
-    #: several for one call added up; NaN/inf where one was not a finite number.
-    turn_rewards: dict[int, float] = field(default_factory=dict)
-
-    @property
-    def usable(self) -> bool:
-        return self.status is RolloutStatus.SUCCEEDED and self.reward is not None
-
-
-@dataclass
 class Collected:
     outcomes: list[RolloutOutcome]
     wall_s: float
@@ -124,33 +79,6 @@ class Collected:
         for o in self.outcomes:
             by.setdefault(o.group, []).append(o)
         return [by[k] for k in sorted(by)]
-
-
-#: How one rollout is graded: by a per-rollout grader, by a group grader's verdict on it,
-#: or (None) by the agent's own reward.
-RolloutGrader = Grader | GroupGrade | None
-
-
-def _reward(
-    result: AttemptResult, task: dict[str, Any], grader: RolloutGrader, gw: Gateway
-) -> tuple[Grade, RewardSource, GraderFault | None]:
-    """(what the reward is, its source, what the grader raised); ``task`` is the whole
-    row, its grader-only fields too."""
-    if isinstance(grader, GroupGrade):
-        return grader.grade, RewardSource.GRADER, grader.fault
-    if grader is not None:
-        grade, fault = call_grader(grader, task, result.final_answer)
-        if fault is not None:  # said once per collection by _failures, kept with the attempt
-            log.debug("the grader raised on rollout %s: %s", result.rollout_id, fault.detail)
-        return grade, RewardSource.GRADER, fault
-    if result.agent_value is not None:
-        return Grade(result.agent_value), RewardSource.AGENT, None
-    finals = [
-        r
-        for r in gw.store.rewards(result.rollout_id)
-        if r.call_seq is None and r.attempt == result.attempt
-    ]
-    return Grade(finals[-1].value if finals else None), RewardSource.AGENT, None
 
 
 @dataclass(frozen=True)
@@ -238,71 +166,6 @@ async def run_attempts(
         o = gw.retry_rollout(o.rollout_id, sampling=sampling, queued=True)
 
 
-def finish_outcome(
-    gw: Gateway,
-    opened: OpenedRollout,
-    task: Task,
-    result: AttemptResult,
-    grader: RolloutGrader,
-    group: int,
-    success_threshold: float | None = None,
-) -> RolloutOutcome:
-    """Grade one attempt, end its rollout in the store (with the attempt's output tail
-    and success), and read back its calls."""
-    reward: float | None = None
-    flag: bool | None = None
-    fault: GraderFault | None = None
-    source = RewardSource.GRADER
-    if result.ok:
-        try:
-            grade, source, fault = _reward(result, task.data, grader, gw)
-            raw, flag = grade.reward, grade.success
-            record_turn_rewards(gw, opened, grade.turn_rewards)
-        except Exception as exc:  # a grader bug (UserError) or a store fault: end it, then raise
-            end_quietly(
-                gw, opened, RolloutStatus.FAILED, f"grading failed: {exc}",
-                exit_code=result.exit_code, output_tail=result.output_tail,
-            )  # fmt: skip
-            raise
-        reward = clean_reward(raw)
-    error = result.error
-    if fault is not None:
-        error = fault.line
-    elif result.ok and reward is None:
-        error = "no usable reward (missing, NaN, inf or not a number)"
-    success = result.ok and is_success(reward, flag, success_threshold)
-    rollout = gw.finish_rollout(
-        opened.rollout_id,
-        result.status,
-        attempt=opened.attempt,
-        reward=reward,
-        source=source,
-        final_answer=result.final_answer,
-        error=error,
-        exit_code=result.exit_code,
-        output_tail=result.output_tail,
-        success=success if result.ok else None,
-        grader_error=fault.detail if fault else None,
-        grade_detail=grader.detail if isinstance(grader, GroupGrade) and result.ok else None,
-    )
-    calls = gw.store.calls(opened.rollout_id, attempt=opened.attempt)
-    rewards_per_call = turn_rewards(gw, opened)
-    return RolloutOutcome(
-        opened.rollout_id,
-        group,
-        rollout.status,
-        reward if rollout.usable else None,
-        calls,
-        result.final_answer,
-        attempt=opened.attempt,
-        success=success and rollout.usable,
-        error=error,
-        output_tail=result.output_tail,
-        grader_error=fault.summary if fault else None,
-        turn_rewards=rewards_per_call,
-    )
-
-
 async def collect_groups(
     gw: Gateway,
     runner: Runner,
@@ -364,69 +227,7 @@ async def gather_ended(aws: list[Coroutine[Any, Any, T]]) -> list[T]:
         raise
 
 
-Ended = tuple[int, Task, OpenedRollout, AttemptResult]  # (group, task, attempt, its result)
-
-
-async def finish_groups(
-    gw: Gateway, graded: list[Ended], grader: AnyGrader | None, success_threshold: float | None
-) -> list[RolloutOutcome]:
-    """:func:`finish_all`, after a group grader judged each group (one call per group, the
-    groups at once); a per-rollout grader goes straight to :func:`finish_all`. Should the
-    judging itself raise or be cancelled, every rollout still ends first."""
-    if not isinstance(grader, GroupGrader):
-        return finish_all(gw, graded, [grader] * len(graded), success_threshold)
-    try:
-        verdicts = await group_verdicts(gw, [(g, t.data, o, r) for g, t, o, r in graded], grader)
-    except BaseException as exc:
-        cancelled = isinstance(exc, asyncio.CancelledError)
-        status = RolloutStatus.CANCELLED if cancelled else RolloutStatus.FAILED
-        for _, _, o, _ in graded:
-            end_quietly(gw, o, status, "cancelled" if cancelled else f"grading failed: {exc}")
-        raise
-    return finish_all(gw, graded, verdicts, success_threshold)
-
-
-def finish_all(
-    gw: Gateway,
-    graded: list[Ended],
-    graders: Sequence[RolloutGrader],
-    success_threshold: float | None,
-) -> list[RolloutOutcome]:
-    """:func:`finish_outcome` of each (group, task, attempt, result) with its grader; every
-    rollout ends even when grading one raises (that one ends ``failed``), then the first
-    error is raised."""
-    outcomes: list[RolloutOutcome] = []
-    first: Exception | None = None
-    for (g, task, o, result), grader in zip(graded, graders, strict=True):
-        try:
-            outcomes.append(finish_outcome(gw, o, task, result, grader, g, success_threshold))
-        except Exception as exc:
-            first = first or exc
-    if first is not None:
-        raise first
-    return outcomes
-
-
 def cancel_opened(gw: Gateway, opened: list[OpenedRollout], why: str) -> None:
     """End rollouts that were opened but will not run as ``cancelled`` (``why`` as the error)."""
     for o in opened:
         end_quietly(gw, o, RolloutStatus.CANCELLED, f"cancelled: {why}")
-
-
-def end_quietly(
-    gw: Gateway,
-    opened: OpenedRollout,
-    status: RolloutStatus,
-    error: str,
-    *,
-    current: bool = False,
-    **attempt_end: Any,
-) -> None:
-    """End ``opened``'s attempt (``current``: whatever attempt the rollout is at) with
-    ``status`` and ``error`` on the way out of a failure; a rollout that already ended
-    stays as it ended, and a store fault here must not hide the failure being handled."""
-    try:
-        attempt = None if current else opened.attempt
-        gw.finish_rollout(opened.rollout_id, status, attempt=attempt, error=error, **attempt_end)
-    except Exception as exc:
-        log.debug("rollout %s not ended as %s: %s", opened.rollout_id, status.value, exc)

@@ -16,7 +16,9 @@ in grade)``) and the traceback's last frames, which the store keeps with the att
 A group grader (:class:`GroupGrader`: the judge of ``rollout.grader: judge``,
 ``_judge``) grades a whole group at once instead: ``grade_group(task, candidates)``
 returns one :class:`GroupGrade` per rollout, each with what the grader saw and said
-(``detail``, stored with the attempt as its ``grade_detail``).
+(``detail``, stored with the attempt as its ``grade_detail``). The prompt a group
+shares (``detail["messages"]``) is stored once, with the group's first candidate;
+the others name that attempt (``"prompt_from"``) and the store fills it back in.
 """
 
 from __future__ import annotations
@@ -299,8 +301,21 @@ async def group_verdicts(
             calls = tuple(gw.store.calls(o.rollout_id, attempt=o.attempt))
             candidates.append(Candidate(result.final_answer, calls))
         verdicts = await grader.grade_group(task, candidates)
-        for i, verdict in zip(members, verdicts, strict=True):
-            out[i] = verdict
+        first = graded[members[0]][2]
+        for k, (i, verdict) in enumerate(zip(members, verdicts, strict=True)):
+            out[i] = verdict if k == 0 else _prompt_shared(verdict, verdicts[0], first)
 
     await asyncio.gather(*(judge(members) for members in groups.values()))
     return out
+
+
+def _prompt_shared(verdict: GroupGrade, head: GroupGrade, first: OpenedRollout) -> GroupGrade:
+    """``verdict`` without the prompt its group shares (``detail["messages"]``, the same as
+    ``head``'s): it names where the group's first attempt keeps it instead,
+    ``"prompt_from": {"rollout_id", "attempt"}``; the store fills it back in when read."""
+    prompt = verdict.detail.get("messages")
+    if prompt is None or prompt != head.detail.get("messages"):
+        return verdict
+    detail = {k: v for k, v in verdict.detail.items() if k != "messages"}
+    detail["prompt_from"] = {"rollout_id": first.rollout_id, "attempt": first.attempt}
+    return verdict._replace(detail=detail)

@@ -13,8 +13,10 @@ strictly: text that is not that JSON object, a candidate missing or unknown, a
 score outside [0, 1], or an endpoint that still fails after
 ``rollout.judge.retries`` make every rollout of the group a failed grade
 (:class:`~tether.run._grading.GraderFault`, the judge's raw text kept), never a
-reward 0. The prompt, the raw answer, the parsed scores and the model are kept
-with each rollout's attempt (``grade_detail``).
+reward 0. Only an explanation longer than the schema's 400 characters (from a
+judge not held to the schema) is forgiven: it is cut and marked. The prompt, the
+raw answer, the parsed scores and the model are kept with each rollout's attempt
+(``grade_detail``).
 
 The task the judge sees is the whole row, its grader-only fields too (a
 reference answer helps a judge), as any grader gets it.
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tether.errors import UserError
 from tether.run._grading import AnyGrader, Candidate, Grade, GraderFault, GroupGrade, load_grader
@@ -49,7 +51,9 @@ DEFAULT_RUBRIC = """\
 - Small differences in quality get small differences in score, large ones large.
 - Partial progress towards the goal may earn partial credit."""
 
-_EXPLANATION_CHARS = 400  # bounds each explanation (a weak judge may never close a string)
+#: Each explanation's bound in the schema (a weak judge may never close a string); a
+#: longer one read from an unconstrained judge is cut to it.
+_EXPLANATION_CHARS = 400
 _RETRIED = (408, 409, 429)  # the statuses the openai client retries, besides 5xx
 _RAW_KEPT = 4000  # characters of a failed answer quoted in the attempt's grader error
 
@@ -59,10 +63,19 @@ class JudgeFailed(Exception):
 
 
 class _Score(BaseModel):
+    """One candidate's verdict: the score strictly; an explanation past the schema's bound
+    (a judge not held to it) is cut and marked, not refused."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    explanation: str = Field(max_length=_EXPLANATION_CHARS)
+    explanation: str
     score: float = Field(ge=0.0, le=1.0)
+
+    @field_validator("explanation")
+    @classmethod
+    def _cut(cls, text: str) -> str:
+        more = len(text) - _EXPLANATION_CHARS
+        return text if more <= 0 else f"{text[:_EXPLANATION_CHARS]}… [{more} more characters cut]"
 
 
 def _labels(n: int) -> list[str]:

@@ -20,7 +20,7 @@ Per update ``step``:
 After each collection (an eval, a step's rollouts) ``_failures`` says on one
 line when most rollouts failed, and stops the run when every rollout of its
 first collection failed. "Success" is each rollout's own verdict (the
-grader's flag or ``rollout.success_threshold``, see ``_collect``), so train
+grader's flag or ``rollout.success_threshold``, see ``_finish``), so train
 steps and evals count it the same way.
 
 With ``resume`` (``tether train --resume``) the run continues from its

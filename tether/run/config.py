@@ -190,6 +190,10 @@ class JudgeConfig:
                 )
 
 
+#: ``rollout.success_threshold`` when ``rollout.grader`` is ``judge`` and it is unset.
+_JUDGE_SUCCESS = 0.5
+
+
 @dataclass
 class RolloutConfig:
     #: Rollouts per task (the GRPO group size).
@@ -205,6 +209,7 @@ class RolloutConfig:
     grader: str = "tether.starter.calc:grade"
     #: When a rollout counts as a success (the success rate of train steps and evals), unless
     #: the grader says so itself: None = reward > 0; a number = reward >= success_threshold.
+    #: With grader=judge, None means 0.5 (a judge scores nearly every answer above 0).
     success_threshold: float | None = None
     #: Drop groups that carry no signal (every rollout's reward equal; with trainer.credit
     #: "turn", every turn's return equal) from the update and sample more groups in their
@@ -220,6 +225,8 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if self.grader == "judge":
             self.judge.check_ready()
+            if self.success_threshold is None:  # reward > 0 would count nearly every answer
+                self.success_threshold = _JUDGE_SUCCESS
         _at_least(1, "rollout.max_oversample", self.max_oversample, "1 samples no extra groups")
         if self.n < 2:
             raise UserError(

@@ -182,7 +182,8 @@ class Browse:
 
     def current_ends(self, rollout_ids: list[str]) -> dict[str, AttemptEnd]:
         """How each rollout's current attempt ended (success, exit code), by rollout id;
-        a rollout whose attempt has not ended is missing."""
+        a rollout whose attempt has not ended is missing. ``grade_detail`` is as stored
+        (a group's shared judge prompt not filled in: :meth:`Store.attempts` does)."""
         ids = list(dict.fromkeys(rollout_ids))
         out: dict[str, AttemptEnd] = {}
         with self._db.read(snapshot=True) as conn:

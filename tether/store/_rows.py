@@ -6,6 +6,8 @@ Each ``*_COLUMNS`` string is the SELECT list whose row the matching
 
 from __future__ import annotations
 
+import dataclasses
+import sqlite3
 from collections.abc import Sequence
 
 from tether.records import (
@@ -42,6 +44,7 @@ __all__ = [
     "rollout_from_row",
     "run_from_row",
     "task_from_row",
+    "with_shared_prompt",
 ]
 
 Row = Sequence
@@ -150,3 +153,21 @@ def metric_from_row(row: Row) -> Metric:
 
 def checkpoint_from_row(row: Row) -> Checkpoint:
     return Checkpoint(run_id=row[0], step=row[1], path=row[2], created_at=row[3])
+
+
+def with_shared_prompt(conn: sqlite3.Connection, end: AttemptEnd) -> AttemptEnd:
+    """``end`` with the judge's prompt filled back in where its ``grade_detail`` names the
+    attempt that keeps it for the whole group (``"prompt_from": {"rollout_id",
+    "attempt"}``, the prompt stored once per group); as it is otherwise."""
+    detail = end.grade_detail
+    ref = detail.get("prompt_from") if detail else None
+    if not isinstance(ref, dict) or detail is None or "messages" in detail:
+        return end
+    row = conn.execute(
+        "SELECT grade_detail FROM attempts WHERE rollout_id = ? AND attempt = ?",
+        (ref.get("rollout_id"), ref.get("attempt")),
+    ).fetchone()
+    held = load_json(row[0]) if row and row[0] else None
+    if not isinstance(held, dict) or "messages" not in held:
+        return end  # its holder is gone: the rest of the detail still reads
+    return dataclasses.replace(end, grade_detail={**detail, "messages": held["messages"]})

@@ -429,7 +429,7 @@ class Store(RunLog, Browse):
                 "ORDER BY attempt",
                 (rollout_id,),
             ).fetchall()
-        return [rows.attempt_from_row(r) for r in found]
+            return [rows.with_shared_prompt(conn, rows.attempt_from_row(r)) for r in found]
 
     def rewards(self, rollout_id: str) -> list[Reward]:
         """Every reward of the rollout (all attempts), in the order they were stored."""

@@ -51,6 +51,7 @@ ROW_FIELDS = {
     "advantage": "float64",
     "final_answer": "string",
     "error": "string",
+    "grade_detail": "string",
 }
 #: A call of an attempt (the items of the row's ``calls`` list).
 CALL_FIELDS = {
@@ -188,11 +189,18 @@ def _rollout_rows(
             "advantage": advantage if final and not isinstance(advantage, dict) else None,
             "final_answer": r.final_answer if final else None,
             "error": (r.error if final else end.error if end else None),
+            "grade_detail": _grade_detail(end),
             "calls": [
                 _call_row(c, per_call.get(c.seq), _call_advantage(advantage, c.seq, final))
                 for c in calls
             ],
         }
+
+
+def _grade_detail(end: Any) -> str | None:
+    """What a judge saw and said for the attempt (``AttemptEnd.grade_detail``), as JSON."""
+    detail = end.grade_detail if end is not None else None
+    return json.dumps(detail, ensure_ascii=False) if detail else None
 
 
 def _call_advantage(
