@@ -39,7 +39,8 @@ KNOWS: dict[str, set[str]] = {
     "chat": {"errors", "_lazy"},
     "gateway": {"engine", "chat", "store", "records", "errors", "configio", "_lazy"},
     "runner": {"records", "store", "errors", "configio", "_lazy"},
-    "trainer": {"records", "errors", "_hf", "_lazy"},  # and torch, transformers/peft
+    # and torch, transformers/peft; _memory: glibc's mmap threshold for the update on CPU
+    "trainer": {"records", "errors", "_hf", "_memory", "_lazy"},
     "starter": {"engine", "chat", "errors", "_hf", "_lazy", "models"},  # and transformers
     # reads stores (read-only) and shows samples as the trainer builds them; FastAPI, Jinja2
     "dashboard": {"records", "store", "trainer", "errors", "_lazy"},
