@@ -24,6 +24,7 @@ from tether.run import (
     TrainerConfig,
     TrainingRun,
 )
+from tether.run._async import AsyncRollouts, Group
 from tether.run._collect import Collected, RolloutOutcome
 from tether.run._learn import Learning, learn_metrics
 from tether.run._signal import collect_with_signal
@@ -173,9 +174,8 @@ async def test_filter_groups_stops_at_the_budget_and_when_the_batch_is_full() ->
     assert asked == [(2, 0)] and m["groups_extra"] == 0.0 and m["filter_rounds"] == 0.0
 
 
-def test_filter_groups_is_sync_only() -> None:
-    with pytest.raises(UserError, match=r"rollout\.filter_groups \(true\) works in sync mode"):
-        TrainConfig(rollout=RolloutConfig(filter_groups=True), trainer=TrainerConfig(mode="async"))
+def test_filter_and_credit_settings_are_checked() -> None:
+    TrainConfig(rollout=RolloutConfig(filter_groups=True), trainer=TrainerConfig(mode="async"))
     with pytest.raises(UserError, match=r"rollout\.max_oversample \(0\) must be >= 1"):
         RolloutConfig(max_oversample=0)
     with pytest.raises(UserError, match=r"trainer\.gamma \(1\.5\) must be in \[0, 1\]"):
@@ -321,3 +321,73 @@ def test_a_run_whose_agent_resets_its_context_and_calls_a_sub_agent(
     with Store(tmp_path / "segments" / "traces.sqlite") as store:
         samples = step_samples(store, 1).samples
     assert [s.call_seqs for s in samples] == [[0], [1], [2]] * 4
+
+
+# --------------------------------------------------------------------------- async filter
+
+
+def _ready(rewards: list[list[float]]) -> collections.deque[Group]:
+    return collections.deque(
+        Group(i, f"g{i}", [_rewarded(r) for r in group]) for i, group in enumerate(rewards)
+    )
+
+
+def _rewarded(reward: float) -> RolloutOutcome:
+    return RolloutOutcome("r", 0, RolloutStatus.SUCCEEDED, reward)
+
+
+def test_async_filter_drops_flat_ready_groups_within_the_budget() -> None:
+    """Async rollout.filter_groups: finished groups without signal leave the ready queue
+    (in the order seen) until the update's budget of max_flat is spent; groups with signal
+    keep their order; the step resets the budget."""
+    scheduler = AsyncRollouts.__new__(AsyncRollouts)  # the queue logic only, no gateway
+    scheduler.signal = lambda outcomes: len({o.reward for o in outcomes}) > 1
+    scheduler.max_flat, scheduler.flat, scheduler._flat_this_step = 2, [], 0
+    scheduler.ready = _ready([[1, 1], [0, 1], [0.5, 0.5], [0, 0], [1, 0]])
+    scheduler._drop_flat()
+    assert [g.index for g in scheduler.ready] == [1, 3, 4]  # the third flat one: no budget
+    assert [g.index for g in scheduler.flat] == [0, 2] and scheduler._flat_this_step == 2
+
+
+def test_an_async_run_with_filter_groups_trains_only_groups_with_signal(
+    starter_dir: Path, tmp_path: Path
+) -> None:
+    """Two async updates of the starter model with rollout.filter_groups, where the first
+    three groups' tasks always get the same reward: they are dropped as they finish (at
+    least one of them before step 2's batch can form, since only 4 groups run at once),
+    every trained group has signal, and the step's metrics count the drops."""
+    cfg = TrainConfig(
+        name="async-filter",
+        dir=str(tmp_path),
+        tasks=TasksConfig(source="calc", train_size=40, val_size=2),
+        agent=RunnerConfig(
+            mode="inprocess", agent="tests.test_async:short_calc_agent", concurrency=16
+        ),
+        rollout=RolloutConfig(
+            n=2, batch_groups=2, grader="tests.test_run_credit:some_tasks_teach",
+            filter_groups=True, max_oversample=3,
+        ),
+        trainer=TrainerConfig(steps=2, lr=1e-3, mode="async", max_groups_in_flight=4),
+        eval=EvalConfig(enabled=False),
+    )  # fmt: skip
+    train, _ = load_tasks(cfg.tasks)
+    first = [tasks_for_step(train, i + 1, 1, cfg.tasks.seed)[0].id for i in range(3)]
+    _flat.update(first)
+
+    async def go() -> TrainingRun:
+        async with TrainingRun(cfg, model_path=starter_dir) as run:
+            await run.train()
+        return run
+
+    run = asyncio.run(go())
+    scheduler = run._async
+    assert scheduler is not None and run.engine.policy_version == 2
+    assert scheduler.flat, "no group without signal was dropped"
+    for g in scheduler.flat:
+        assert len({o.reward for o in g.outcomes}) == 1
+    for batch in scheduler.trained:
+        assert all(len({o.reward for o in g.outcomes}) > 1 for g in batch)
+    dropped = sum(r.metrics["groups_extra"] for r in run.history)
+    assert dropped == len(scheduler.flat)
+    assert sum(r.metrics["rollouts_extra"] for r in run.history) == 2 * dropped
+    assert all(r.metrics["groups_kept"] == 2 for r in run.history)

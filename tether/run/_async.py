@@ -90,6 +90,8 @@ class AsyncRollouts:
         first_group: int = 0,
         tag: str = "a",
         success_threshold: float | None = None,
+        signal: Callable[[list[RolloutOutcome]], bool] | None = None,
+        max_flat: int = 0,
     ):
         if max_in_flight < batch_groups:
             raise TrainerError(
@@ -106,6 +108,11 @@ class AsyncRollouts:
         self.running: dict[int, asyncio.Task[None]] = {}
         self.ready: deque[Group] = deque()
         self.dropped: list[Group] = []  # dropped for lag, in the order seen
+        # rollout.filter_groups: ``signal`` says whether a finished, trainable group would
+        # teach anything; up to ``max_flat`` groups without it are dropped per update
+        self.signal, self.max_flat = signal, max_flat
+        self.flat: list[Group] = []  # dropped without signal, in the order seen
+        self._flat_this_step = 0
         self.trained: list[list[Group]] = []  # the batch of each step
         self._changed = asyncio.Event()
         self._error: BaseException | None = None
@@ -203,6 +210,22 @@ class AsyncRollouts:
         self.dropped.extend(stale)
         return len(stale)
 
+    def _drop_flat(self) -> None:
+        """rollout.filter_groups: drop ready groups without signal, as _signal.py does in
+        sync mode, while this update's budget lasts; the scheduler has already started
+        other groups in their place. Past the budget they reach the update, which trains
+        the groups with signal among them (fewer than batch_groups, as sync does)."""
+        if self.signal is None:
+            return
+        kept: deque[Group] = deque()
+        for g in self.ready:
+            if self._flat_this_step < self.max_flat and not self.signal(g.outcomes):
+                self.flat.append(g)
+                self._flat_this_step += 1
+            else:
+                kept.append(g)
+        self.ready = kept
+
     async def wait_ready(self) -> int:
         """Wait until ``batch_groups`` groups within the lag bound are ready; return the drops."""
         dropped = 0
@@ -210,6 +233,7 @@ class AsyncRollouts:
             if self._error is not None:
                 raise TrainerError(f"a rollout group failed: {self._error!r}") from self._error
             dropped += self._drop_stale()
+            self._drop_flat()
             if len(self.ready) >= self.batch_groups:
                 return dropped
             if self._stopped:
@@ -241,6 +265,7 @@ class AsyncRollouts:
             # Groups that finished during the drain; the version has not moved, so the
             # batch_groups fresh ones found by wait_ready are still there.
             dropped += self._drop_stale()
+            self._drop_flat()
             version = self.version()
             batch = [self.ready.popleft() for _ in range(self.batch_groups)]
             self.trained.append(batch)
@@ -249,6 +274,10 @@ class AsyncRollouts:
         finally:
             self.gw.resume()
         t3 = time.perf_counter()
+        if self.signal is not None:
+            flat, self._flat_this_step = self._flat_this_step, 0
+            m["groups_no_signal"] = m.get("groups_no_signal", 0.0) + flat
+            m["groups_extra"], m["rollouts_extra"] = float(flat), float(flat * self.n)
         after = self.gw.admission_state()
         calls = [c for g in batch for o in g.outcomes for c in o.calls]
         m.update(
@@ -271,11 +300,12 @@ class AsyncRollouts:
         return m
 
     def stats(self) -> dict[str, Any]:
-        """Totals: groups started, trained, dropped for lag, ready, running."""
+        """Totals: groups started, trained, dropped for lag and without signal, ready, running."""
         return {
             "started": self.next_index - self.first_group,
             "trained": sum(len(b) for b in self.trained),
             "dropped_lag": len(self.dropped),
+            "dropped_no_signal": len(self.flat),
             "ready": len(self.ready),
             "running": len(self.running),
         }

@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,8 @@ from tether.errors import Interrupted
 from tether.gateway import GatewayConfig, admin_key_file, is_loopback
 from tether.records import RunStatus
 from tether.run._async import AsyncRollouts, Learn
+from tether.run._finish import RolloutOutcome
+from tether.run._learn import Learning, has_signal, trainable
 from tether.run._rundir import ResumePoint
 from tether.run._tasks import tasks_for_step
 from tether.run.config import TrainConfig
@@ -122,7 +125,15 @@ def async_rollouts(
         version=lambda: engine.policy_version,
         first_group=start_step * cfg.rollout.batch_groups,
         success_threshold=cfg.rollout.success_threshold,
+        signal=_keeps_signal(Learning.of(cfg)) if cfg.rollout.filter_groups else None,
+        max_flat=(cfg.rollout.max_oversample - 1) * cfg.rollout.batch_groups,
     )
+
+
+def _keeps_signal(how: Learning) -> Callable[[list[RolloutOutcome]], bool]:
+    """rollout.filter_groups in async mode: whether a finished group stays for the update
+    (one with an unusable reward does: the update drops and counts it, as in sync mode)."""
+    return lambda group: not trainable(group, how.credit) or has_signal(group, how)
 
 
 def engine_weights(trainer: Any, engine: Any) -> dict[str, Any]:

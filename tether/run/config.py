@@ -213,11 +213,13 @@ class RolloutConfig:
     success_threshold: float | None = None
     #: Drop groups that carry no signal (every rollout's reward equal; with trainer.credit
     #: "turn", every turn's return equal) from the update and sample more groups in their
-    #: place, as DAPO's dynamic sampling does (docs/credit.md). Sync mode only.
+    #: place, as DAPO's dynamic sampling does (docs/credit.md). Async mode drops them as
+    #: they finish, while its scheduler keeps starting groups.
     filter_groups: bool = False
     #: With filter_groups: the most groups one update may sample, as a multiple of
-    #: batch_groups (the first batch included); when they run out the update trains on
-    #: the groups with signal it has. 1 = drop without sampling more.
+    #: batch_groups (the first batch included; async: at most (this − 1) × batch_groups
+    #: groups dropped per update); when they run out the update trains on the groups with
+    #: signal it has. 1 = drop without sampling more.
     max_oversample: int = 3
     #: The judge of rollout.grader=judge: its endpoint, model, key and prompt.
     judge: JudgeConfig = field(default_factory=JudgeConfig)
@@ -386,11 +388,6 @@ class TrainConfig:
         t, b = self.trainer, self.rollout.batch_groups
         if t.mode != "async":
             return
-        if self.rollout.filter_groups:
-            raise UserError(
-                "rollout.filter_groups (true) works in sync mode only: set trainer.mode=sync, "
-                "or rollout.filter_groups=false"
-            )
         if t.max_groups_in_flight and t.max_groups_in_flight < b:
             raise UserError(
                 f"trainer.max_groups_in_flight ({t.max_groups_in_flight}) must be >= "
