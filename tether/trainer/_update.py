@@ -23,7 +23,6 @@ import logging
 import math
 import threading
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,6 +30,7 @@ import torch
 from tether._hf import adapter_config, adapter_weights, merged_copy
 from tether.trainer import algorithms as A
 from tether.trainer._forward import enable_gradient_checkpointing, forward_logprobs
+from tether.trainer._sums import StepSums, aggregate_stats, metric_names
 from tether.trainer.config import TrainerConfig
 from tether.trainer.distributed import Ranks, shard_by_tokens
 from tether.trainer.samples import Sample, collate, make_micro_batches
@@ -213,7 +213,7 @@ class PolicyTrainer:
         # The loss is divided by counts over every sample, but a sample whose advantage
         # is 0 adds nothing to it or its gradient (no KL term: every policy loss is
         # advantage × something), so only the others need a forward and backward pass.
-        stats = _aggregate_stats(samples)
+        stats = aggregate_stats(samples)
         active = samples if self.ref_model is not None else [s for s in samples if s.trains]
         if self.ranks is not None:  # rank 0: every rank trains its share, normalised by `stats`
             shards = shard_by_tokens([len(s) for s in active], self.ranks.world)
@@ -255,7 +255,7 @@ class PolicyTrainer:
     ) -> dict[str, float]:
         """One optimizer step; with ``first`` also the entropy (see :meth:`update`)."""
         self.optimizer.zero_grad(set_to_none=True)
-        sums = _StepSums()
+        sums = StepSums()
         for batch in collated:
             if self._stop.is_set():
                 raise UpdateStopped("the update was stopped (the run is being interrupted)")
@@ -283,7 +283,7 @@ class PolicyTrainer:
         self,
         batch: dict[str, torch.Tensor],
         stats: A.AggregateStats,
-        sums: _StepSums,
+        sums: StepSums,
         *,
         entropy: bool,
     ) -> None:
@@ -315,78 +315,6 @@ class PolicyTrainer:
         sums.add(loss.item(), logprobs.detach(), old, mask, token_entropy, metrics)
 
 
-@dataclass
-class _StepSums:
-    """What one optimizer step adds up over its micro-batches (and, with several
-    processes, over every rank) before dividing by the tokens trained."""
-
-    loss: float = 0.0
-    gap_sum: float = 0.0
-    gap_max: float = 0.0
-    n_tokens: int = 0
-    entropy_sum: float = 0.0
-    #: the policy loss's metrics, token-weighted sums
-    totals: dict[str, float] = field(default_factory=dict)
-
-    def add(
-        self,
-        loss: float,
-        logprobs: torch.Tensor,
-        old: torch.Tensor,
-        mask: torch.Tensor,
-        entropy: torch.Tensor | None,
-        metrics: dict[str, torch.Tensor],
-    ) -> None:
-        diff = (logprobs - old).abs() * mask
-        tokens = mask.sum().item()
-        self.loss += loss
-        self.gap_sum += diff.sum().item()
-        self.gap_max = max(self.gap_max, diff.max().item())
-        self.n_tokens += int(tokens)
-        if entropy is not None:
-            self.entropy_sum += (entropy * mask).sum().item()
-        for k, v in metrics.items():
-            self.totals[k] = self.totals.get(k, 0.0) + float(v) * tokens
-
-    def reduced(
-        self, ranks: Ranks, params: list[torch.nn.Parameter], names: list[str]
-    ) -> _StepSums:
-        """The sums over every rank (and the gradients of ``params`` added up in place);
-        ``names``: the metrics every rank reports, in one order."""
-        local = [self.loss, self.gap_sum, self.n_tokens, self.entropy_sum]
-        local += [self.totals.get(k, 0.0) for k in names]
-        total, gap_max = ranks.reduce_step(params, local, self.gap_max)
-        return _StepSums(
-            loss=total[0],
-            gap_sum=total[1],
-            gap_max=gap_max,
-            n_tokens=round(total[2]),
-            entropy_sum=total[3],
-            totals=dict(zip(names, total[4:], strict=True)),
-        )
-
-    def metrics(self, *, entropy: bool) -> dict[str, float]:
-        n = max(self.n_tokens, 1)
-        return {
-            "loss": self.loss,
-            "logprob_gap": self.gap_sum / n,
-            "logprob_gap_max": self.gap_max,
-            "trained_tokens": float(self.n_tokens),
-            **({"entropy": self.entropy_sum / n} if entropy else {}),
-            **{k: v / n for k, v in self.totals.items()},
-        }
-
-
-def _aggregate_stats(samples: list[Sample]) -> A.AggregateStats:
-    """The counts :func:`algorithms.aggregate` divides by, over all ``samples``."""
-    tokens, seqs, longest, per_rollout = 0, 0, 0, dict[int, int]()
-    for s in samples:
-        n = sum(1 for m in s.loss_mask if m)
-        tokens, seqs, longest = tokens + n, seqs + int(n > 0), max(longest, n)
-        per_rollout[s.rollout_index] = per_rollout.get(s.rollout_index, 0) + n
-    return A.AggregateStats(tokens, seqs, per_rollout, longest)
-
-
 def shared_prefix(ids: torch.Tensor, loss_mask: torch.Tensor) -> int:
     """Length ``cut`` of the prefix that every row shares and that holds no loss token.
 
@@ -399,11 +327,3 @@ def shared_prefix(ids: torch.Tensor, loss_mask: torch.Tensor) -> int:
     masked = loss_mask.bool().any(dim=0)
     first_loss = int(masked.float().argmax()) if bool(masked.any()) else ids.shape[1]
     return max(0, min(lcp, first_loss - 1))
-
-
-def metric_names(cfg: TrainerConfig, reference: bool) -> list[str]:
-    """The names of the policy loss's metrics (and ``kl_ref`` with a reference model), in a
-    fixed order: what every rank adds up, even one without a sample this step."""
-    z = torch.zeros(1, 1)
-    _, metrics = A.POLICY_LOSSES[cfg.policy_loss](z, z, z[0], torch.ones(1, 1))
-    return sorted([*metrics, *(["kl_ref"] if reference else [])])
