@@ -14,6 +14,10 @@ Shared weights: an embedded engine on the same device may decode with
 when :meth:`can_share_weights`: no LoRA, no dropout). The optimizer step then
 holds the engine's weights lock, so no decode step runs while the weights
 change, and :meth:`state_dict` is empty: the engine's update is a version bump.
+
+Roles with their own LoRA adapter (``adapters``): the peft model holds one adapter
+per such role beside the default one, and each sample trains the adapter of its
+role (``_adapters.py``); the engine then takes :meth:`adapters_state_dict`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import copy
 import logging
 import math
 import threading
+from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -29,6 +34,7 @@ import torch
 
 from tether._hf import adapter_config, adapter_weights, merged_copy
 from tether.trainer import algorithms as A
+from tether.trainer._adapters import activate, adapters_weights, add_adapters, by_adapter
 from tether.trainer._forward import enable_gradient_checkpointing, forward_logprobs
 from tether.trainer._sums import StepSums, aggregate_stats, metric_names
 from tether.trainer.config import TrainerConfig
@@ -57,8 +63,13 @@ class PolicyTrainer:
         train_dtype: str = "float32",
         pad_id: int = 0,
         ranks: Ranks | None = None,
+        adapters: Sequence[str] = (),
     ):
         self.cfg = cfg
+        #: The roles with their own LoRA adapter (named after the role); () for none.
+        self.adapters = tuple(adapters)
+        if self.adapters and (cfg.lora is None or ranks is not None):
+            raise ValueError("own adapters per role need trainer.lora and one process")
         #: Several training processes (trainer/distributed.py): the update's samples are
         #: split across them and the gradients summed; None = this process alone.
         self.ranks = ranks
@@ -78,7 +89,8 @@ class PolicyTrainer:
                 p.requires_grad_(False)
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(self.model, cfg.checkpoint_every_n_layers)
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        # every adapter's parameters, even while another one is active
+        self.params = params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), weight_decay=cfg.weight_decay
         )
@@ -89,16 +101,17 @@ class PolicyTrainer:
         from peft import LoraConfig, get_peft_model
 
         lc = self.cfg.lora
-        return get_peft_model(
-            model,
-            LoraConfig(
-                r=lc.r,
-                lora_alpha=lc.alpha,
-                lora_dropout=lc.dropout,
-                target_modules=list(lc.target_modules),
-                task_type="CAUSAL_LM",
-            ),
+        config = LoraConfig(
+            r=lc.r,
+            lora_alpha=lc.alpha,
+            lora_dropout=lc.dropout,
+            target_modules=list(lc.target_modules),
+            task_type="CAUSAL_LM",
         )
+        peft = get_peft_model(model, config)
+        if self.adapters:
+            add_adapters(peft, self.adapters, config)
+        return peft
 
     # -- weights --------------------------------------------------------------
 
@@ -137,6 +150,13 @@ class PolicyTrainer:
         if self.cfg.lora is None:
             raise ValueError("adapter_state_dict needs trainer.lora")
         return adapter_weights(self.model)
+
+    def adapters_state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Every adapter's weights by name (``default``: the shared policy; one per role
+        with its own adapter): what an engine serving adapters takes."""
+        if self.cfg.lora is None:
+            raise ValueError("adapters_state_dict needs trainer.lora")
+        return adapters_weights(self.model)
 
     def adapter_config(self) -> dict[str, Any]:
         """The LoRA adapter's ``adapter_config.json`` (JSON-safe); needs trainer.lora."""
@@ -226,10 +246,11 @@ class PolicyTrainer:
         """:meth:`update` on this rank's ``active`` samples, the loss divided by the whole
         batch's counts ``stats`` (with one process: all of them)."""
         cfg = self.cfg
-        batches = make_micro_batches(active, cfg.max_tokens_per_micro_batch)
+        groups = by_adapter(active, self.adapters) if self.adapters else [(None, active)]
         collated = [
-            {k: v.to(self.device) for k, v in collate(b, pad_id=self.pad_id).items()}
-            for b in batches
+            (adapter, {k: v.to(self.device) for k, v in collate(b, pad_id=self.pad_id).items()})
+            for adapter, samples in groups
+            for b in make_micro_batches(samples, cfg.max_tokens_per_micro_batch)
         ]
         log.info(
             "updating the policy: %d samples, %d micro-batches × %d optimizer steps",
@@ -251,16 +272,27 @@ class PolicyTrainer:
         self._stop.set()
 
     def _step(
-        self, collated: list[dict[str, torch.Tensor]], stats: A.AggregateStats, *, first: bool
+        self,
+        collated: list[tuple[str | None, dict[str, torch.Tensor]]],
+        stats: A.AggregateStats,
+        *,
+        first: bool,
     ) -> dict[str, float]:
-        """One optimizer step; with ``first`` also the entropy (see :meth:`update`)."""
-        self.optimizer.zero_grad(set_to_none=True)
+        """One optimizer step over ``collated`` (micro-batches, each with the adapter that
+        trains it: None the default); with ``first`` also the entropy (see :meth:`update`)."""
+        self.optimizer.zero_grad(set_to_none=True)  # None, not 0: AdamW skips an idle adapter
         sums = StepSums()
-        for batch in collated:
-            if self._stop.is_set():
-                raise UpdateStopped("the update was stopped (the run is being interrupted)")
-            self._micro_batch(batch, stats, sums, entropy=first)
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        try:
+            for adapter, batch in collated:
+                if self._stop.is_set():
+                    raise UpdateStopped("the update was stopped (the run is being interrupted)")
+                if self.adapters:
+                    activate(self.model, adapter)
+                self._micro_batch(batch, stats, sums, entropy=first)
+        finally:
+            if self.adapters:
+                activate(self.model, None)
+        params = self.params
         if self.ranks is not None:  # one step over every rank: gradients and sums added up
             sums = sums.reduced(
                 self.ranks, params, metric_names(self.cfg, self.ref_model is not None)
