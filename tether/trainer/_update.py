@@ -34,7 +34,13 @@ import torch
 
 from tether._hf import adapter_config, adapter_weights, merged_copy
 from tether.trainer import algorithms as A
-from tether.trainer._adapters import activate, adapters_weights, add_adapters, by_adapter
+from tether.trainer._adapters import (
+    activate,
+    adapters_weights,
+    add_adapters,
+    by_adapter,
+    serving_model,
+)
 from tether.trainer._forward import enable_gradient_checkpointing, forward_logprobs
 from tether.trainer._sums import StepSums, aggregate_stats, metric_names
 from tether.trainer.config import TrainerConfig
@@ -157,6 +163,13 @@ class PolicyTrainer:
         if self.cfg.lora is None:
             raise ValueError("adapters_state_dict needs trainer.lora")
         return adapters_weights(self.model)
+
+    def serving_model(self, base: torch.nn.Module) -> Any:
+        """``base`` (the base weights, the engine's copy) wrapped in every adapter of
+        :attr:`model` with its weights, unmerged: an engine serving per-role adapters."""
+        if self.cfg.lora is None:
+            raise ValueError("serving_model needs trainer.lora")
+        return serving_model(base, self.model)
 
     def adapter_config(self) -> dict[str, Any]:
         """The LoRA adapter's ``adapter_config.json`` (JSON-safe); needs trainer.lora."""
