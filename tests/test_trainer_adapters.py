@@ -111,3 +111,32 @@ def test_by_adapter_groups_in_first_seen_order(starter_dir: Path) -> None:
     critic = [dataclasses.replace(s, role="critic") for s in b]
     groups = by_adapter([a[0], *b, a[1], *critic], ("solver",))
     assert [(k, len(v)) for k, v in groups] == [("solver", 2), (None, 4)]
+
+
+def test_a_checkpoint_holds_every_adapter_and_resumes_them(
+    trainer: PolicyTrainer, starter_dir: Path, tmp_path: Path
+) -> None:
+    from tether.errors import UserError
+    from tether.models import load_tokenizer
+    from tether.trainer.checkpoint import load_checkpoint, save_checkpoint
+
+    base = load_model(starter_dir)
+    batches = [samples_of(base, "solver", seed=s) + samples_of(base, None, seed=9) for s in (1, 2)]
+    trainer.update(batches[0])
+    ckpt = save_checkpoint(
+        tmp_path, 1, trainer=trainer, tokenizer=load_tokenizer(starter_dir),
+        base_model_dir=starter_dir, config={}, keep=1,
+    )  # fmt: skip
+    assert (ckpt / "adapters" / "adapter_config.json").is_file()
+    assert (ckpt / "adapters" / "solver" / "adapter_model.safetensors").is_file()
+    resumed = PolicyTrainer(load_model(starter_dir), CFG, adapters=("solver",))
+    assert load_checkpoint(ckpt, resumed) == 1
+    for name, want in weights(trainer).items():
+        assert same(weights(resumed)[name], want), name
+    trainer.update(batches[1])
+    resumed.update(batches[1])  # the optimizer state of both adapters came back too
+    for name, want in weights(trainer).items():
+        assert same(weights(resumed)[name], want), name
+    plain = PolicyTrainer(load_model(starter_dir), CFG)  # the roles changed: one line
+    with pytest.raises(UserError, match="resume with the config it was written with"):
+        load_checkpoint(ckpt, plain)
