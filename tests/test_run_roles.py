@@ -5,6 +5,7 @@ trained and a role's weight scales its advantages."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -237,3 +238,21 @@ def test_a_run_with_an_own_adapter_role_and_a_frozen_role(
     with Store(tmp_path / "adapters" / "traces.sqlite") as store:
         roles = [[c.role for c in store.calls(r.id)] for r in store.list_rollouts()]
     assert roles == [[None, "solver", "critic"]] * 8
+
+    # --resume: every adapter and the policy version come back; the engine serves them
+    more = dataclasses.replace(cfg, resume=True, trainer=dataclasses.replace(cfg.trainer, steps=3))
+
+    async def resumed() -> tuple[TrainingRun, dict[Any, list[float]]]:
+        async with TrainingRun(more, model_path=starter_dir) as run:
+            back = {r: await probe(run, r) for r in ("critic", "solver", None)}
+            assert run.trainer.adapters_state_dict().keys() == now.keys()
+            for name, weights in run.trainer.adapters_state_dict().items():
+                assert all(torch.equal(weights[k], v) for k, v in now[name].items()), name
+            await run.train()
+        return run, back
+
+    again, back = asyncio.run(resumed())
+    for role in ("critic", "solver", None):
+        gap = max(abs(a - b) for a, b in zip(back[role], seen["after"][role], strict=True))
+        assert gap < 1e-6, role
+    assert again.engine.policy_version == 3 and again.history[-1].metrics["samples_frozen"] == 4
