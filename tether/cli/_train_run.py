@@ -185,7 +185,8 @@ def run_eval(
     # a checkpoint's model/, a run's newest checkpoint's, or a model folder as it is
     model_path = model_folder(checkpoint) if checkpoint else None
     adapters = None  # own-adapter or frozen roles: the checkpoint's adapters on the base model
-    if model_path and cfg.gateway.role_adapters and (model_path.parent / "trainer.pt").is_file():
+    special = any(r.adapter or not r.train for r in cfg.roles.values())
+    if model_path and special and (model_path.parent / "trainer.pt").is_file():
         adapters, model_path = model_path.parent, None
     if model_path is None and cfg.model.path == "starter":
         model_path = starter_model(console)  # a cold start says what it builds

@@ -249,7 +249,7 @@ async def _model(
     if engine is None:
         m = cfg.model
         served = trainer.model if share else load_model(path, dtype=torch.float32, device=m.device)
-        if cfg.gateway.role_adapters:  # own adapters or frozen roles: every adapter, unmerged
+        if any(r.adapter or not r.train for r in cfg.roles.values()):  # every adapter, unmerged
             served = trainer.serving_model(served)
         engine = TransformersEngine(
             served,
