@@ -113,3 +113,21 @@ async def test_openapi_lists_both_forms(make_gateway: Any) -> None:
 def test_gateway_roles_must_be_role_names() -> None:
     with pytest.raises(UserError, match=r"gateway.roles: invalid role name 'a b'"):
         GatewayConfig(roles=("solver", "a b"))
+
+
+async def test_each_roles_calls_reach_the_engine_with_its_adapter(make_gateway: Any) -> None:
+    """``role_adapters`` (a run with own adapters / frozen roles) names each role's engine
+    adapter; a role without one, and a call without a role, get the policy (None)."""
+    engine = NullEngine(token_ids=[40, 41])
+    adapters = {"solver": "solver", "critic": "base"}
+    gw = make_gateway(engine, roles=("solver", "critic", "helper"), role_adapters=adapters)
+    a = gw.open_rollout({"q": 1}, rollout_id="r-1")
+    paths = ["roles/solver/v1/chat/completions", "roles/critic/v1/chat/completions",
+             "roles/helper/v1/chat/completions", "v1/chat/completions",
+             "roles/critic/v1/messages"]  # fmt: skip
+    async with _client(gw) as c:
+        for path in paths:
+            body = MESSAGES if path.endswith("messages") else CHAT
+            r = await c.post(f"/rollouts/r-1/{path}", json=body, headers=_h(a.token))
+            assert r.status_code == 200, (path, r.text)
+    assert [p.adapter for _, p in engine.calls] == ["solver", "base", None, None, "base"]

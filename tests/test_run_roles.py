@@ -5,11 +5,13 @@ trained and a role's weight scales its advantages."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tether.configio import load_config
 from tether.errors import UserError
@@ -31,7 +33,6 @@ def _load(tmp_path: Path, yaml: str, overrides: list[str] = ()) -> TrainConfig: 
     return load_config(TrainConfig, path, list(overrides))
 
 
-@pytest.mark.xfail(reason="own adapters and frozen roles are not served yet", strict=True)
 def test_roles_load_and_the_gateway_serves_exactly_them(tmp_path: Path) -> None:
     cfg = _load(
         tmp_path,
@@ -44,6 +45,7 @@ def test_roles_load_and_the_gateway_serves_exactly_them(tmp_path: Path) -> None:
         "helper": RoleConfig(),
     }
     assert cfg.gateway.roles == ("solver", "critic", "helper")
+    assert cfg.gateway.role_adapters == {"solver": "solver", "critic": "base"}  # helper: policy
     assert TrainConfig().roles == {} and TrainConfig().gateway.roles is None
 
 
@@ -56,6 +58,7 @@ def test_roles_load_and_the_gateway_serves_exactly_them(tmp_path: Path) -> None:
         ("roles:\n  a b: {}\n", [], "roles: invalid role name 'a b'"),
         ("roles:\n  s: {weight: -1}\n", [], r"roles.s.weight \(-1.0\) must be a finite number >= 0"),
         ("roles:\n  s: {trian: true}\n", [], "unknown config key 'roles.s.trian'"),
+        ("roles:\n  base: {adapter: true}\n", LORA, "cannot be named 'base'"),
         ("roles:\n  s: {adapter: true}\n", [*LORA, "engine.kind=vllm", "engine.urls=[http://h:1]",
                                              "engine.transport=lora"], "embedded engine only"),
     ],
@@ -97,7 +100,6 @@ def test_a_shared_policy_role_loads_and_the_gateway_serves_it(tmp_path: Path) ->
     assert cfg.gateway.roles == ("solver", "helper")
 
 
-@pytest.mark.xfail(reason="own adapters and frozen roles are not served yet", strict=True)
 def test_learning_reads_the_roles_of_the_config() -> None:
     roles = {"solver": RoleConfig(weight=0.5), "critic": RoleConfig(train=False)}
     cfg = TrainConfig(roles=roles, trainer=TrainerConfig(lora=LoraConfig()))
@@ -126,6 +128,13 @@ async def solver_and_critic(task: dict[str, Any], client: Any) -> str:
              {"role": "user", "content": f"{task['question']} -> {answer[:40]}"}]  # fmt: skip
     await critic.chat.completions.create(model="policy", messages=check, max_tokens=4)
     return answer
+
+
+async def plan_solve_check(task: dict[str, Any], client: Any) -> str:
+    """A planner on the plain URL (the shared policy), then the solver and the critic."""
+    hint = [{"role": "user", "content": f"Plan: {task['question']}"}]
+    await client.chat.completions.create(model="policy", messages=hint, max_tokens=4)
+    return await solver_and_critic(task, client)
 
 
 def test_a_run_with_two_roles_records_them_and_trains_each_against_its_own(
@@ -165,3 +174,85 @@ def test_a_run_with_two_roles_records_them_and_trains_each_against_its_own(
     for solver, critic in zip(samples[::2], samples[1::2], strict=True):
         assert critic.advantage == pytest.approx(0.5 * solver.advantage)  # both roles in every
         # rollout: the same comparison, the critic's scaled by its weight
+
+
+def test_a_run_with_an_own_adapter_role_and_a_frozen_role(
+    starter_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 24 item 3, end to end through the real gateway: ``solver`` trains its own LoRA
+    adapter, ``critic`` is frozen (served by the base weights), a planner's calls without
+    a role train the shared policy (peft's default adapter). After two updates the
+    critic's greedy logprobs are those of before, the solver's and the policy's adapters
+    (and what the engine serves for them) moved, the base weights did not, and every
+    call recorded its role."""
+    from tether.engine import SamplingParams
+    from tether.models import load_model
+
+    cfg = TrainConfig(
+        name="adapters",
+        dir=str(tmp_path),
+        tasks=TasksConfig(source="calc", train_size=8, val_size=2),
+        agent=RunnerConfig(
+            mode="inprocess", agent="tests.test_run_roles:plan_solve_check", concurrency=8
+        ),
+        rollout=RolloutConfig(n=2, batch_groups=2, grader="tests.helpers:alternating_grader"),
+        trainer=TrainerConfig(steps=2, lr=5e-3, advantage="dr_grpo", lora=LoraConfig(r=4, alpha=8)),
+        eval=EvalConfig(enabled=False),
+        roles={"solver": RoleConfig(adapter=True), "critic": RoleConfig(train=False)},
+    )
+    prompt = list(range(40, 72))
+
+    async def probe(run: TrainingRun, role: str | None) -> list[float]:
+        adapter = cfg.gateway.role_adapters.get(role or "")  # what the gateway gives the engine
+        params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, adapter=adapter)
+        return (await run.engine.generate(prompt, params)).completions[0].logprobs
+
+    async def go() -> tuple[TrainingRun, dict[str, Any]]:
+        async with TrainingRun(cfg, model_path=starter_dir) as run:
+            before = {r: await probe(run, r) for r in ("critic", "solver", None)}
+            weights = run.trainer.adapters_state_dict()
+            await run.train()
+            after = {r: await probe(run, r) for r in ("critic", "solver", None)}
+        return run, {"before": before, "after": after, "weights": weights}
+
+    run, seen = asyncio.run(go())
+    assert cfg.gateway.role_adapters == {"solver": "solver", "critic": "base"}
+    assert run.engine.policy_version == 2
+    assert [h.metrics["samples_frozen"] for h in run.history] == [4.0, 4.0]
+    # each call was served by the adapter that the trainer recomputes it with
+    assert all(h.metrics["logprob_gap"] < 1e-4 for h in run.history)
+    critic_gap = max(
+        abs(a - b) for a, b in zip(seen["before"]["critic"], seen["after"]["critic"], strict=True)
+    )
+    assert critic_gap < 1e-6  # frozen: served by the unchanged base weights
+    for role in ("solver", None):  # the engine serves the updates
+        assert seen["before"][role] != seen["after"][role], role
+    now, start = run.trainer.adapters_state_dict(), seen["weights"]
+    for name in ("solver", "default"):
+        assert any(not torch.equal(now[name][k], v) for k, v in start[name].items()), name
+    base = load_model(starter_dir).state_dict()
+    model: Any = run.trainer.model
+    for k, v in model.get_base_model().state_dict().items():
+        if "lora_" not in k:
+            assert torch.equal(v, base[k.replace(".base_layer", "")]), k
+    with Store(tmp_path / "adapters" / "traces.sqlite") as store:
+        roles = [[c.role for c in store.calls(r.id)] for r in store.list_rollouts()]
+    assert roles == [[None, "solver", "critic"]] * 8
+
+    # --resume: every adapter and the policy version come back; the engine serves them
+    more = dataclasses.replace(cfg, resume=True, trainer=dataclasses.replace(cfg.trainer, steps=3))
+
+    async def resumed() -> tuple[TrainingRun, dict[Any, list[float]]]:
+        async with TrainingRun(more, model_path=starter_dir) as run:
+            back = {r: await probe(run, r) for r in ("critic", "solver", None)}
+            assert run.trainer.adapters_state_dict().keys() == now.keys()
+            for name, weights in run.trainer.adapters_state_dict().items():
+                assert all(torch.equal(weights[k], v) for k, v in now[name].items()), name
+            await run.train()
+        return run, back
+
+    again, back = asyncio.run(resumed())
+    for role in ("critic", "solver", None):
+        gap = max(abs(a - b) for a, b in zip(back[role], seen["after"][role], strict=True))
+        assert gap < 1e-6, role
+    assert again.engine.policy_version == 3 and again.history[-1].metrics["samples_frozen"] == 4

@@ -30,7 +30,7 @@ from tether.run import (
     serve_rank,
 )
 from tether.runner import RunnerConfig, kill_live_groups
-from tether.trainer.checkpoint import checkpoint_state
+from tether.trainer.checkpoint import checkpoint_state, load_checkpoint
 
 __all__ = [
     "demo_config",
@@ -184,10 +184,15 @@ def run_eval(
     quiet_loading()
     # a checkpoint's model/, a run's newest checkpoint's, or a model folder as it is
     model_path = model_folder(checkpoint) if checkpoint else None
+    adapters = None  # own-adapter or frozen roles: the checkpoint's adapters on the base model
+    special = any(r.adapter or not r.train for r in cfg.roles.values())
+    if model_path and special and (model_path.parent / "trainer.pt").is_file():
+        adapters, model_path = model_path.parent, None
     if model_path is None and cfg.model.path == "starter":
         model_path = starter_model(console)  # a cold start says what it builds
     if model_path is not None and (model_path.parent / "state.json").is_file():
         checkpoint = model_path.parent  # the checkpoint whose step is reported
+    checkpoint = adapters or checkpoint
     step = int(checkpoint_state(checkpoint).get("step", 0)) if checkpoint else 0
     interrupts = interrupts or Interrupts()
     run = TrainingRun(  # command="eval": its store record is not a training run
@@ -197,6 +202,8 @@ def run_eval(
 
     async def go() -> EvalResult | None:
         async with run:
+            if adapters is not None:
+                await _load_adapters(run, adapters)
             return await run.evaluate(step)
 
     result = interrupts.run(go())
@@ -206,6 +213,13 @@ def run_eval(
             'with "split": "val" (or drop every split field to hold out tasks.holdout of them)'
         )
     return result
+
+
+async def _load_adapters(run: TrainingRun, checkpoint: Path) -> None:
+    """Every adapter of ``checkpoint`` (a run with own-adapter or frozen roles) into the
+    run's trainer and engine: its ``model/`` holds the shared policy only."""
+    load_checkpoint(checkpoint, run.trainer)
+    await run.engine.update_weights(run.trainer.adapters_state_dict())
 
 
 def run_demo(

@@ -35,6 +35,7 @@ from tether._lazy import lazy_exports
 _EXPORTS = {
     "AdmissionGate": "._gate",
     "AdmissionTimeout": "._gate",
+    "BASE_ADAPTER": "._protocol",
     "Completion": "._protocol",
     "Constraint": "._constraint",
     "ConstraintError": "._constraint",
@@ -75,6 +76,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._constraint import json_schema_format as json_schema_format
     from ._gate import AdmissionGate as AdmissionGate
     from ._gate import AdmissionTimeout as AdmissionTimeout
+    from ._protocol import BASE_ADAPTER as BASE_ADAPTER
     from ._protocol import Completion as Completion
     from ._protocol import Engine as Engine
     from ._protocol import EngineError as EngineError

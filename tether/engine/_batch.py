@@ -5,7 +5,9 @@ prefill a group of prompts, decode one token per row, merge a newly
 prefilled batch into the running one (continuous batching), drop finished
 rows. Rows are left-padded: row ``b`` owns the last ``mask[b].sum()`` cache
 positions, and its position ids count only its own tokens, so a padded row
-computes the same logits as the row alone (up to float rounding).
+computes the same logits as the row alone (up to float rounding). With
+``adapters`` (a peft model serving several LoRA adapters) each row runs with
+its own adapter in the same forward (peft's ``adapter_names``).
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ def _left_pad(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
     return F.pad(t, pad)
 
 
+def _adapter_kwargs(adapters: list[str] | None) -> dict[str, Any]:
+    return {} if adapters is None else {"adapter_names": adapters}
+
+
 class KVBatch:
     """``mask``: [B, L] (1 = real token); ``positions``: [B], the next position id per row."""
 
@@ -81,12 +87,14 @@ class KVBatch:
         prompts: list[list[int]],
         pad_id: int = 0,
         prefixes: Sequence[Prefix | None] | None = None,
+        adapters: list[str] | None = None,
     ) -> tuple[KVBatch, torch.Tensor]:
         """Run the prompts as one batch; return it and the next-token logits [B, V].
 
         With ``prefixes`` (per row a proper prefix of its prompt, or None) only the
         suffixes are computed; rows are laid out ``[padding | prefix | padding | suffix]``,
-        each prefix left-padded to the longest one.
+        each prefix left-padded to the longest one. ``adapters``: per row the peft adapter
+        name (``"__base__"``: none).
         """
         device, rows = model.device, len(prompts)
         rows_prefixes: list[Prefix | None] = (
@@ -112,6 +120,7 @@ class KVBatch:
             position_ids=positions,
             use_cache=True,
             **keep,
+            **_adapter_kwargs(adapters),
             **{kwarg: cache},
         )
         return cls(cache, mask, mask.sum(-1)), out.logits[:, -1, :]
@@ -128,8 +137,11 @@ class KVBatch:
         """The cache's per-layer ``(keys, values)``, each [B, H, L, D]."""
         return cache_layers(self.cache)
 
-    def decode(self, model: Any, kwarg: str, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed one token per row ([B]); return the next-token logits [B, V]."""
+    def decode(
+        self, model: Any, kwarg: str, tokens: torch.Tensor, adapters: list[str] | None = None
+    ) -> torch.Tensor:
+        """Feed one token per row ([B]); return the next-token logits [B, V]. ``adapters``:
+        per row its peft adapter name, as in :meth:`prefill`."""
         ones = torch.ones((self.size, 1), dtype=self.mask.dtype, device=self.mask.device)
         self.mask = torch.cat([self.mask, ones], dim=1)
         out = model(
@@ -137,6 +149,7 @@ class KVBatch:
             attention_mask=self.mask,
             position_ids=self.positions.view(-1, 1),
             use_cache=True,
+            **_adapter_kwargs(adapters),
             **{kwarg: self.cache},
         )
         self.positions = self.positions + 1

@@ -15,7 +15,9 @@ Entries are found through chained hashes of their ``block``-token blocks
 (as vLLM's automatic prefix caching does), so a lookup costs one dict probe
 per block plus one comparison of tokens; a hash collision is caught by that
 comparison. The store is an LRU bounded by tokens; :meth:`clear` drops it
-when the weights change.
+when the weights change. With per-request LoRA adapters (roles) a KV belongs
+to the adapter that computed it: every entry and lookup names its adapter
+(None: the default weights), which seeds the hash chain.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Prefix:
 
     tokens: tuple[int, ...]
     layers: Layers
+    adapter: str | None = None  # the LoRA adapter whose weights computed it
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -62,25 +65,25 @@ class PrefixCache:
         self.max_tokens = max_tokens
         self.min_tokens = min_tokens
         self.block = block
-        self.entries: OrderedDict[tuple[int, ...], Prefix] = OrderedDict()
+        self.entries: OrderedDict[tuple[str | None, tuple[int, ...]], Prefix] = OrderedDict()
         self._index: dict[int, Prefix] = {}  # chained block hash → an entry holding those blocks
         self.size = 0  # tokens held
         self.hits = 0
         self.tokens_saved = 0
 
-    def _hashes(self, tokens: Sequence[int]) -> list[int]:
-        """The chained hash of each complete block of ``tokens``."""
-        out, h, b = [], 0, self.block
+    def _hashes(self, tokens: Sequence[int], adapter: str | None = None) -> list[int]:
+        """The chained hash of each complete block of ``tokens`` (under ``adapter``)."""
+        out, h, b = [], 0 if adapter is None else hash(adapter), self.block
         for i in range(0, len(tokens) - b + 1, b):
             h = hash((h, tuple(tokens[i : i + b])))
             out.append(h)
         return out
 
-    def lookup(self, prompt: Sequence[int]) -> Prefix | None:
-        """The longest cached proper prefix of ``prompt`` (at least one token is left to
-        prefill), or None when it is shorter than ``min_tokens``."""
+    def lookup(self, prompt: Sequence[int], adapter: str | None = None) -> Prefix | None:
+        """The longest cached proper prefix of ``prompt`` computed by ``adapter`` (at least
+        one token is left to prefill), or None when it is shorter than ``min_tokens``."""
         limit = len(prompt) - 1
-        hashes = self._hashes(prompt[:limit])
+        hashes = self._hashes(prompt[:limit], adapter)
         entry, blocks = None, len(hashes)
         while blocks and entry is None:
             entry = self._index.get(hashes[blocks - 1])
@@ -88,36 +91,38 @@ class PrefixCache:
         if entry is None:
             return None
         head = blocks * self.block
-        if entry.tokens[:head] != tuple(prompt[:head]):  # a hash collision
-            return None
+        if entry.adapter != adapter or entry.tokens[:head] != tuple(prompt[:head]):
+            return None  # a hash collision
         n = head + common_prefix_len(entry.tokens[head:limit], prompt[head:limit])
         if n < self.min_tokens:
             return None
-        self.entries.move_to_end(entry.tokens)
+        self.entries.move_to_end((adapter, entry.tokens))
         for h in hashes[:blocks]:  # the blocks now point at the entry used last
             self._index[h] = entry
         self.hits += 1
         self.tokens_saved += n
         layers = [(k[:, :, :n], v[:, :, :n]) for k, v in entry.layers]
-        return Prefix(tuple(prompt[:n]), layers)
+        return Prefix(tuple(prompt[:n]), layers, adapter)
 
-    def store(self, tokens: Sequence[int], layers: Layers) -> None:
-        """Keep ``layers`` (their own memory, not views of a batch) as the KV of ``tokens``."""
-        key = tuple(tokens)
-        if not self.min_tokens <= len(key) <= self.max_tokens:
+    def store(self, tokens: Sequence[int], layers: Layers, adapter: str | None = None) -> None:
+        """Keep ``layers`` (their own memory, not views of a batch) as the KV of ``tokens``
+        computed by ``adapter``."""
+        tokens = tuple(tokens)
+        key = (adapter, tokens)
+        if not self.min_tokens <= len(tokens) <= self.max_tokens:
             return
         if key in self.entries:
             self.entries.move_to_end(key)
             return
-        entry = Prefix(key, layers)
+        entry = Prefix(tokens, layers, adapter)
         self.entries[key] = entry
-        self.size += len(key)
-        for h in self._hashes(key):
+        self.size += len(tokens)
+        for h in self._hashes(tokens, adapter):
             self._index[h] = entry  # the newest holder; older ones are evicted first
         while self.size > self.max_tokens:
             _, old = self.entries.popitem(last=False)
             self.size -= len(old.tokens)
-            for h in self._hashes(old.tokens):
+            for h in self._hashes(old.tokens, old.adapter):
                 if self._index.get(h) is old:
                     del self._index[h]
 

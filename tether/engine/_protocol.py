@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from tether.engine._stream import TokenDelta
 
 __all__ = [
+    "BASE_ADAPTER",
     "Completion",
     "Engine",
     "EngineError",
@@ -66,6 +67,10 @@ class UnsupportedParams(EngineError):
         self.param = param
 
 
+#: ``SamplingParams.adapter`` of a call served by the base weights alone (a frozen role).
+BASE_ADAPTER = "base"
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """What an OpenAI request asks of the sampler.
@@ -101,6 +106,11 @@ class SamplingParams:
     #: engine with several replicas keeps one conversation's calls on one replica, where
     #: its prefix is cached. Sampling does not depend on it.
     affinity: str | None = None
+    #: The LoRA adapter that serves the call (an agent role's, set by the gateway from
+    #: the run's roles): None the default policy, :data:`BASE_ADAPTER` the base weights
+    #: without any adapter (a frozen role). Only the embedded engine built with adapters
+    #: serves a name (``TransformersEngine(adapters=...)``); the others refuse one.
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):

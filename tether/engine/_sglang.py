@@ -311,6 +311,8 @@ class SGLangServer:
     def check_params(self, params: SamplingParams) -> None:
         """SGLang's logprobs are tether's (before top-k/top-p); what it cannot do is stop
         on ``stop_token_ids`` under ``ignore_eos`` (it ignores both)."""
+        if params.adapter is not None:  # a role's own adapter: the run config refuses it first
+            raise UnsupportedParams("per-role adapters need the embedded engine", param="model")
         if params.ignore_eos and params.stop_token_ids:
             raise UnsupportedParams(
                 "ignore_eos with stop_token_ids cannot be served by SGLang: with ignore_eos "

@@ -15,13 +15,17 @@ the gateway falls back to it for an engine without ``generate_stream``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
+import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
 from tether.engine._protocol import GenerateResult, SamplingParams
 
-__all__ = ["TokenDelta", "engine_stream", "stream_via_generate"]
+__all__ = ["TokenDelta", "TokenFeed", "engine_stream", "stream_via_generate"]
 
 
 @dataclass(frozen=True)
@@ -69,3 +73,40 @@ def engine_stream(
     if method is None:
         return stream_via_generate(engine, prompt_ids, params)
     return method(prompt_ids, params)
+
+
+class TokenFeed:
+    """A streamed request's tokens, from the worker thread to its event loop's ``queue``.
+
+    Each wake-up of the loop is a GIL hand-off between the worker and the loop
+    threads, which on a busy machine stalls the worker for a scheduler slice. So
+    :meth:`put` (worker) wakes the loop at most once per ``interval_s``: the first
+    token goes at once, later ones in bursts (at most ``interval_s`` plus one
+    decode step late); :meth:`flush` (loop, when the request is done) delivers the
+    rest. Wake-ups are FIFO with the result's settling on the loop.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float = 0.05):
+        self.loop = loop
+        self.interval_s = interval_s
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._pending: list[Any] = []
+        self._scheduled = False
+        self._sent = float("-inf")
+        self._lock = threading.Lock()
+
+    def put(self, item: Any) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._pending.append(item)
+            if self._scheduled or now - self._sent < self.interval_s:
+                return
+            self._scheduled, self._sent = True, now
+        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
+            self.loop.call_soon_threadsafe(self.flush)
+
+    def flush(self) -> None:
+        with self._lock:
+            items, self._pending, self._scheduled = self._pending, [], False
+        for item in items:
+            self.queue.put_nowait(item)

@@ -23,11 +23,11 @@ import torch
 
 from tether.engine._constraint import GrammarBook
 from tether.engine._gate import AdmissionGate
-from tether.engine._protocol import EngineFailed, GenerateResult, SamplingParams
+from tether.engine._protocol import BASE_ADAPTER, EngineFailed, GenerateResult, SamplingParams
 from tether.engine._rollout_copy import rollout_copy
-from tether.engine._stream import TokenDelta
+from tether.engine._stream import TokenDelta, TokenFeed
 from tether.engine._turns import end_of_turn_ids
-from tether.engine._worker import STOP, EngineStats, Request, Scheduler, TokenFeed
+from tether.engine._worker import STOP, EngineStats, Request, Scheduler
 from tether.errors import UserError
 
 __all__ = ["TransformersEngine"]
@@ -51,6 +51,15 @@ class TransformersEngine:
     ``rollout_dtype`` ``"int8"`` or ``"bfloat16"`` serves a copy of ``model`` quantized
     or cast (:mod:`tether.engine._rollout_copy`), rebuilt from ``model`` after each
     :meth:`update_weights`; ``model`` stays in full precision. None serves ``model``.
+
+    Several LoRA adapters (agent roles with their own adapter, docs/credit.md "Roles"):
+    ``model`` a peft model holding them, unmerged. Each request runs with the adapter
+    its ``SamplingParams.adapter`` names (None: peft's ``default``, the shared policy;
+    :data:`~tether.engine.BASE_ADAPTER`: the base weights alone), rows of different
+    adapters in one batch (peft's mixed-batch ``adapter_names``), so continuous
+    batching is unchanged; the prefix cache keys on the adapter. :meth:`update_weights`
+    then takes ``{adapter name: its peft state dict}``. A plain model refuses a named
+    adapter.
     """
 
     supports_constraints = True
@@ -72,6 +81,10 @@ class TransformersEngine:
         if max_batch_size < 1:
             raise UserError(f"max_batch_size ({max_batch_size}) must be >= 1")
         model = model.to(device=device, dtype=dtype) if dtype else model.to(device)
+        #: the LoRA adapters served by name (a peft model's); empty: a plain model
+        self.adapters: frozenset[str] = frozenset(getattr(model, "peft_config", None) or ())
+        if self.adapters and rollout_dtype:
+            raise UserError("rollout_dtype needs a plain model, not one serving LoRA adapters")
         self._rollout_dtype = rollout_dtype
         # with a rollout dtype, the full-precision weights the copy is rebuilt from
         self._source = model if rollout_dtype else None
@@ -101,6 +114,7 @@ class TransformersEngine:
             rng=rng,
             prefix_cache_tokens=prefix_cache_tokens,
             max_prefill_tokens=max_prefill_tokens,
+            adapters=bool(self.adapters),
         )
         self._worker.start()
 
@@ -221,6 +235,12 @@ class TransformersEngine:
             )
         if params.stop and self.tokenizer is None:
             raise UserError("stop strings need a tokenizer: pass tokenizer= to TransformersEngine")
+        if params.adapter is not None and params.adapter not in self.adapters | {BASE_ADAPTER}:
+            served = ", ".join(sorted(self.adapters)) or "none: a plain model"
+            raise UserError(
+                f"adapter {params.adapter!r} is not served by this engine (adapters: {served}); "
+                "build it with a peft model that holds it"
+            )
 
     async def pause(self) -> None:
         await self._gate.pause()
@@ -232,7 +252,9 @@ class TransformersEngine:
         self, state_dict: dict[str, Any], *, version: int | None = None
     ) -> int:
         """Pause, load ``state_dict`` (keys may be a subset of the model's), bump the version
-        (or set it to ``version``: resuming from a checkpoint)."""
+        (or set it to ``version``: resuming from a checkpoint). An engine serving adapters
+        takes ``{adapter name: its peft state dict}`` (as ``get_peft_model_state_dict``
+        gives it), any subset of its adapters; the version rises once for all."""
         async with self._gate.paused_for_update():
             loop = asyncio.get_running_loop()
             fut: asyncio.Future[int] = loop.create_future()
@@ -240,6 +262,29 @@ class TransformersEngine:
             return await fut
 
     def _load(self, state_dict: dict[str, Any], version: int | None = None) -> int:
+        if self.adapters:
+            self._load_adapters(state_dict)
+        else:
+            self._load_full(state_dict)
+        if self._worker.prefix is not None:
+            self._worker.prefix.clear()  # cached KVs belong to the old weights
+        self._worker.version = self._worker.version + 1 if version is None else int(version)
+        return self._worker.version
+
+    def _load_adapters(self, weights: dict[str, Any]) -> None:
+        from peft import set_peft_model_state_dict
+
+        unknown = sorted(set(weights) - self.adapters)
+        if unknown:
+            raise UserError(f"weights for adapters {unknown} that this engine does not serve")
+        with torch.no_grad():
+            for name, sd in weights.items():
+                out = set_peft_model_state_dict(self.model, sd, adapter_name=name)
+                unexpected = list(getattr(out, "unexpected_keys", None) or ())
+                if unexpected:
+                    raise UserError(f"adapter {name!r}: weights the model lacks: {unexpected[:3]}")
+
+    def _load_full(self, state_dict: dict[str, Any]) -> None:
         target = self.model if self._source is None else self._source
         unexpected = sorted(set(state_dict) - set(target.state_dict()))
         if unexpected:
@@ -249,10 +294,6 @@ class TransformersEngine:
         if self._source is not None and self._rollout_dtype:  # re-quantize (or re-cast) the copy
             with self._worker.weights_lock:  # a trainer sharing the source writes under it
                 self._worker.model = self.model = rollout_copy(self._source, self._rollout_dtype)
-        if self._worker.prefix is not None:
-            self._worker.prefix.clear()  # cached KVs belong to the old weights
-        self._worker.version = self._worker.version + 1 if version is None else int(version)
-        return self._worker.version
 
     async def close(self) -> None:
         """Stop the worker; requests still queued or running fail with EngineFailed."""

@@ -68,6 +68,8 @@ DEV_HINT = (
 
 def check_params(params: SamplingParams) -> None:
     """UnsupportedParams for what vLLM cannot serve with tether's logprobs: top_p < 1."""
+    if params.adapter is not None:  # a role's own adapter: the run config refuses it first
+        raise UnsupportedParams("per-role adapters need the embedded engine", param="model")
     if params.top_p < 1:
         raise UnsupportedParams(
             f"top_p ({params.top_p}) < 1 cannot be served by vLLM with exact logprobs: its "

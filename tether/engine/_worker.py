@@ -6,7 +6,9 @@ rows (``n`` samples of a prompt, and identical prompts, are rows sharing one
 prefill), prefills them as one left-padded batch — each prompt on the longest
 prefix the prefix cache holds for it (``_prefix.py``) — merges them into the
 running batch, decodes one token for every row and retires finished rows,
-caching their KV for the agent's next call. Requests that
+caching their KV for the agent's next call. With ``adapters`` (a peft model
+serving several LoRA adapters, see ``TransformersEngine``) every row runs
+with its request's adapter in the one batch. Requests that
 arrive mid-generation thus join at the next step. Results go back to the
 callers' event loops with ``loop.call_soon_threadsafe``; any failure fails
 the affected futures with :class:`EngineFailed`, so none hangs.
@@ -35,11 +37,17 @@ from tether._hf import cache_kwarg
 from tether.engine._batch import KVBatch
 from tether.engine._constraint import masked_logits
 from tether.engine._prefix import Prefix, PrefixCache
-from tether.engine._protocol import Completion, EngineFailed, GenerateResult, SamplingParams
+from tether.engine._protocol import (
+    BASE_ADAPTER,
+    Completion,
+    EngineFailed,
+    GenerateResult,
+    SamplingParams,
+)
 from tether.engine._sampling import StopChecker, sample_rows
 from tether.engine._stream import TokenDelta
 
-__all__ = ["STOP", "EngineStats", "Request", "Scheduler", "TokenFeed"]
+__all__ = ["STOP", "EngineStats", "Request", "Scheduler"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,43 +97,6 @@ class _Row:
     top: list[dict[int, float]] = field(default_factory=list)
 
 
-class TokenFeed:
-    """A streamed request's tokens, from the worker thread to its event loop's ``queue``.
-
-    Each wake-up of the loop is a GIL hand-off between the worker and the loop
-    threads, which on a busy machine stalls the worker for a scheduler slice. So
-    :meth:`put` (worker) wakes the loop at most once per ``interval_s``: the first
-    token goes at once, later ones in bursts (at most ``interval_s`` plus one
-    decode step late); :meth:`flush` (loop, when the request is done) delivers the
-    rest. Wake-ups are FIFO with the result's settling on the loop.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float = 0.05):
-        self.loop = loop
-        self.interval_s = interval_s
-        self.queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._pending: list[Any] = []
-        self._scheduled = False
-        self._sent = float("-inf")
-        self._lock = threading.Lock()
-
-    def put(self, item: Any) -> None:
-        now = time.monotonic()
-        with self._lock:
-            self._pending.append(item)
-            if self._scheduled or now - self._sent < self.interval_s:
-                return
-            self._scheduled, self._sent = True, now
-        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
-            self.loop.call_soon_threadsafe(self.flush)
-
-    def flush(self) -> None:
-        with self._lock:
-            items, self._pending, self._scheduled = self._pending, [], False
-        for item in items:
-            self.queue.put_nowait(item)
-
-
 def settle(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
     if not fut.done():
         fut.set_exception(error) if error is not None else fut.set_result(result)
@@ -146,6 +117,7 @@ class Scheduler(threading.Thread):
         prefix_cache_tokens: int = 32_768,
         max_prefill_tokens: int = 16_384,
         grammars: Any = None,
+        adapters: bool = False,
     ):
         super().__init__(name="tether-engine", daemon=True)
         self.model = model
@@ -157,6 +129,7 @@ class Scheduler(threading.Thread):
         self.rng = rng
         self.grammars = grammars  # a GrammarBook, set by the engine on its first constraint
         self.version = 0
+        self.adapters = adapters  # rows name their peft adapter in every forward
         self.weights_lock = threading.Lock()
         self.stats = EngineStats()
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -221,16 +194,16 @@ class Scheduler(threading.Thread):
     def _prefill(self, group: list[Request]) -> None:
         """Prefill ``group`` in one forward: identical prompts once, each on its longest
         cached prefix; then remember each prompt's KV."""
-        same: dict[tuple[int, ...], list[Request]] = {}
+        same: dict[tuple[str | None, tuple[int, ...]], list[Request]] = {}
         for req in group:
-            same.setdefault(tuple(req.prompt_ids), []).append(req)
+            same.setdefault((req.params.adapter, tuple(req.prompt_ids)), []).append(req)
         parts = list(same.values())
         prefixes: list[Prefix | None] = []
         for reqs in parts:
             prefix = None
             if self.prefix is not None:
                 with contextlib.suppress(Exception):  # a bad prompt fails in its own prefill
-                    prefix = self.prefix.lookup(reqs[0].prompt_ids)
+                    prefix = self.prefix.lookup(reqs[0].prompt_ids, reqs[0].params.adapter)
             prefixes.append(prefix)
         self._prefill_parts(parts, prefixes)
 
@@ -238,7 +211,10 @@ class Scheduler(threading.Thread):
         """Prefill ``parts`` (requests sharing one prompt), the rows of a part on ``prefixes``."""
         try:
             prompts = [reqs[0].prompt_ids for reqs in parts]
-            batch, logits = KVBatch.prefill(self.model, self._kwarg, prompts, self.pad_id, prefixes)
+            names = self._names([reqs[0] for reqs in parts])
+            batch, logits = KVBatch.prefill(
+                self.model, self._kwarg, prompts, self.pad_id, prefixes, names
+            )
         except Exception as exc:
             if len(parts) > 1:  # find the culprit: retry one by one
                 for reqs, prefix in zip(parts, prefixes, strict=True):
@@ -247,7 +223,7 @@ class Scheduler(threading.Thread):
             return self._fail(parts[0], exc)
         if self.prefix is not None:
             for b, (reqs, prefix) in enumerate(zip(parts, prefixes, strict=True)):
-                self.prefix.store(reqs[0].prompt_ids, batch.row_layers(b))
+                self.prefix.store(reqs[0].prompt_ids, batch.row_layers(b), reqs[0].params.adapter)
                 if prefix is not None:
                     self.stats.prefix_hits += len(reqs)
                     self.stats.prefix_tokens += len(prefix.tokens) * len(reqs)
@@ -269,6 +245,13 @@ class Scheduler(threading.Thread):
         self._rows.extend(rows)
         self._advance(logits, rows, offset=len(self._rows) - len(rows))
 
+    def _names(self, reqs: list[Request]) -> list[str] | None:
+        """Per request its peft adapter name (None: the engine serves no adapters)."""
+        if not self.adapters:
+            return None
+        peft = {None: "default", BASE_ADAPTER: "__base__"}
+        return [peft.get(r.params.adapter, r.params.adapter or "default") for r in reqs]
+
     def _new_row(self, req: Request, index: int) -> _Row:
         p = req.params
         gen = None
@@ -286,7 +269,8 @@ class Scheduler(threading.Thread):
         assert self._batch is not None
         last = torch.tensor([r.tokens[-1] for r in self._rows], device=self.model.device)
         try:
-            logits = self._batch.decode(self.model, self._kwarg, last)
+            names = self._names([r.req for r in self._rows])
+            logits = self._batch.decode(self.model, self._kwarg, last, names)
         except Exception as exc:
             reqs = list(dict.fromkeys(r.req for r in self._rows))
             self._batch, self._rows = None, []
@@ -358,7 +342,9 @@ class Scheduler(threading.Thread):
         KV was never computed) — the next call of an agent usually starts with them."""
         if self.prefix is None or self._batch is None or len(row.tokens) < 2:
             return
-        self.prefix.store(row.req.prompt_ids + row.tokens[:-1], self._batch.row_layers(b))
+        self.prefix.store(
+            row.req.prompt_ids + row.tokens[:-1], self._batch.row_layers(b), row.req.params.adapter
+        )
 
     def _complete(self, row: _Row, reason: str) -> None:
         req = row.req

@@ -120,7 +120,7 @@ class ModelCalls:
             asked = min(asked, self.config.max_tokens)
         params = sampling_params(
             self.config, req, max_tokens=asked, top_logprobs=top, override=override,
-            stop_ids=self.stop_ids, affinity=rollout_id,
+            stop_ids=self.stop_ids, affinity=rollout_id, role=role,
         )  # fmt: skip
         constraint = constraint_for(
             response_format=req.response_format,
@@ -159,7 +159,7 @@ class ModelCalls:
         """Check and encode one text completion (a ``CompletionRequest``: text or token ids)."""
         params = sampling_params(
             self.config, req, max_tokens=req.max_tokens, top_logprobs=req.logprobs or 0,
-            override=override, stop_ids=self.stop_ids, affinity=rollout_id,
+            override=override, stop_ids=self.stop_ids, affinity=rollout_id, role=role,
         )  # fmt: skip
         params = constrain(self.engine, params, None)
         if isinstance(req.prompt, str):

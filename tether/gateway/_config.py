@@ -85,6 +85,10 @@ class GatewayConfig:
     #: role); another role gets a 404. None: any role name. A training run with a
     #: roles section serves exactly its roles.
     roles: tuple[str, ...] | None = None
+    #: The engine adapter that serves each role's calls (``SamplingParams.adapter``): the
+    #: role's own LoRA adapter, or ``base`` for a frozen role. A role not named here is
+    #: served by the policy. A training run sets it from its roles.
+    role_adapters: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("max_n", "max_tokens", "max_messages", "max_tools", "max_body_bytes"):

@@ -42,10 +42,12 @@ def sampling_params(
     override: dict[str, float],
     stop_ids: Sequence[int],
     affinity: str | None = None,
+    role: str | None = None,
 ) -> SamplingParams:
     """Check the caps and build the engine's sampling parameters; ``override`` (the
     rollout's, e.g. greedy evaluation) wins over the request's temperature and top_p;
-    ``affinity`` (the rollout id) keeps a rollout's calls on one engine replica."""
+    ``affinity`` (the rollout id) keeps a rollout's calls on one engine replica;
+    ``role`` (named in the call's URL) picks its engine adapter (``role_adapters``)."""
     temperature = override.get("temperature", req.temperature)
     top_p = override.get("top_p", req.top_p)
     if req.n > cfg.max_n:
@@ -70,6 +72,7 @@ def sampling_params(
         seed=req.seed,
         top_logprobs=top_logprobs,
         affinity=affinity,
+        adapter=cfg.role_adapters.get(role) if role is not None else None,
     )
 
 

@@ -239,6 +239,7 @@ async def _model(
         train_dtype=cfg.model.train_dtype,
         pad_id=tokenizer.pad_token_id or 0,
         ranks=ranks.ranks if ranks else None,
+        adapters=[n for n, r in cfg.roles.items() if r.adapter],
     )
     if ranks is not None:
         ranks.hello(trainer, path, cfg.model.train_dtype)
@@ -247,8 +248,11 @@ async def _model(
     share = engine is None and trainer.can_share_weights()  # one copy, not two
     if engine is None:
         m = cfg.model
+        served = trainer.model if share else load_model(path, dtype=torch.float32, device=m.device)
+        if any(r.adapter or not r.train for r in cfg.roles.values()):  # every adapter, unmerged
+            served = trainer.serving_model(served)
         engine = TransformersEngine(
-            trainer.model if share else load_model(path, dtype=torch.float32, device=m.device),
+            served,
             tokenizer,
             device=m.device,
             max_batch_size=m.max_batch_size,

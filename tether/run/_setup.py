@@ -138,7 +138,10 @@ def _keeps_signal(how: Learning) -> Callable[[list[RolloutOutcome]], bool]:
 
 def engine_weights(trainer: Any, engine: Any) -> dict[str, Any]:
     """What ``engine.update_weights`` takes from ``trainer``: the LoRA adapter's weights
-    for a remote engine that loads adapters (``wants_adapter``), else the full weights."""
+    for a remote engine that loads adapters (``wants_adapter``), every adapter's by name
+    for an embedded engine serving per-role adapters, else the full weights."""
+    if getattr(engine, "adapters", None):
+        return trainer.adapters_state_dict()
     if getattr(engine, "wants_adapter", False):
         return trainer.adapter_state_dict()
     return trainer.state_dict()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tether.configio import build
-from tether.engine import EngineConfig
+from tether.engine import BASE_ADAPTER, EngineConfig
 from tether.errors import UserError
 from tether.gateway import GatewayConfig
 from tether.records import check_role_name
@@ -379,10 +379,15 @@ class TrainConfig:
                 f"roles {', '.join(special)}: own adapters and frozen roles need "
                 "model.rollout_dtype=float32 and trainer.processes=1 for now"
             )
-        raise UserError(  # until the embedded engine serves per-role adapters
-            f"roles {', '.join(special)}: own adapters and frozen roles are not served yet; "
-            "give every role train: true and adapter: false (the shared policy)"
-        )
+        reserved = [n for n, r in self.roles.items() if r.adapter and n in ("default", "base")]
+        if reserved:
+            raise UserError(
+                f"roles.{reserved[0]}: a role with its own adapter cannot be named "
+                f"{reserved[0]!r} (the engine's name for the policy / the base weights); rename it"
+            )
+        self.gateway.role_adapters = {  # the engine adapter serving each special role
+            n: n if r.adapter else BASE_ADAPTER for n, r in self.roles.items() if n in special
+        }
 
     def _check_async(self) -> None:
         t, b = self.trainer, self.rollout.batch_groups

@@ -14,6 +14,10 @@ Shared weights: an embedded engine on the same device may decode with
 when :meth:`can_share_weights`: no LoRA, no dropout). The optimizer step then
 holds the engine's weights lock, so no decode step runs while the weights
 change, and :meth:`state_dict` is empty: the engine's update is a version bump.
+
+Roles with their own LoRA adapter (``adapters``): the peft model holds one adapter
+per such role beside the default one, and each sample trains the adapter of its
+role (``_adapters.py``); the engine then takes :meth:`adapters_state_dict`.
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ import copy
 import logging
 import math
 import threading
+from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,7 +35,15 @@ import torch
 from tether._hf import adapter_config, adapter_weights, merged_copy
 from tether._memory import map_large_blocks
 from tether.trainer import algorithms as A
+from tether.trainer._adapters import (
+    activate,
+    adapters_weights,
+    add_adapters,
+    by_adapter,
+    serving_model,
+)
 from tether.trainer._forward import enable_gradient_checkpointing, forward_logprobs
+from tether.trainer._sums import StepSums, aggregate_stats, metric_names
 from tether.trainer.config import TrainerConfig
 from tether.trainer.distributed import Ranks, shard_by_tokens
 from tether.trainer.samples import Sample, collate, make_micro_batches
@@ -58,8 +70,13 @@ class PolicyTrainer:
         train_dtype: str = "float32",
         pad_id: int = 0,
         ranks: Ranks | None = None,
+        adapters: Sequence[str] = (),
     ):
         self.cfg = cfg
+        #: The roles with their own LoRA adapter (named after the role); () for none.
+        self.adapters = tuple(adapters)
+        if self.adapters and (cfg.lora is None or ranks is not None):
+            raise ValueError("own adapters per role need trainer.lora and one process")
         #: Several training processes (trainer/distributed.py): the update's samples are
         #: split across them and the gradients summed; None = this process alone.
         self.ranks = ranks
@@ -81,7 +98,8 @@ class PolicyTrainer:
                 p.requires_grad_(False)
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(self.model, cfg.checkpoint_every_n_layers)
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        # every adapter's parameters, even while another one is active
+        self.params = params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), weight_decay=cfg.weight_decay
         )
@@ -92,16 +110,17 @@ class PolicyTrainer:
         from peft import LoraConfig, get_peft_model
 
         lc = self.cfg.lora
-        return get_peft_model(
-            model,
-            LoraConfig(
-                r=lc.r,
-                lora_alpha=lc.alpha,
-                lora_dropout=lc.dropout,
-                target_modules=list(lc.target_modules),
-                task_type="CAUSAL_LM",
-            ),
+        config = LoraConfig(
+            r=lc.r,
+            lora_alpha=lc.alpha,
+            lora_dropout=lc.dropout,
+            target_modules=list(lc.target_modules),
+            task_type="CAUSAL_LM",
         )
+        peft = get_peft_model(model, config)
+        if self.adapters:
+            add_adapters(peft, self.adapters, config)
+        return peft
 
     # -- weights --------------------------------------------------------------
 
@@ -140,6 +159,20 @@ class PolicyTrainer:
         if self.cfg.lora is None:
             raise ValueError("adapter_state_dict needs trainer.lora")
         return adapter_weights(self.model)
+
+    def adapters_state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Every adapter's weights by name (``default``: the shared policy; one per role
+        with its own adapter): what an engine serving adapters takes."""
+        if self.cfg.lora is None:
+            raise ValueError("adapters_state_dict needs trainer.lora")
+        return adapters_weights(self.model)
+
+    def serving_model(self, base: torch.nn.Module) -> Any:
+        """``base`` (the base weights, the engine's copy) wrapped in every adapter of
+        :attr:`model` with its weights, unmerged: an engine serving per-role adapters."""
+        if self.cfg.lora is None:
+            raise ValueError("serving_model needs trainer.lora")
+        return serving_model(base, self.model)
 
     def adapter_config(self) -> dict[str, Any]:
         """The LoRA adapter's ``adapter_config.json`` (JSON-safe); needs trainer.lora."""
@@ -216,7 +249,7 @@ class PolicyTrainer:
         # The loss is divided by counts over every sample, but a sample whose advantage
         # is 0 adds nothing to it or its gradient (no KL term: every policy loss is
         # advantage × something), so only the others need a forward and backward pass.
-        stats = _aggregate_stats(samples)
+        stats = aggregate_stats(samples)
         active = samples if self.ref_model is not None else [s for s in samples if s.trains]
         if self.ranks is not None:  # rank 0: every rank trains its share, normalised by `stats`
             shards = shard_by_tokens([len(s) for s in active], self.ranks.world)
@@ -229,10 +262,11 @@ class PolicyTrainer:
         """:meth:`update` on this rank's ``active`` samples, the loss divided by the whole
         batch's counts ``stats`` (with one process: all of them)."""
         cfg = self.cfg
-        batches = make_micro_batches(active, cfg.max_tokens_per_micro_batch)
+        groups = by_adapter(active, self.adapters) if self.adapters else [(None, active)]
         collated = [
-            {k: v.to(self.device) for k, v in collate(b, pad_id=self.pad_id).items()}
-            for b in batches
+            (adapter, {k: v.to(self.device) for k, v in collate(b, pad_id=self.pad_id).items()})
+            for adapter, samples in groups
+            for b in make_micro_batches(samples, cfg.max_tokens_per_micro_batch)
         ]
         log.info(
             "updating the policy: %d samples, %d micro-batches × %d optimizer steps",
@@ -254,16 +288,27 @@ class PolicyTrainer:
         self._stop.set()
 
     def _step(
-        self, collated: list[dict[str, torch.Tensor]], stats: A.AggregateStats, *, first: bool
+        self,
+        collated: list[tuple[str | None, dict[str, torch.Tensor]]],
+        stats: A.AggregateStats,
+        *,
+        first: bool,
     ) -> dict[str, float]:
-        """One optimizer step; with ``first`` also the entropy (see :meth:`update`)."""
-        self.optimizer.zero_grad(set_to_none=True)
-        sums = _StepSums()
-        for batch in collated:
-            if self._stop.is_set():
-                raise UpdateStopped("the update was stopped (the run is being interrupted)")
-            self._micro_batch(batch, stats, sums, entropy=first)
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        """One optimizer step over ``collated`` (micro-batches, each with the adapter that
+        trains it: None the default); with ``first`` also the entropy (see :meth:`update`)."""
+        self.optimizer.zero_grad(set_to_none=True)  # None, not 0: AdamW skips an idle adapter
+        sums = StepSums()
+        try:
+            for adapter, batch in collated:
+                if self._stop.is_set():
+                    raise UpdateStopped("the update was stopped (the run is being interrupted)")
+                if self.adapters:
+                    activate(self.model, adapter)
+                self._micro_batch(batch, stats, sums, entropy=first)
+        finally:
+            if self.adapters:
+                activate(self.model, None)
+        params = self.params
         if self.ranks is not None:  # one step over every rank: gradients and sums added up
             sums = sums.reduced(
                 self.ranks, params, metric_names(self.cfg, self.ref_model is not None)
@@ -286,7 +331,7 @@ class PolicyTrainer:
         self,
         batch: dict[str, torch.Tensor],
         stats: A.AggregateStats,
-        sums: _StepSums,
+        sums: StepSums,
         *,
         entropy: bool,
     ) -> None:
@@ -318,78 +363,6 @@ class PolicyTrainer:
         sums.add(loss.item(), logprobs.detach(), old, mask, token_entropy, metrics)
 
 
-@dataclass
-class _StepSums:
-    """What one optimizer step adds up over its micro-batches (and, with several
-    processes, over every rank) before dividing by the tokens trained."""
-
-    loss: float = 0.0
-    gap_sum: float = 0.0
-    gap_max: float = 0.0
-    n_tokens: int = 0
-    entropy_sum: float = 0.0
-    #: the policy loss's metrics, token-weighted sums
-    totals: dict[str, float] = field(default_factory=dict)
-
-    def add(
-        self,
-        loss: float,
-        logprobs: torch.Tensor,
-        old: torch.Tensor,
-        mask: torch.Tensor,
-        entropy: torch.Tensor | None,
-        metrics: dict[str, torch.Tensor],
-    ) -> None:
-        diff = (logprobs - old).abs() * mask
-        tokens = mask.sum().item()
-        self.loss += loss
-        self.gap_sum += diff.sum().item()
-        self.gap_max = max(self.gap_max, diff.max().item())
-        self.n_tokens += int(tokens)
-        if entropy is not None:
-            self.entropy_sum += (entropy * mask).sum().item()
-        for k, v in metrics.items():
-            self.totals[k] = self.totals.get(k, 0.0) + float(v) * tokens
-
-    def reduced(
-        self, ranks: Ranks, params: list[torch.nn.Parameter], names: list[str]
-    ) -> _StepSums:
-        """The sums over every rank (and the gradients of ``params`` added up in place);
-        ``names``: the metrics every rank reports, in one order."""
-        local = [self.loss, self.gap_sum, self.n_tokens, self.entropy_sum]
-        local += [self.totals.get(k, 0.0) for k in names]
-        total, gap_max = ranks.reduce_step(params, local, self.gap_max)
-        return _StepSums(
-            loss=total[0],
-            gap_sum=total[1],
-            gap_max=gap_max,
-            n_tokens=round(total[2]),
-            entropy_sum=total[3],
-            totals=dict(zip(names, total[4:], strict=True)),
-        )
-
-    def metrics(self, *, entropy: bool) -> dict[str, float]:
-        n = max(self.n_tokens, 1)
-        return {
-            "loss": self.loss,
-            "logprob_gap": self.gap_sum / n,
-            "logprob_gap_max": self.gap_max,
-            "trained_tokens": float(self.n_tokens),
-            **({"entropy": self.entropy_sum / n} if entropy else {}),
-            **{k: v / n for k, v in self.totals.items()},
-        }
-
-
-def _aggregate_stats(samples: list[Sample]) -> A.AggregateStats:
-    """The counts :func:`algorithms.aggregate` divides by, over all ``samples``."""
-    tokens, seqs, longest, per_rollout = 0, 0, 0, dict[int, int]()
-    for s in samples:
-        n = sum(1 for m in s.loss_mask if m)
-        tokens, seqs, longest = tokens + n, seqs + int(n > 0), max(longest, n)
-        per_rollout[s.rollout_index] = per_rollout.get(s.rollout_index, 0) + n
-    return A.AggregateStats(tokens, seqs, per_rollout, longest)
-
-
 def shared_prefix(ids: torch.Tensor, loss_mask: torch.Tensor) -> int:
     """Length ``cut`` of the prefix that every row shares and that holds no loss token.
 
@@ -402,11 +375,3 @@ def shared_prefix(ids: torch.Tensor, loss_mask: torch.Tensor) -> int:
     masked = loss_mask.bool().any(dim=0)
     first_loss = int(masked.float().argmax()) if bool(masked.any()) else ids.shape[1]
     return max(0, min(lcp, first_loss - 1))
-
-
-def metric_names(cfg: TrainerConfig, reference: bool) -> list[str]:
-    """The names of the policy loss's metrics (and ``kl_ref`` with a reference model), in a
-    fixed order: what every rank adds up, even one without a sample this step."""
-    z = torch.zeros(1, 1)
-    _, metrics = A.POLICY_LOSSES[cfg.policy_loss](z, z, z[0], torch.ones(1, 1))
-    return sorted([*metrics, *(["kl_ref"] if reference else [])])

@@ -4,7 +4,10 @@ A checkpoint folder ``step-000010/`` holds
 
 - ``model/``      the policy as ``save_pretrained`` writes it (LoRA merged) plus
                   its tokenizer: ``tether serve --model .../model`` serves it;
-- ``trainer.pt``  trainable weights, optimizer state and RNG states — what
+- ``adapters/``   with roles that have their own LoRA adapter: every adapter as
+                  peft's ``save_pretrained`` writes them (the policy's ``default``
+                  at the top, each role's in ``adapters/{role}/``);
+- ``trainer.pt``  trainable weights (every adapter), optimizer state and RNG states — what
                   resuming needs to continue exactly as if never stopped;
 - ``state.json``  the step, the engine's policy version, the run it belongs to
                   (``run``: the id of the run's first record, the same across
@@ -32,6 +35,7 @@ from typing import Any
 import torch
 
 from tether._hf import merged_copy
+from tether.errors import UserError
 from tether.store import redact_secrets
 from tether.trainer.errors import CheckpointConflict
 
@@ -90,6 +94,8 @@ def save_checkpoint(
     save: Any = model.save_pretrained  # a transformers model's method
     save(tmp / "model", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "model")
+    if getattr(trainer, "adapters", ()):  # roles with their own adapter: every adapter
+        trainer.model.save_pretrained(tmp / "adapters", safe_serialization=True)
     if base_model_dir is not None:
         for marker in ("tether_starter.json",):
             if (base_model_dir / marker).exists():
@@ -178,6 +184,12 @@ def load_checkpoint(path: Path, trainer: Any) -> int:
     values only, so a tampered file cannot run code.
     """
     state = torch.load(path / "trainer.pt", weights_only=True)
+    extra = sorted(set(state["model"]) ^ set(trainer.model.state_dict()))
+    if extra:
+        raise UserError(
+            f"{path} does not fit this run's model ({len(extra)} weights differ, e.g. "
+            f"{extra[0]}): resume with the config it was written with (trainer.lora, roles)"
+        )
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["torch_rng"])
