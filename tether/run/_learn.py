@@ -21,7 +21,13 @@ from typing import Any
 from tether.run._collect import RolloutOutcome
 from tether.run._diagnostics import batch_diagnostics
 from tether.run.config import TrainConfig
-from tether.trainer.credit import RolloutRewards, assign_credit, call_roles, carries_signal
+from tether.trainer.credit import (
+    RolloutRewards,
+    assign_credit,
+    call_prompts,
+    call_roles,
+    carries_signal,
+)
 from tether.trainer.samples import build_samples, weigh_roles
 
 __all__ = ["Learning", "has_signal", "learn_metrics", "rollout_rewards", "trainable"]
@@ -39,20 +45,24 @@ class Learning:
     signal_only: int | None = None
     #: Each configured role's loss weight (0: frozen, its samples are not trained).
     role_weights: Mapping[str, float] = field(default_factory=dict)
+    grouping: str = "index"  # trainer.turn_grouping
+    state_weight: float = 1.0  # trainer.state_weight
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> Learning:
         t, r = cfg.trainer, cfg.rollout
         weights = {n: role.weight if role.train else 0.0 for n, role in cfg.roles.items()}
         only = r.batch_groups if r.filter_groups else None
-        return cls(t.advantage, t.credit, t.gamma, only, weights)
+        return cls(t.advantage, t.credit, t.gamma, only, weights, t.turn_grouping, t.state_weight)
 
 
 def rollout_rewards(o: RolloutOutcome) -> RolloutRewards:
     """What credit needs of a usable outcome."""
     assert o.reward is not None
     turns = max((c.seq for c in o.calls), default=-1) + 1
-    return RolloutRewards(o.reward, turns, o.turn_rewards, call_roles(o.calls, turns))
+    return RolloutRewards(
+        o.reward, turns, o.turn_rewards, call_roles(o.calls, turns), call_prompts(o.calls, turns)
+    )
 
 
 def trainable(group: list[RolloutOutcome], credit: str) -> bool:
@@ -86,7 +96,12 @@ def learn_metrics(
     if not kept:
         return m, []
     credit = assign_credit(
-        [[rollout_rewards(o) for o in g] for g in kept], how.advantage, how.credit, how.gamma
+        [[rollout_rewards(o) for o in g] for g in kept],
+        how.advantage,
+        how.credit,
+        how.gamma,
+        how.grouping,
+        how.state_weight,
     )
     flat = [o for g in kept for o in g]
     samples, sstats = build_samples([o.calls for o in flat], credit.advantages)
@@ -106,4 +121,5 @@ def learn_metrics(
 
 def has_signal(group: list[RolloutOutcome], how: Learning) -> bool:
     """Whether a trainable group would teach anything under ``how``'s credit."""
-    return carries_signal([rollout_rewards(o) for o in group], how.credit, how.gamma)
+    rewards = [rollout_rewards(o) for o in group]
+    return carries_signal(rewards, how.credit, how.gamma, how.grouping, how.state_weight)

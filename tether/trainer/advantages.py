@@ -5,7 +5,8 @@ Pure tensor → tensor functions chosen by name from the config
 module imports torch and nothing of tether. ``N`` rollouts in ``G`` groups (a group is
 the ``n`` rollouts of one task). :func:`compute_advantages` compares final rewards within
 their group, :func:`turn_advantages` returns-to-go per turn (:func:`returns_to_go`),
-:func:`keyed_advantages` any grouping (per role). The losses that use them are in
+:func:`keyed_advantages` any grouping (per role), :func:`state_advantages` GiGPO's
+step advantage within identical states added to the episode one. The losses that use them are in
 :mod:`tether.trainer.algorithms`; the glue from rollouts in :mod:`tether.trainer.credit`.
 """
 
@@ -23,6 +24,7 @@ __all__ = [
     "compute_advantages",
     "keyed_advantages",
     "returns_to_go",
+    "state_advantages",
     "turn_advantages",
 ]
 
@@ -223,9 +225,49 @@ def keyed_advantages(
     if v.numel() == 0:
         return GroupAdvantages(v.clone(), 0, 0)
     adv = compute_advantages(v, estimator, group_index=key, eps=eps).advantages
-    flat = _group_stats(v, torch.unique(key, return_inverse=True)[1])[3]
+    signal = _owner_signal(v, key, owner)
+    return GroupAdvantages(adv, signal.numel(), int((~signal).sum()))
+
+
+def _owner_signal(values: Tensor, key: Tensor, owner: Tensor) -> Tensor:
+    """``[M]`` entries → ``[owners]`` bool (dense owner ids in sorted order): whether
+    some key of the owner has entries that differ (its advantages are not all 0)."""
+    flat = _group_stats(values, torch.unique(key, return_inverse=True)[1])[3]
     owners = torch.unique(owner, return_inverse=True)[1]
-    num = int(owners.max()) + 1
-    signal = torch.zeros(num, dtype=torch.bool, device=v.device)
-    signal = signal.index_put((owners[~flat],), torch.tensor(True, device=v.device))
-    return GroupAdvantages(adv, num, int((~signal).sum()))
+    signal = torch.zeros(int(owners.max()) + 1, dtype=torch.bool, device=values.device)
+    return signal.index_put((owners[~flat],), torch.tensor(True, device=values.device))
+
+
+def state_advantages(
+    returns: Tensor,
+    state: Tensor,
+    owner: Tensor,
+    episode: Tensor,
+    weight: float = 1.0,
+    estimator: str = "grpo",
+    eps: float = 1e-6,
+) -> GroupAdvantages:
+    """GiGPO's two-level advantage (arXiv 2505.10978, Eq. 8): ``A = A_episode + ω · A_step``.
+
+    ``returns`` ``[M]`` (each call's return-to-go, finite), ``state`` ``[M]`` (any integer
+    ids; calls with one id reached the identical state in one group), ``owner`` ``[M]``
+    (the rollout group of each call; a state lies within one owner), ``episode`` ``[M]``
+    (each call's episode-level advantage: its rollout's, from its final reward against
+    the group). The step advantage ``A_step`` is the named estimator over the returns of
+    one state's calls (a state one call reached: 0, as a group of one); ``weight`` is
+    ``ω ≥ 0``. Returns ``[M]`` float64, the number of owners, and how many owners carry
+    no signal (every episode advantage 0, and no state with differing returns or ω = 0).
+    """
+    if not returns.shape == state.shape == owner.shape == episode.shape or returns.dim() != 1:
+        raise ValueError("returns, state, owner and episode must all have one shape [M]")
+    ep = episode.to(torch.float64)
+    step = keyed_advantages(returns, state, owner, estimator, eps)
+    if returns.numel() == 0:
+        return step
+    owners = torch.unique(owner, return_inverse=True)[1]
+    signal = torch.zeros(step.num_groups, dtype=torch.bool, device=ep.device)
+    signal = signal.index_put((owners[ep != 0],), torch.tensor(True, device=ep.device))
+    if weight > 0:
+        signal = signal | _owner_signal(returns.to(torch.float64), state, owner)
+    out = ep + weight * step.advantages
+    return GroupAdvantages(out, step.num_groups, int((~signal).sum()))

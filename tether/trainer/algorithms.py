@@ -45,6 +45,7 @@ from tether.trainer.advantages import (
     compute_advantages,
     keyed_advantages,
     returns_to_go,
+    state_advantages,
     turn_advantages,
 )
 
@@ -62,6 +63,7 @@ __all__ = [
     "masked_mean",
     "mismatch_metrics",
     "returns_to_go",
+    "state_advantages",
     "truncated_is_weights",
     "turn_advantages",
 ]

@@ -89,6 +89,13 @@ class TrainerConfig:
     credit: Literal["trajectory", "turn"] = "trajectory"
     #: Discount per call of the return-to-go with credit "turn", in [0, 1]; 1 = none.
     gamma: float = 1.0
+    #: With credit "turn": which calls a call's return is compared with. "index": the group's
+    #: calls at the same turn index. "state" (GiGPO): the group's calls (of the same role)
+    #: whose prompt is identical token for token, and that step advantage, times
+    #: state_weight, is added to the rollout's trajectory advantage (docs/credit.md).
+    turn_grouping: Literal["index", "state"] = "index"
+    #: With turn_grouping "state": the weight ω of the step advantage, >= 0 (0: trajectory credit).
+    state_weight: float = 1.0
     #: Policy loss: ppo_clip or reinforce.
     policy_loss: str = "ppo_clip"
     #: PPO-clip lower bound: the ratio is clipped at 1 - clip_low where the advantage is negative.
@@ -196,6 +203,7 @@ class TrainerConfig:
                 f"trainer.gamma ({self.gamma}) must be in [0, 1]: the discount per call of the "
                 "return-to-go (1 = undiscounted), e.g. 0.95"
             )
+        self._check_grouping()
         for name in ("kl_coef", "tis_cap", "grad_clip", "weight_decay", "collapse_patience"):
             if getattr(self, name) < 0:
                 raise UserError(
@@ -210,6 +218,20 @@ class TrainerConfig:
                 f"trainer.logprob_chunk_tokens ({self.logprob_chunk_tokens}) must be >= 0 "
                 "(0 computes the logits of all positions at once)"
             )
+
+    def _check_grouping(self) -> None:
+        if self.turn_grouping not in ("index", "state"):
+            raise UserError(
+                f"trainer.turn_grouping ({self.turn_grouping!r}) must be 'index' or 'state'"
+            )
+        if self.turn_grouping == "state" and self.credit != "turn":
+            raise UserError(
+                "trainer.turn_grouping (state) groups calls, which needs trainer.credit: turn "
+                f"(it is {self.credit!r}); set trainer.credit=turn or turn_grouping=index"
+            )
+        w = self.state_weight
+        if isinstance(w, bool) or not (math.isfinite(w) and w >= 0):
+            raise UserError(f"trainer.state_weight ({w}) must be a finite number >= 0, e.g. 1.0")
 
     def _check_async(self) -> None:
         if self.mode not in ("sync", "async"):

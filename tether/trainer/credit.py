@@ -8,7 +8,10 @@
   return-to-go, its and later calls' intermediate rewards plus the final reward,
   discounted by ``gamma`` per call (:func:`advantages.returns_to_go`), against the
   returns of the other rollouts of its group at the same turn index
-  (:func:`advantages.turn_advantages`).
+  (:func:`advantages.turn_advantages`). With ``trainer.turn_grouping: state``
+  (GiGPO) the comparison is instead with the calls of the group whose prompt is
+  identical token for token, added to the trajectory advantage:
+  ``A = A_episode + state_weight · A_step`` (:func:`advantages.state_advantages`).
 
 Intermediate rewards come from the store (the agent's ``POST /rollouts/{id}/reward``
 with ``call_seq``, the grader's ``turn_rewards``); several for one call add up. A
@@ -41,15 +44,19 @@ from tether.trainer import advantages as A
 
 __all__ = [
     "CREDIT_MODES",
+    "TURN_GROUPINGS",
     "Credit",
     "RolloutRewards",
     "assign_credit",
+    "call_prompts",
     "call_roles",
     "carries_signal",
 ]
 
 #: The values of ``trainer.credit``.
 CREDIT_MODES = ("trajectory", "turn")
+#: The values of ``trainer.turn_grouping``: which calls a turn's return is compared with.
+TURN_GROUPINGS = ("index", "state")
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,9 @@ class RolloutRewards:
     turn_rewards: Mapping[int, float] = field(default_factory=dict)  # call seq → reward
     #: The role of each call, by seq (``Call.role``); () or a missing seq: no role.
     roles: tuple[str | None, ...] = ()
+    #: The prompt token ids of each call, by seq (``Call.prompt_ids``): the state that
+    #: ``turn_grouping: state`` groups by; () or a missing seq: a state no other call has.
+    prompts: tuple[tuple[int, ...] | None, ...] = ()
 
     @classmethod
     def of(
@@ -73,7 +83,16 @@ class RolloutRewards:
             if w.attempt == attempt and w.call_seq is not None:
                 turns[w.call_seq] = turns.get(w.call_seq, 0.0) + w.value
         turns_n = max((c.seq for c in calls), default=-1) + 1
-        return cls(float(reward), turns_n, turns, call_roles(calls, turns_n))
+        return cls(
+            float(reward),
+            turns_n,
+            turns,
+            call_roles(calls, turns_n),
+            call_prompts(calls, turns_n),
+        )
+
+    def prompt_of(self, seq: int) -> tuple[int, ...] | None:
+        return self.prompts[seq] if seq < len(self.prompts) else None
 
     def role_of(self, seq: int) -> str | None:
         return self.roles[seq] if seq < len(self.roles) else None
@@ -94,6 +113,14 @@ def call_roles(calls: Sequence[Call], num_turns: int) -> tuple[str | None, ...]:
     return tuple(roles)
 
 
+def call_prompts(calls: Sequence[Call], num_turns: int) -> tuple[tuple[int, ...] | None, ...]:
+    """The prompt token ids of each call of a rollout by seq (``RolloutRewards.prompts``)."""
+    prompts: list[tuple[int, ...] | None] = [None] * num_turns
+    for c in calls:
+        prompts[c.seq] = tuple(c.prompt_ids)
+    return tuple(prompts)
+
+
 @dataclass(frozen=True)
 class Credit:
     """One advantage per rollout (flat, in group order): a float (``trajectory``) or a
@@ -108,10 +135,20 @@ def assign_credit(
     estimator: str = "grpo",
     credit: str = "trajectory",
     gamma: float = 1.0,
+    grouping: str = "index",
+    state_weight: float = 1.0,
 ) -> Credit:
-    """The advantages of ``groups`` (each the rollouts of one task) under ``credit``."""
+    """The advantages of ``groups`` (each the rollouts of one task) under ``credit``; with
+    ``turn``, ``grouping`` says which calls a call is compared with (``index``: the same
+    turn index; ``state``: the identical prompt, weighted by ``state_weight``)."""
     if credit not in CREDIT_MODES:
         raise ValueError(f"credit {credit!r} is unknown; choose one of {CREDIT_MODES}")
+    if grouping not in TURN_GROUPINGS:
+        raise ValueError(f"grouping {grouping!r} is unknown; choose one of {TURN_GROUPINGS}")
+    if grouping == "state":
+        if credit != "turn":
+            raise ValueError("grouping 'state' compares calls: use it with credit 'turn'")
+        return _state_credit(groups, estimator, gamma, state_weight)
     if len({r.role_of(k) for g in groups for r in g for k in range(r.num_turns)}) > 1:
         return _role_credit(groups, estimator, credit, gamma)
     if credit == "trajectory":
@@ -190,10 +227,67 @@ def _role_credit(
     return Credit(per_call, adv.zero_variance_groups + len(groups) - adv.num_groups)
 
 
+def _state_credit(
+    groups: Sequence[Sequence[RolloutRewards]], estimator: str, gamma: float, weight: float
+) -> Credit:
+    """GiGPO: per call, its rollout's trajectory advantage (per role with roles) plus
+    ``weight`` × its return against the returns of the calls of its group (and role) whose
+    prompt is identical; a mapping seq → advantage per rollout."""
+    flat = [(g, r) for g, rs in enumerate(groups) for r in rs]
+    if not flat:
+        return Credit([], 0)
+    episode = _episode_advantages(groups, estimator)
+    returns = _returns([r for _, r in flat], gamma).tolist()
+    keys: dict[tuple[object, ...], int] = {}  # (group, role, prompt) → state id
+    values: list[float] = []
+    states: list[int] = []
+    owners: list[int] = []
+    episodes: list[float] = []
+    for i, (g, r) in enumerate(flat):
+        ep = episode[i]
+        for seq in range(r.num_turns):
+            prompt = r.prompt_of(seq)
+            state = (g, r.role_of(seq), prompt) if prompt is not None else ("alone", i, seq)
+            values.append(returns[i][seq])
+            states.append(keys.setdefault(state, len(keys)))
+            owners.append(g)
+            episodes.append(ep[seq] if isinstance(ep, dict) else float(ep))
+    adv = A.state_advantages(
+        torch.tensor(values, dtype=torch.float64),
+        torch.tensor(states, dtype=torch.long),
+        torch.tensor(owners, dtype=torch.long),
+        torch.tensor(episodes, dtype=torch.float64),
+        weight,
+        estimator,
+    )
+    out = iter(adv.advantages.tolist())
+    per_call: list[float | dict[int, float]] = [
+        {seq: next(out) for seq in range(r.num_turns)} for _, r in flat
+    ]
+    return Credit(per_call, adv.zero_variance_groups + len(groups) - adv.num_groups)
+
+
+def _episode_advantages(
+    groups: Sequence[Sequence[RolloutRewards]], estimator: str
+) -> list[float | dict[int, float]]:
+    """``trajectory`` credit of groups of any sizes (per role when calls name roles)."""
+    if len({r.role_of(k) for g in groups for r in g for k in range(r.num_turns)}) > 1:
+        return assign_credit(groups, estimator, "trajectory").advantages
+    rewards = torch.tensor([r.reward for g in groups for r in g], dtype=torch.float64)
+    index = torch.tensor([g for g, rs in enumerate(groups) for _ in rs], dtype=torch.long)
+    return list(A.compute_advantages(rewards, estimator, group_index=index).advantages.tolist())
+
+
 def carries_signal(
-    group: Sequence[RolloutRewards], credit: str = "trajectory", gamma: float = 1.0
+    group: Sequence[RolloutRewards],
+    credit: str = "trajectory",
+    gamma: float = 1.0,
+    grouping: str = "index",
+    state_weight: float = 1.0,
 ) -> bool:
     """Whether the group would teach anything: not every rollout's reward equal
-    (``trajectory``), or at some turn not every return equal (``turn``). The same for
+    (``trajectory``), or at some turn not every return equal (``turn``; with ``state``
+    grouping: not every final reward equal, or some state's returns differ). The same for
     every estimator (each gives a flat group all zeros)."""
-    return assign_credit([group], "dr_grpo", credit, gamma).zero_variance_groups == 0
+    credited = assign_credit([group], "dr_grpo", credit, gamma, grouping, state_weight)
+    return credited.zero_variance_groups == 0
