@@ -318,7 +318,11 @@ def test_a_run_trains_on_the_judges_scores_and_a_garbage_group_is_dropped(
               if t is not None]  # fmt: skip
     db.close()
     holders = [d for d in stored if "messages" in d]
-    assert len(holders) == len(judge.requests) and all(d["candidate"] == "1" for d in holders)
+    assert all(d["candidate"] == "1" for d in holders) and len(holders) >= 2
+    if mode == "sync":
+        assert len(holders) == len(judge.requests)
+    else:  # a group judged while the run ended is cancelled before its grades are stored
+        assert len(holders) <= len(judge.requests)
     assert all("prompt_from" in d for d in stored if "messages" not in d)
 
 
