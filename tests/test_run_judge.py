@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import small_run
 from tether.configio import load_config
 from tether.errors import UserError
 from tether.records import RolloutStatus
@@ -23,7 +24,6 @@ from tether.run import (
     EvalConfig,
     JudgeConfig,
     RolloutConfig,
-    TasksConfig,
     TrainConfig,
     TrainerConfig,
     TrainingRun,
@@ -31,7 +31,6 @@ from tether.run import (
 from tether.run._grading import Candidate, is_success
 from tether.run._judge import Judge, JudgeFailed, open_grader, parse_scores, response_schema
 from tether.run._paths import resolve_file_paths
-from tether.runner import RunnerConfig
 from tether.store import Store
 from tether.trainer.errors import GraderFailing
 
@@ -256,13 +255,12 @@ def test_the_conversation_is_shown_when_asked() -> None:
 
 
 def _config(tmp_path: Path, base_url: str, **trainer: Any) -> TrainConfig:
-    return TrainConfig(
-        name="judged",
-        dir=str(tmp_path),
-        tasks=TasksConfig(source="calc", train_size=20, val_size=2),
-        agent=RunnerConfig(
-            mode="inprocess", agent="tests.test_async:short_calc_agent", concurrency=16
-        ),
+    return small_run(
+        tmp_path,
+        "judged",
+        "tests.test_async:short_calc_agent",
+        train_size=20,
+        concurrency=16,
         rollout=RolloutConfig(
             n=2,
             batch_groups=2,
