@@ -63,7 +63,7 @@ def _batch(tokenizer, n_rollouts: int = 64):
         ]
         p2 = render_prompt(tokenizer, msgs2, [CALCULATOR_TOOL])
         c2 = tokenizer.encode(
-            f"The answer is {task['answer']}.<|im_end|>", add_special_tokens=False
+            f"The answer is {task['grader']['answer']}.<|im_end|>", add_special_tokens=False
         )
         rollouts.append(
             [

@@ -201,3 +201,27 @@ def alternating_grader(task: dict, answer: str | None) -> float:
     n = _graded[task["id"]]
     _graded[task["id"]] += 1
     return float(n % 2)
+
+
+def small_run(
+    tmp_path: Path,
+    name: str,
+    agent: str,
+    *,
+    train_size: int = 8,
+    concurrency: int = 8,
+    **parts: Any,
+) -> Any:
+    """A TrainConfig for a short run of the starter model on calc tasks: an in-process
+    ``agent`` (``module:function``), no held-out eval unless ``parts`` names one."""
+    from tether.run import EvalConfig, TasksConfig, TrainConfig
+    from tether.runner import RunnerConfig
+
+    parts.setdefault("eval", EvalConfig(enabled=False))
+    return TrainConfig(
+        name=name,
+        dir=str(tmp_path),
+        tasks=TasksConfig(source="calc", train_size=train_size, val_size=2),
+        agent=RunnerConfig(mode="inprocess", agent=agent, concurrency=concurrency),
+        **parts,
+    )

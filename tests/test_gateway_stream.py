@@ -158,7 +158,9 @@ def test_client_disconnect_stops_generation_and_records_a_cancelled_call(
     assert live.gw.gate.in_flight == 0
     # The rollout goes on: the next call is served and recorded after the cancelled one.
     live.client("r-next").chat.completions.create(model="policy", messages=MESSAGES, max_tokens=2)
-    assert engine.stats.tokens == produced + 2
+    (after,) = live.store.calls("r-next")
+    # Only the next call's tokens were generated since (it may sample its end token first).
+    assert engine.stats.tokens == produced + len(after.completion_ids) > produced
 
 
 def test_a_stream_broken_by_an_engine_fault_is_no_recorded_call(

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 import torch
 
+from tests.helpers import small_run
 from tether.errors import UserError
 from tether.records import Call, RolloutStatus, Split, Task
 from tether.run import (
     EvalConfig,
     RolloutConfig,
-    TasksConfig,
     TrainConfig,
     TrainerConfig,
     TrainingRun,
@@ -29,7 +29,6 @@ from tether.run._collect import Collected, RolloutOutcome
 from tether.run._learn import Learning, learn_metrics
 from tether.run._signal import collect_with_signal
 from tether.run._tasks import load_tasks, tasks_for_step
-from tether.runner import RunnerConfig
 from tether.store import Store
 from tether.tracking import export_attempts, step_samples
 from tether.trainer import PolicyTrainer
@@ -211,13 +210,12 @@ def test_a_turn_credit_run_with_filter_groups(
         return update(self, samples)
 
     monkeypatch.setattr(PolicyTrainer, "update", spy)
-    cfg = TrainConfig(
-        name="credit",
-        dir=str(tmp_path),
-        tasks=TasksConfig(source="calc", train_size=20, val_size=2),
-        agent=RunnerConfig(
-            mode="inprocess", agent="tests.test_async:short_calc_agent", concurrency=16
-        ),
+    cfg = small_run(
+        tmp_path,
+        "credit",
+        "tests.test_async:short_calc_agent",
+        train_size=20,
+        concurrency=16,
         rollout=RolloutConfig(
             n=2,
             batch_groups=2,
@@ -297,13 +295,12 @@ def test_a_run_whose_agent_resets_its_context_and_calls_a_sub_agent(
     """Every rollout is cut into three segments, each trained as its own sample with the
     rollout's advantage, the loss weighing each rollout once (rollout_mean); the step
     says how many rollouts forked."""
-    cfg = TrainConfig(
-        name="segments",
-        dir=str(tmp_path),
-        tasks=TasksConfig(source="calc", train_size=8, val_size=2),
-        agent=RunnerConfig(
-            mode="inprocess", agent="tests.test_run_credit:reset_and_sub_agent", concurrency=8
-        ),
+    cfg = small_run(
+        tmp_path,
+        "segments",
+        "tests.test_run_credit:reset_and_sub_agent",
+        train_size=8,
+        concurrency=8,
         rollout=RolloutConfig(n=2, batch_groups=2, grader="tests.helpers:alternating_grader"),
         trainer=TrainerConfig(steps=1, lr=1e-3, aggregation="rollout_mean"),
         eval=EvalConfig(enabled=False),
@@ -356,13 +353,12 @@ def test_an_async_run_with_filter_groups_trains_only_groups_with_signal(
     three groups' tasks always get the same reward: they are dropped as they finish (at
     least one of them before step 2's batch can form, since only 4 groups run at once),
     every trained group has signal, and the step's metrics count the drops."""
-    cfg = TrainConfig(
-        name="async-filter",
-        dir=str(tmp_path),
-        tasks=TasksConfig(source="calc", train_size=40, val_size=2),
-        agent=RunnerConfig(
-            mode="inprocess", agent="tests.test_async:short_calc_agent", concurrency=16
-        ),
+    cfg = small_run(
+        tmp_path,
+        "async-filter",
+        "tests.test_async:short_calc_agent",
+        train_size=40,
+        concurrency=16,
         rollout=RolloutConfig(
             n=2, batch_groups=2, grader="tests.test_run_credit:some_tasks_teach",
             filter_groups=True, max_oversample=3,

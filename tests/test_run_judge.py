@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import small_run
 from tether.configio import load_config
 from tether.errors import UserError
 from tether.records import RolloutStatus
@@ -23,7 +24,6 @@ from tether.run import (
     EvalConfig,
     JudgeConfig,
     RolloutConfig,
-    TasksConfig,
     TrainConfig,
     TrainerConfig,
     TrainingRun,
@@ -31,7 +31,6 @@ from tether.run import (
 from tether.run._grading import Candidate, is_success
 from tether.run._judge import Judge, JudgeFailed, open_grader, parse_scores, response_schema
 from tether.run._paths import resolve_file_paths
-from tether.runner import RunnerConfig
 from tether.store import Store
 from tether.trainer.errors import GraderFailing
 
@@ -256,13 +255,12 @@ def test_the_conversation_is_shown_when_asked() -> None:
 
 
 def _config(tmp_path: Path, base_url: str, **trainer: Any) -> TrainConfig:
-    return TrainConfig(
-        name="judged",
-        dir=str(tmp_path),
-        tasks=TasksConfig(source="calc", train_size=20, val_size=2),
-        agent=RunnerConfig(
-            mode="inprocess", agent="tests.test_async:short_calc_agent", concurrency=16
-        ),
+    return small_run(
+        tmp_path,
+        "judged",
+        "tests.test_async:short_calc_agent",
+        train_size=20,
+        concurrency=16,
         rollout=RolloutConfig(
             n=2,
             batch_groups=2,
@@ -318,7 +316,11 @@ def test_a_run_trains_on_the_judges_scores_and_a_garbage_group_is_dropped(
               if t is not None]  # fmt: skip
     db.close()
     holders = [d for d in stored if "messages" in d]
-    assert len(holders) == len(judge.requests) and all(d["candidate"] == "1" for d in holders)
+    assert all(d["candidate"] == "1" for d in holders) and len(holders) >= 2
+    if mode == "sync":
+        assert len(holders) == len(judge.requests)
+    else:  # a group judged while the run ended is cancelled before its grades are stored
+        assert len(holders) <= len(judge.requests)
     assert all("prompt_from" in d for d in stored if "messages" not in d)
 
 

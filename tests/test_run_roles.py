@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 import torch
 
+from tests.helpers import small_run
 from tether.configio import load_config
 from tether.errors import UserError
 from tether.records import Call, RolloutStatus
-from tether.run import EvalConfig, RolloutConfig, TasksConfig, TrainingRun
+from tether.run import EvalConfig, RolloutConfig, TrainingRun
 from tether.run._collect import RolloutOutcome
 from tether.run._learn import Learning, learn_metrics
 from tether.run.config import LoraConfig, RoleConfig, TrainConfig, TrainerConfig
-from tether.runner import RunnerConfig
 from tether.store import Store
 from tether.tracking import step_samples
 
@@ -143,13 +143,12 @@ def test_a_run_with_two_roles_records_them_and_trains_each_against_its_own(
     """Two roles on the shared policy through the real gateway: every call records its
     role, each role is its own sample, and the critic's advantages carry its weight
     (what ``tether export --samples`` rebuilds is what the update trained)."""
-    cfg = TrainConfig(
-        name="roles",
-        dir=str(tmp_path),
-        tasks=TasksConfig(source="calc", train_size=8, val_size=2),
-        agent=RunnerConfig(
-            mode="inprocess", agent="tests.test_run_roles:solver_and_critic", concurrency=8
-        ),
+    cfg = small_run(
+        tmp_path,
+        "roles",
+        "tests.test_run_roles:solver_and_critic",
+        train_size=8,
+        concurrency=8,
         rollout=RolloutConfig(n=2, batch_groups=2, grader="tests.helpers:alternating_grader"),
         trainer=TrainerConfig(steps=1, lr=1e-3, advantage="dr_grpo"),
         eval=EvalConfig(enabled=False),
@@ -188,13 +187,12 @@ def test_a_run_with_an_own_adapter_role_and_a_frozen_role(
     from tether.engine import SamplingParams
     from tether.models import load_model
 
-    cfg = TrainConfig(
-        name="adapters",
-        dir=str(tmp_path),
-        tasks=TasksConfig(source="calc", train_size=8, val_size=2),
-        agent=RunnerConfig(
-            mode="inprocess", agent="tests.test_run_roles:plan_solve_check", concurrency=8
-        ),
+    cfg = small_run(
+        tmp_path,
+        "adapters",
+        "tests.test_run_roles:plan_solve_check",
+        train_size=8,
+        concurrency=8,
         rollout=RolloutConfig(n=2, batch_groups=2, grader="tests.helpers:alternating_grader"),
         trainer=TrainerConfig(steps=2, lr=5e-3, advantage="dr_grpo", lora=LoraConfig(r=4, alpha=8)),
         eval=EvalConfig(enabled=False),

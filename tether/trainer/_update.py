@@ -50,6 +50,12 @@ from tether.trainer.samples import Sample, collate, make_micro_batches
 
 __all__ = ["PolicyTrainer", "UpdateStopped", "shared_prefix"]
 
+#: Parameters from which the trainer fixes glibc's mmap threshold on CPU (map_large_blocks):
+#: at a real model's size it keeps an update's freed activations from staying resident
+#: (0.5B shape, 8 x 1,024 tokens: 9.69 -> 4.02 GiB); at the starter's (~2M) it only costs
+#: time, mapping each MiB-sized block anew (its update 1.1-1.6x slower; docs/memory.md).
+_REAL_MODEL = 100_000_000
+
 #: Below this many shared tokens the plain forward is as fast.
 MIN_SHARED_PREFIX = 16
 
@@ -81,7 +87,7 @@ class PolicyTrainer:
         #: split across them and the gradients summed; None = this process alone.
         self.ranks = ranks
         self.device = torch.device(device)
-        if self.device.type == "cpu":
+        if self.device.type == "cpu" and sum(p.numel() for p in model.parameters()) >= _REAL_MODEL:
             map_large_blocks()  # an update's freed activations leave no resident holes
         self.pad_id = pad_id
         self.autocast = train_dtype == "bfloat16"
