@@ -1,14 +1,24 @@
 """The dashboard's advantages follow the run's ``trainer.credit``: with ``turn`` each
-rollout shows its advantage per call, as the trainer computed them."""
+rollout shows its advantage per call, as the trainer computed them; with
+``trainer.turn_grouping: state`` the dashboard and ``tether export`` show GiGPO's, as the
+trainer trains them."""
 
 from __future__ import annotations
 
+import html
+import re
 from pathlib import Path
 
+import pytest
+
+from tests.dashboard_stores import KEY, get_all, visible
+from tests.test_credit_state import ref_state_credit
+from tether.dashboard import Catalog, create_server_app
 from tether.dashboard._render import _num
 from tether.dashboard._views import advantages
 from tether.records import Call, Reward, RewardSource, Rollout, RolloutStatus
 from tether.store import Store
+from tether.tracking import export_attempts
 from tether.trainer import RolloutRewards, assign_credit
 
 
@@ -34,7 +44,83 @@ def test_turn_credit_advantages_per_call_from_the_store(tmp_path: Path) -> None:
     expect = assign_credit(
         [[RolloutRewards(1.0, 2, {0: 0.5}), RolloutRewards(1.0, 3)]], "grpo", "turn", 0.9
     ).advantages
-    assert turn == {"a": expect[0], "b": expect[1]}
-    assert isinstance(turn["a"], dict) and turn["a"][0] > 0 > turn["b"][0]  # a earned more
+    assert turn is not None and turn == {"a": expect[0], "b": expect[1]}
+    a, b = turn["a"], turn["b"]
+    assert isinstance(a, dict) and isinstance(b, dict) and a[0] > 0 > b[0]  # a earned more
     assert trajectory == {"a": 0.0, "b": 0.0}  # equal final rewards: nothing without turns
     assert _num({0: 0.70710678, 1: -0.5}) == "0: 0.707 · 1: -0.5"
+
+
+# --------------------------------------------------------------------------- state grouping
+
+STATE_RUN = {"name": "st", "model": {"path": "nowhere"}, "trainer": {
+    "advantage": "grpo", "credit": "turn", "gamma": 0.9, "turn_grouping": "state",
+    "state_weight": 0.5,
+}}  # fmt: skip
+P0, P1, DETOUR, P2 = [1, 2], [1, 2, 9], [1, 2, 8], [1, 2, 7]
+# Per group, each rollout's (final reward, its calls' prompts, intermediate rewards): in
+# group 0 the second rollout reaches the first's state P1 a call later (a detour); in group
+# 1 the final rewards are equal and only the returns at the shared P1 tell them apart.
+STATE_GROUPS = [
+    [(1.0, [P0, P1], {0: 0.5}), (0.0, [P0, DETOUR, P1], {}), (0.5, [P0, P2], {})],
+    [(1.0, [P0, P1], {}), (1.0, [P0, P1], {1: -1.0})],
+]
+
+
+def _state_store(path: Path) -> list[list[RolloutRewards]]:
+    """A store of one run with ``trainer.turn_grouping: state`` and STATE_GROUPS as the
+    groups of its update 1; the same rollouts as credit sees them."""
+    groups = []
+    with Store(path) as db:
+        db.create_run(STATE_RUN, "st-1")
+        for g, members in enumerate(STATE_GROUPS):
+            group = []
+            for i, (reward, prompts, turns) in enumerate(members):
+                gid = f"st-1-s1-g{g}"
+                rid = f"{gid}-{i}"
+                db.create_rollout(Rollout(id=rid, run_id="st-1", group_id=gid, task_id=f"t{g}"))
+                attempt = db.start_attempt(rid)
+                for seq, prompt in enumerate(prompts):
+                    db.record_call(Call(rid, seq, prompt, [3 + seq], [-0.5], 0, attempt=attempt))
+                for seq, value in turns.items():
+                    db.record_reward(Reward(rid, value, RewardSource.AGENT, attempt, call_seq=seq))
+                db.record_reward(Reward(rid, reward, RewardSource.GRADER, attempt))
+                db.finish_rollout(rid, RolloutStatus.SUCCEEDED, attempt=attempt)
+                prompts_ids = tuple(tuple(p) for p in prompts)
+                group.append(RolloutRewards(reward, len(prompts), turns, (), prompts_ids))
+            groups.append(group)
+    return groups
+
+
+def test_state_grouping_the_dashboard_and_the_export_show_what_the_trainer_trains(
+    tmp_path: Path,
+) -> None:
+    """A run with turn_grouping: state: the rollouts page, each rollout's page and
+    ``tether export`` show per call the GiGPO advantages of the loop reference (the
+    trainer's function on the same rollouts), not the turn-index ones."""
+    groups = _state_store(tmp_path / "st" / "traces.sqlite")
+    trainer = assign_credit(groups, "grpo", "turn", 0.9, "state", 0.5).advantages
+    for got, ref in zip(trainer, ref_state_credit(groups, "grpo", 0.9, 0.5), strict=True):
+        assert isinstance(got, dict) and got == pytest.approx(ref, abs=1e-9)
+    index = assign_credit(groups, "grpo", "turn", 0.9).advantages
+    assert [_num(a) for a in trainer] != [_num(a) for a in index]  # what the grouping changes
+    ids = [
+        f"st-1-s1-g{g}-{i}" for g, members in enumerate(STATE_GROUPS) for i in range(len(members))
+    ]
+    app = create_server_app(Catalog(runs_dir=tmp_path), KEY)
+    table, *pages = get_all(
+        app, ["/ui/s/st/run/st-1/rollouts"] + [f"/ui/s/st/rollout/{r}" for r in ids]
+    )
+    assert "turn credit by prompt state, ω 0.5" in visible(table.text)
+    for rid, adv, page in zip(ids, trainer, pages, strict=True):
+        row = re.search(
+            rf'/rollout/{rid}">\d+</a></td>(?:<td>[^<]*</td>){{2}}<td>([^<]*)</td>', table.text
+        )
+        assert row is not None and html.unescape(row[1]) == _num(adv), rid
+        shown = re.search(r"<dt>advantage</dt><dd>([^<]*)</dd>", page.text)
+        assert shown is not None and html.unescape(shown[1]) == _num(adv), rid
+    with Store(tmp_path / "st" / "traces.sqlite") as db:
+        rows = {row["rollout_id"]: row for row in export_attempts(db)}
+    for rid, adv in zip(ids, trainer, strict=True):
+        assert rows[rid]["advantage"] is None  # per call with turn credit
+        assert {c["seq"]: c["advantage"] for c in rows[rid]["calls"]} == adv

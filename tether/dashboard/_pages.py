@@ -179,11 +179,8 @@ def _page_groups(store: Store, run: Run, found: list[Any], estimator: str) -> di
         if r.group_id and r.group_id not in groups:
             members = store.list_rollouts(group_id=r.group_id)
             trained = not group_phase(run.id, r.group_id)[0].startswith("eval")
-            credit, gamma = _credit(run)
             adv = (  # evals teach nothing
-                advantages(members, estimator, credit=credit, gamma=gamma, store=store)
-                if trained
-                else None
+                advantages(members, estimator, store=store, **_credit(run)) if trained else None
             )
             groups[r.group_id] = {"id": r.group_id, "members": members, "adv": adv}
     return groups
@@ -250,8 +247,7 @@ def rollouts_page(catalog: Catalog, key: str, run_id: str, query: dict[str, str]
         "run": run_header(store, run),
         "rows": _rows(store, run, found, groups),
         "groups": list(groups.values()),
-        # what the advantages are: the estimator, and with turn credit one per call
-        "estimator": estimator + (", per call (turn credit)" if _credit(run)[0] == "turn" else ""),
+        "estimator": _credit_label(estimator, _credit(run)),
         "total": total,
         "page": page,
         "pages": pages,
@@ -265,12 +261,26 @@ def rollouts_page(catalog: Catalog, key: str, run_id: str, query: dict[str, str]
     }
 
 
-def _credit(run: Run | None) -> tuple[str, float]:
-    """The run's ``trainer.credit`` and ``trainer.gamma`` (trajectory, 1 when unnamed)."""
+def _credit(run: Run | None) -> dict[str, Any]:
+    """The run's ``trainer.credit``, ``gamma``, ``turn_grouping`` and ``state_weight`` as
+    :func:`advantages` takes them (the defaults for what the run's config names not)."""
     trainer = (run.config or {}).get("trainer") if run is not None else None
-    if not isinstance(trainer, dict):
-        return "trajectory", 1.0
-    return str(trainer.get("credit") or "trajectory"), float(trainer.get("gamma", 1.0))
+    trainer = trainer if isinstance(trainer, dict) else {}
+    return {
+        "credit": str(trainer.get("credit") or "trajectory"),
+        "gamma": float(trainer.get("gamma", 1.0)),
+        "grouping": str(trainer.get("turn_grouping") or "index"),
+        "state_weight": float(trainer.get("state_weight", 1.0)),
+    }
+
+
+def _credit_label(estimator: str, credit: dict[str, Any]) -> str:
+    """What the advantages are: the estimator, and with turn credit one per call."""
+    if credit["credit"] != "turn":
+        return estimator
+    if credit["grouping"] == "state":
+        return f"{estimator}, per call (turn credit by prompt state, ω {credit['state_weight']:g})"
+    return f"{estimator}, per call (turn credit)"
 
 
 def _estimator(run: Run | None) -> str:
@@ -385,11 +395,8 @@ def rollout_page(
     members = store.list_rollouts(group_id=r.group_id) if r.group_id else [r]
     phase, step = group_phase(r.run_id, r.group_id)
     evaluated = phase.startswith("eval")  # an eval's rollouts are never trained on
-    credit, gamma = _credit(run)
     adv_map = (
-        None
-        if evaluated
-        else advantages(members, _estimator(run), credit=credit, gamma=gamma, store=store)
+        None if evaluated else advantages(members, _estimator(run), store=store, **_credit(run))
     )
     adv = None if adv_map is None else adv_map.get(r.id)
     current = store.calls(r.id) if r.attempt else []

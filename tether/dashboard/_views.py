@@ -218,12 +218,15 @@ def advantages(
     *,
     credit: str = "trajectory",
     gamma: float = 1.0,
+    grouping: str = "index",
+    state_weight: float = 1.0,
     store: Store | None = None,
 ) -> dict[str, float | dict[int, float]] | None:
     """Each rollout's advantage in its group (the trainer's estimator), or None when the
     group is dropped (a rollout without a usable reward) or not finished. With ``credit``
-    "turn" (and the ``store`` of its calls and intermediate rewards): each rollout's
-    advantages per call seq, as ``trainer.credit: turn`` trains them."""
+    "turn" (and the ``store`` of its calls, their prompts and intermediate rewards): each
+    rollout's advantages per call seq, as ``trainer.credit: turn`` trains them with
+    ``trainer.gamma``, ``turn_grouping`` (``grouping``) and ``state_weight``."""
     if not members or not all(usable(r) for r in members):
         return None
     from tether.trainer import RolloutRewards, assign_credit
@@ -234,7 +237,8 @@ def advantages(
             for r in members
         ]
         try:
-            per_call = assign_credit([group], estimator, "turn", gamma).advantages
+            credited = assign_credit([group], estimator, "turn", gamma, grouping, state_weight)
+            per_call = credited.advantages
         except ValueError:  # an intermediate reward that is not finite: dropped
             return None
         return {r.id: a for r, a in zip(members, per_call, strict=True)}

@@ -11,7 +11,8 @@ that back. :func:`step_groups` recomputes the groups and advantages of each sync
 update exactly as the loop did: the groups whose rollouts all have a usable
 reward (with ``rollout.filter_groups``, the first ``batch_groups`` of them that
 carry signal), in group order, through the trainer's ``assign_credit`` with the
-run's ``trainer.advantage``, ``trainer.credit`` and ``trainer.gamma``.
+run's ``trainer.advantage``, ``credit``, ``gamma``, ``turn_grouping`` and
+``state_weight`` (each call's prompt state read from its stored prompt ids).
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ class RunCredit:
     signal_only: int | None = None  # rollout.filter_groups: rollout.batch_groups, else None
     #: roles: each role's loss weight, 0 for a frozen one (``trainer.samples.weigh_roles``)
     role_weights: dict[str, float] = field(default_factory=dict)
+    grouping: str = "index"  # trainer.turn_grouping
+    state_weight: float = 1.0  # trainer.state_weight
 
 
 @dataclass
@@ -136,18 +139,15 @@ def _credited(
         if all(r.id in rewards for r in g)
         and (how.credit != "turn" or all(rewards[r.id].finite for r in g))
     ]
+    settings = (how.credit, how.gamma, how.grouping, how.state_weight)
     if how.signal_only is not None:
-        signal = [
-            g for g in kept if carries_signal([rewards[r.id] for r in g], how.credit, how.gamma)
-        ]
-        kept = signal[: how.signal_only]
+        kept = [g for g in kept if carries_signal([rewards[r.id] for r in g], *settings)]
+        kept = kept[: how.signal_only]
     dropped = [g for g in ordered if g not in kept]
     advantages: list[list[float | dict[int, float]]] = []
     zero = 0
     if kept and (how.credit != "trajectory" or len({len(g) for g in kept}) == 1):
-        credit = assign_credit(
-            [[rewards[r.id] for r in g] for g in kept], how.estimator, how.credit, how.gamma
-        )
+        credit = assign_credit([[rewards[r.id] for r in g] for g in kept], how.estimator, *settings)
         flat = iter(credit.advantages)
         advantages = [[next(flat) for _ in g] for g in kept]
         zero = credit.zero_variance_groups
@@ -173,4 +173,6 @@ def run_credit(config: dict[str, Any]) -> RunCredit:
         float(trainer.get("gamma", 1.0)),
         batch if rollout.get("filter_groups") else None,
         weights,
+        str(trainer.get("turn_grouping") or "index"),
+        float(trainer.get("state_weight", 1.0)),
     )
