@@ -106,3 +106,29 @@ def get_all(app: Any, urls: list[str]) -> list[httpx.Response]:
 def visible(page: str) -> str:
     """The page's text as a browser shows it (tags dropped, entities decoded)."""
     return html.unescape(re.sub(r"<[^>]+>", "", page))
+
+
+Shown = float | dict[int, float] | None
+
+
+def shown_advantage(text: str) -> Shown:
+    """An advantage as a page shows it, read back: ``-`` (none), a number, or one per call
+    seq (``0: 0.707 · 1: -0.5``); 3 significant digits."""
+    text = html.unescape(text).strip()
+    if text == "-":
+        return None
+    if ":" not in text:
+        return float(text)
+    return {int(k): float(v) for k, v in (part.split(": ") for part in text.split(" · "))}
+
+
+def group_advantages(page: str) -> dict[str, Shown]:
+    """The rollouts page's groups: rollout id → its advantage as the table shows it."""
+    row = r'/rollout/([^"]+)">\d+</a></td><td>[^<]*</td><td>[^<]*</td><td>([^<]*)</td>'
+    return {rid: shown_advantage(shown) for rid, shown in re.findall(row, page)}
+
+
+def rollout_advantage(page: str) -> Shown:
+    """The advantage a rollout's page shows (None also where it shows none)."""
+    found = re.search(r"<dt>advantage</dt><dd>([^<]*)</dd>", page)
+    return None if found is None else shown_advantage(found[1])
