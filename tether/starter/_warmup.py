@@ -32,7 +32,7 @@ from tether.starter import calc
 from tether.starter._errors import StarterError
 from tether.starter._template import IM_END
 
-__all__ = ["WarmupRecipe", "encode_transcript", "warm_up"]
+__all__ = ["WarmupRecipe", "encode_transcript", "train_on_transcripts", "warm_up"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,11 +90,14 @@ class WarmupRecipe:
 
 
 def encode_transcript(
-    tokenizer: Any, messages: list[dict[str, Any]]
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] = (calc.CALCULATOR_TOOL,),
 ) -> tuple[list[int], list[int]]:
-    """Render ``messages`` with the calc tool and return ``(ids, mask)``; ``mask`` is 1
-    on assistant tokens (after each ``<|im_start|>assistant\\n``, through ``<|im_end|>``)."""
-    text = tokenizer.apply_chat_template(messages, tools=[calc.CALCULATOR_TOOL], tokenize=False)
+    """Render ``messages`` with ``tools`` (the calc tool by default) and return ``(ids,
+    mask)``; ``mask`` is 1 on assistant tokens (after each ``<|im_start|>assistant\\n``,
+    through ``<|im_end|>``)."""
+    text = tokenizer.apply_chat_template(messages, tools=list(tools), tokenize=False)
     ids = tokenizer.encode(text, add_special_tokens=False)
     header = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
     im_end = tokenizer.convert_tokens_to_ids(IM_END)
@@ -234,14 +237,30 @@ def _threads(n: int) -> Iterator[None]:
 
 
 def warm_up(model: torch.nn.Module, tokenizer: Any, recipe: WarmupRecipe) -> dict[str, Any]:
-    """Train ``model`` in place on synthetic transcripts; return summary statistics."""
+    """Train ``model`` in place on synthetic calc transcripts; return summary statistics."""
+    probe = _transcripts(tokenizer, recipe, "probe", kinds=False)
+    data = _transcripts(tokenizer, recipe, "train", kinds=True)
+    return train_on_transcripts(
+        model, tokenizer, recipe, data, [next(probe) for _ in range(recipe.probe_size)]
+    )
+
+
+def train_on_transcripts(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    recipe: WarmupRecipe,
+    data: Iterator[tuple[list[int], list[int]]],
+    probe_rows: Sequence[tuple[list[int], list[int]]],
+) -> dict[str, Any]:
+    """Train ``model`` in place on the encoded transcripts ``data`` (``(ids, mask)``, see
+    :func:`encode_transcript`) with the recipe's schedule: constant rate until the
+    teacher-forced accuracy on the number tokens of ``probe_rows`` (clean transcripts)
+    reaches ``copy_threshold``, then the cool-down. Returns summary statistics."""
     started = time.monotonic()
     pad_id = int(tokenizer.pad_token_id)
     vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
     digit_ids = torch.tensor([t.isdigit() for t in vocab])
-    probe_stream = _transcripts(tokenizer, recipe, "probe", kinds=False)
-    probe = _collate([next(probe_stream) for _ in range(recipe.probe_size)], pad_id)
-    data = _transcripts(tokenizer, recipe, "train", kinds=True)
+    probe = _collate(probe_rows, pad_id)
 
     with torch.random.fork_rng(devices=[]), _threads(recipe.threads):
         torch.manual_seed(recipe.seed)
