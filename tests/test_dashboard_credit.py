@@ -16,7 +16,7 @@ from tether.dashboard._render import _num
 from tether.dashboard._views import advantages
 from tether.records import Call, Reward, RewardSource, Rollout, RolloutStatus
 from tether.store import Store
-from tether.tracking import export_attempts
+from tether.tracking import RunCredit, export_attempts
 from tether.trainer import RolloutRewards, assign_credit
 
 
@@ -37,7 +37,7 @@ def _rollout(db: Store, rid: str, reward: float, calls: int, turn: float | None)
 def test_turn_credit_advantages_per_call_from_the_store(tmp_path: Path) -> None:
     with Store(tmp_path / "t.db") as db:
         members = [_rollout(db, "a", 1.0, 2, 0.5), _rollout(db, "b", 1.0, 3, None)]
-        turn = advantages(members, "grpo", credit="turn", gamma=0.9, store=db)
+        turn = advantages(members, RunCredit("grpo", "turn", 0.9), db)
         trajectory = advantages(members, "grpo")
     expect = assign_credit(
         [[RolloutRewards(1.0, 2, {0: 0.5}), RolloutRewards(1.0, 3)]], "grpo", "turn", 0.9

@@ -42,8 +42,9 @@ KNOWS: dict[str, set[str]] = {
     # and torch, transformers/peft; _memory: glibc's mmap threshold for the update on CPU
     "trainer": {"records", "errors", "_hf", "_memory", "_lazy"},
     "starter": {"engine", "chat", "errors", "_hf", "_lazy", "models"},  # and transformers
-    # reads stores (read-only) and shows samples as the trainer builds them; FastAPI, Jinja2
-    "dashboard": {"records", "store", "trainer", "errors", "_lazy"},
+    # reads stores (read-only) and shows samples as the trainer builds them, advantages as
+    # tracking credits them (one code path with tether export); FastAPI, Jinja2
+    "dashboard": {"records", "store", "trainer", "tracking", "errors", "_lazy"},
     # watching a run: sinks, export, report. It reads the store; the trainer's public
     # sample-building functions rebuild a step's samples (tether export --samples).
     "tracking": {"records", "store", "trainer", "errors", "configio", "_lazy"},

@@ -25,6 +25,7 @@ from tether.dashboard._views import (
 )
 from tether.records import Call, RolloutStatus, Run, RunStatus
 from tether.store import NotFound, Store, StoreError
+from tether.tracking import RunCredit, run_credit
 
 __all__ = [
     "BadQuery",
@@ -172,7 +173,7 @@ def _filters(query: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _page_groups(store: Store, run: Run, found: list[Any], estimator: str) -> dict[str, Any]:
+def _page_groups(store: Store, run: Run, found: list[Any], how: RunCredit) -> dict[str, Any]:
     """The groups of a page's rollouts: their members and advantages (None for an eval)."""
     groups: dict[str, dict[str, Any]] = {}
     for r, _, _ in found:
@@ -180,7 +181,7 @@ def _page_groups(store: Store, run: Run, found: list[Any], estimator: str) -> di
             members = store.list_rollouts(group_id=r.group_id)
             trained = not group_phase(run.id, r.group_id)[0].startswith("eval")
             adv = (  # evals teach nothing
-                advantages(members, estimator, store=store, **_credit(run)) if trained else None
+                advantages(members, how, store) if trained else None
             )
             groups[r.group_id] = {"id": r.group_id, "members": members, "adv": adv}
     return groups
@@ -232,8 +233,8 @@ def rollouts_page(catalog: Catalog, key: str, run_id: str, query: dict[str, str]
         offset=(page - 1) * per,
         limit=per,
     )
-    estimator = _estimator(run)
-    groups = _page_groups(store, run, found, estimator)
+    how = _credit(run)
+    groups = _page_groups(store, run, found, how)
     keep = {k: v for k, v in query.items() if v and k != "page"}
     pages = max(math.ceil(total / per), 1)
 
@@ -247,7 +248,7 @@ def rollouts_page(catalog: Catalog, key: str, run_id: str, query: dict[str, str]
         "run": run_header(store, run),
         "rows": _rows(store, run, found, groups),
         "groups": list(groups.values()),
-        "estimator": _credit_label(estimator, _credit(run)),
+        "estimator": _credit_label(how),
         "total": total,
         "page": page,
         "pages": pages,
@@ -261,31 +262,22 @@ def rollouts_page(catalog: Catalog, key: str, run_id: str, query: dict[str, str]
     }
 
 
-def _credit(run: Run | None) -> dict[str, Any]:
-    """The run's ``trainer.credit``, ``gamma``, ``turn_grouping`` and ``state_weight`` as
-    :func:`advantages` takes them (the defaults for what the run's config names not)."""
-    trainer = (run.config or {}).get("trainer") if run is not None else None
-    trainer = trainer if isinstance(trainer, dict) else {}
-    return {
-        "credit": str(trainer.get("credit") or "trajectory"),
-        "gamma": float(trainer.get("gamma", 1.0)),
-        "grouping": str(trainer.get("turn_grouping") or "index"),
-        "state_weight": float(trainer.get("state_weight", 1.0)),
-    }
+def _credit(run: Run | None) -> RunCredit:
+    """How the run's updates credited their groups (tracking's :func:`run_credit` of its
+    config; the defaults for a rollout of no run)."""
+    return RunCredit() if run is None else run_credit(run.config or {})
 
 
-def _credit_label(estimator: str, credit: dict[str, Any]) -> str:
-    """What the advantages are: the estimator, and with turn credit one per call."""
-    if credit["credit"] != "turn":
-        return estimator
-    if credit["grouping"] == "state":
-        return f"{estimator}, per call (turn credit by prompt state, ω {credit['state_weight']:g})"
-    return f"{estimator}, per call (turn credit)"
-
-
-def _estimator(run: Run | None) -> str:
-    trainer = (run.config or {}).get("trainer") if run is not None else None
-    return str(trainer.get("advantage") or "grpo") if isinstance(trainer, dict) else "grpo"
+def _credit_label(how: RunCredit) -> str:
+    """What the advantages are: the estimator; with turn credit one per call; with roles
+    (``roles:`` in the run's config) each role's calls against the role's own baseline."""
+    roles = ", per role" if how.role_weights else ""
+    if how.credit != "turn":
+        return how.estimator + roles
+    turn = "turn credit"
+    if how.grouping == "state":
+        turn += f" by prompt state, ω {how.state_weight:g}"
+    return f"{how.estimator}, per call ({turn}{roles})"
 
 
 # -- one rollout -------------------------------------------------------------------------
@@ -395,9 +387,7 @@ def rollout_page(
     members = store.list_rollouts(group_id=r.group_id) if r.group_id else [r]
     phase, step = group_phase(r.run_id, r.group_id)
     evaluated = phase.startswith("eval")  # an eval's rollouts are never trained on
-    adv_map = (
-        None if evaluated else advantages(members, _estimator(run), store=store, **_credit(run))
-    )
+    adv_map = None if evaluated else advantages(members, _credit(run), store)
     adv = None if adv_map is None else adv_map.get(r.id)
     current = store.calls(r.id) if r.attempt else []
     samples, (stats, skipped) = sample_views(current, adv or 0.0, decode)

@@ -16,6 +16,7 @@ from typing import Any
 
 from tether.records import AttemptEnd, Rollout, RolloutStatus, Run
 from tether.store import Store
+from tether.tracking import RunCredit, group_credit
 
 __all__ = [
     "CHARTS",
@@ -213,40 +214,18 @@ def outcome(r: Rollout, end: AttemptEnd | None) -> str | None:
 
 
 def advantages(
-    members: list[Rollout],
-    estimator: str,
-    *,
-    credit: str = "trajectory",
-    gamma: float = 1.0,
-    grouping: str = "index",
-    state_weight: float = 1.0,
-    store: Store | None = None,
+    members: list[Rollout], how: RunCredit | str, store: Store | None = None
 ) -> dict[str, float | dict[int, float]] | None:
-    """Each rollout's advantage in its group (the trainer's estimator), or None when the
-    group is dropped (a rollout without a usable reward) or not finished. With ``credit``
-    "turn" (and the ``store`` of its calls, their prompts and intermediate rewards): each
-    rollout's advantages per call seq, as ``trainer.credit: turn`` trains them with
-    ``trainer.gamma``, ``turn_grouping`` (``grouping``) and ``state_weight``."""
-    if not members or not all(usable(r) for r in members):
-        return None
-    from tether.trainer import RolloutRewards, assign_credit
-
-    if credit == "turn" and store is not None:
-        group = [
-            RolloutRewards.of(r.reward or 0.0, store.calls(r.id), store.rewards(r.id), r.attempt)
-            for r in members
-        ]
-        try:
-            credited = assign_credit([group], estimator, "turn", gamma, grouping, state_weight)
-            per_call = credited.advantages
-        except ValueError:  # an intermediate reward that is not finite: dropped
-            return None
-        return {r.id: a for r, a in zip(members, per_call, strict=True)}
+    """Each rollout's advantage in its group as the update trained it (tracking's
+    :func:`~tether.tracking.group_credit`, the code ``tether export`` uses): the run's
+    :class:`~tether.tracking.RunCredit` (or just its estimator's name), its calls and
+    intermediate rewards read from ``store`` with turn credit or roles (then one number per
+    call seq, each role's against its own baseline); None when the group is dropped (a
+    rollout without a usable reward) or not finished, or the run's credit is unknown."""
     try:
-        adv = assign_credit([[RolloutRewards(r.reward or 0.0) for r in members]], estimator)
-    except ValueError:
+        return group_credit(members, RunCredit(how) if isinstance(how, str) else how, store)
+    except ValueError:  # an estimator or credit this version does not know
         return None
-    return {r.id: a for r, a in zip(members, adv.advantages, strict=True)}
 
 
 def message_text(value: Any) -> dict[str, Any]:

@@ -5,6 +5,9 @@
   (``_sinks.py``), each of which may fail without stopping the run;
 - :func:`export_attempts` / :func:`write_rows` (``_export.py``): one row per
   rollout attempt, to JSONL or Parquet (docs/export.md);
+- :class:`RunCredit` / :func:`run_credit` / :func:`group_credit` (``_groups.py``): how a
+  run's updates credited their groups, and one group's advantages as an update trained
+  them (the dashboard shows these);
 - :func:`step_samples` (``_steps.py``): the training samples of one update,
   rebuilt from the stored calls with the trainer's own functions;
 - :func:`write_report` (``_report.py``): a self-contained HTML page of the curves
@@ -27,12 +30,15 @@ _EXPORTS = {
     "CALL_FIELDS": "._export",
     "EXPORT_FORMATS": "._export",
     "ROW_FIELDS": "._export",
+    "RunCredit": "._groups",
     "StepSamples": "._steps",
     "Tracking": "._hub",
     "TrackingConfig": ".config",
     "export_attempts": "._export",
+    "group_credit": "._groups",
     "normalize_tracking": ".config",
     "open_tracking": "._hub",
+    "run_credit": "._groups",
     "run_tensorboard": "._tensorboard",
     "sample_rows": "._hub",
     "step_samples": "._steps",
@@ -49,6 +55,9 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._export import ROW_FIELDS as ROW_FIELDS
     from ._export import export_attempts as export_attempts
     from ._export import write_rows as write_rows
+    from ._groups import RunCredit as RunCredit
+    from ._groups import group_credit as group_credit
+    from ._groups import run_credit as run_credit
     from ._hub import Tracking as Tracking
     from ._hub import open_tracking as open_tracking
     from ._hub import sample_rows as sample_rows

@@ -17,8 +17,7 @@ from typing import Any
 
 from tether.errors import UserError
 from tether.records import Call, Rollout
-from tether.tracking._groups import place, run_credit, step_groups
-from tether.tracking._steps import stored_rewards
+from tether.tracking._groups import place, run_credit, step_groups, stored_rewards
 
 __all__ = [
     "CALL_FIELDS",

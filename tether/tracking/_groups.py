@@ -13,6 +13,8 @@ reward (with ``rollout.filter_groups``, the first ``batch_groups`` of them that
 carry signal), in group order, through the trainer's ``assign_credit`` with the
 run's ``trainer.advantage``, ``credit``, ``gamma``, ``turn_grouping`` and
 ``state_weight`` (each call's prompt state read from its stored prompt ids).
+:func:`group_credit` credits one group the same way, for the dashboard: one code path
+for what an update trained, what ``tether export`` writes and what the pages show.
 """
 
 from __future__ import annotations
@@ -21,15 +23,26 @@ import math
 import re
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from tether.records import Rollout, RolloutStatus
 
 if TYPE_CHECKING:
+    from tether.store import Store
     from tether.trainer import RolloutRewards
 
-__all__ = ["Place", "RunCredit", "StepGroups", "place", "run_credit", "step_groups", "usable"]
+__all__ = [
+    "Place",
+    "RunCredit",
+    "StepGroups",
+    "group_credit",
+    "place",
+    "run_credit",
+    "step_groups",
+    "stored_rewards",
+    "usable",
+]
 
 _TAG = re.compile(r"(?:s(?P<step>\d+)|eval(?P<eval>\d+)-(?P<how>[sg])|a)-g(?P<group>\d+)")
 _INDEX = re.compile(r"-(\d+)$")
@@ -81,6 +94,12 @@ class RunCredit:
     grouping: str = "index"  # trainer.turn_grouping
     state_weight: float = 1.0  # trainer.state_weight
 
+    @property
+    def reads_calls(self) -> bool:
+        """Whether credit needs each rollout's calls and intermediate rewards, not only its
+        final reward: turn credit, or roles (each role's calls against its own baseline)."""
+        return self.credit != "trajectory" or bool(self.role_weights)
+
 
 @dataclass
 class StepGroups:
@@ -105,14 +124,9 @@ def step_groups(
     """The sync updates among ``rollouts`` (one run record's), by step, chosen and credited
     as the loop did (``tether/run/_learn.py``). ``how`` is the run's :class:`RunCredit` (or
     its estimator's name); ``rewards_of`` gives a usable rollout's rewards as credit needs
-    them (its calls and intermediate rewards: needed for turn credit)."""
-    from tether.trainer import RolloutRewards
-
+    them (its calls and intermediate rewards: needed for turn credit and roles)."""
     how = RunCredit(how) if isinstance(how, str) else how
-    if rewards_of is None:
-        if how.credit != "trajectory":
-            raise ValueError(f"credit {how.credit!r} needs each rollout's calls and rewards")
-        rewards_of = lambda r: RolloutRewards(float(r.reward or 0.0))  # noqa: E731
+    rewards_of = _reader(how, rewards_of)
     by_step: dict[int, dict[int, list[tuple[int, Rollout]]]] = defaultdict(
         lambda: defaultdict(list)
     )
@@ -125,6 +139,50 @@ def step_groups(
         ordered = [[r for _, r in sorted(groups[g], key=lambda x: x[0])] for g in sorted(groups)]
         out[step] = _credited(step, ordered, how, rewards_of)
     return out
+
+
+def group_credit(
+    members: list[Rollout], how: RunCredit, store: Store | None = None
+) -> dict[str, float | dict[int, float]] | None:
+    """Each rollout's advantage in its group, rollout id → a float, or per call seq (turn
+    credit, roles), as an update credits the group (:func:`step_groups`' code, the group
+    alone, with or without signal); None when the group is dropped (a rollout without a
+    usable reward or, with turn credit, a non-finite intermediate one) or not finished.
+    Each rollout's calls and intermediate rewards come from ``store`` when credit needs
+    them (:attr:`RunCredit.reads_calls`), else only its final reward is read."""
+    if not members or not all(usable(r) for r in members):
+        return None
+    reader = stored_rewards(store) if how.reads_calls and store is not None else None
+    found = _credited(0, [members], replace(how, signal_only=None), _reader(how, reader))
+    if not found.advantages:
+        return None
+    return {r.id: a for r, a in zip(members, found.advantages[0], strict=True)}
+
+
+def stored_rewards(store: Store) -> RewardsOf:
+    """``rollout → RolloutRewards`` of its last attempt as the store holds it: the final
+    reward, the number of calls, the intermediate rewards added up per call."""
+    from tether.trainer import RolloutRewards
+
+    def of(r: Rollout) -> RolloutRewards:
+        calls = store.calls(r.id, attempt=r.attempt)
+        return RolloutRewards.of(float(r.reward or 0.0), calls, store.rewards(r.id), r.attempt)
+
+    return of
+
+
+def _reader(how: RunCredit, rewards_of: RewardsOf | None) -> RewardsOf:
+    """``rewards_of``, or without one (trajectory credit, no roles) the final reward alone."""
+    from tether.trainer import RolloutRewards
+
+    if rewards_of is not None:
+        return rewards_of
+    if how.reads_calls:
+        raise ValueError(
+            f"credit {how.credit!r} with roles {sorted(how.role_weights)} needs each "
+            "rollout's calls and rewards: pass rewards_of"
+        )
+    return lambda r: RolloutRewards(float(r.reward or 0.0))
 
 
 def _credited(

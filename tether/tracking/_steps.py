@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether.errors import UserError
-from tether.tracking._groups import StepGroups, place, run_credit, step_groups
+from tether.tracking._groups import StepGroups, place, run_credit, step_groups, stored_rewards
 
-__all__ = ["StepSamples", "step_samples", "stored_rewards", "training_sample_rows"]
+__all__ = ["StepSamples", "step_samples", "training_sample_rows"]
 
 
 @dataclass
@@ -94,18 +94,6 @@ def step_samples(store: Any, step: int | None = None, run_id: str | None = None)
     samples, _ = build_samples(calls, advantages) if flat else ([], None)
     samples = weigh_roles(samples, how.role_weights)
     return StepSamples(chosen.id, step, groups, samples, [r.id for r in flat])
-
-
-def stored_rewards(store: Any) -> Any:
-    """``rollout → RolloutRewards`` of its last attempt as the store holds it: the final
-    reward, the number of calls, the intermediate rewards added up per call."""
-    from tether.trainer import RolloutRewards
-
-    def of(r: Any) -> Any:
-        calls = store.calls(r.id, attempt=r.attempt)
-        return RolloutRewards.of(r.reward, calls, store.rewards(r.id), r.attempt)
-
-    return of
 
 
 def training_sample_rows(found: StepSamples) -> Iterator[dict[str, Any]]:
