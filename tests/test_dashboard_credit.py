@@ -1,7 +1,7 @@
 """The dashboard's advantages follow the run's ``trainer.credit``: with ``turn`` each
 rollout shows its advantage per call, as the trainer computed them; with
 ``trainer.turn_grouping: state`` the dashboard and ``tether export`` show GiGPO's, as the
-trainer trains them."""
+trainer trains them; with roles, each role's against its own baseline."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.dashboard_stores import KEY, get_all, group_advantages, rollout_advantage, visible
+from tests.test_credit_roles import ref_role_credit
 from tests.test_credit_state import ref_state_credit
 from tether.dashboard import Catalog, create_server_app
 from tether.dashboard._render import _num
@@ -119,4 +120,77 @@ def test_state_grouping_the_dashboard_and_the_export_show_what_the_trainer_train
         rows = {row["rollout_id"]: row for row in export_attempts(db)}
     for rid, adv in zip(ids, trainer, strict=True):
         assert rows[rid]["advantage"] is None  # per call with turn credit
+        assert {c["seq"]: c["advantage"] for c in rows[rid]["calls"]} == adv
+
+
+# --------------------------------------------------------------------------- roles
+
+ROLES_RUN = {"name": "ro", "model": {"path": "nowhere"}, "trainer": {"advantage": "grpo"},
+             "roles": {"solver": {}, "critic": {}}}  # fmt: skip
+# Per group, each rollout's (final reward, the role of each of its calls): some rollouts
+# never call the critic, so the critic's baseline is over fewer rollouts than the
+# solver's, and each role's calls get their own advantage.
+ROLES_GROUPS = [
+    [(1.0, ["solver", "critic"]), (0.0, ["solver"]), (0.0, ["solver", "critic"])],
+    [(0.5, ["critic", "solver", "solver"]), (1.0, ["solver"]), (0.0, ["critic"])],
+]
+
+
+def _roles_store(path: Path) -> list[list[RolloutRewards]]:
+    """A store of one run with two trained roles and trajectory credit, ROLES_GROUPS the
+    groups of its update 1; the same rollouts as credit sees them."""
+    groups = []
+    with Store(path) as db:
+        db.create_run(ROLES_RUN, "ro-1")
+        for g, members in enumerate(ROLES_GROUPS):
+            group = []
+            for i, (reward, roles) in enumerate(members):
+                gid = f"ro-1-s1-g{g}"
+                rid = f"{gid}-{i}"
+                db.create_rollout(Rollout(id=rid, run_id="ro-1", group_id=gid, task_id=f"t{g}"))
+                attempt = db.start_attempt(rid)
+                for seq, role in enumerate(roles):
+                    db.record_call(
+                        Call(rid, seq, [1, 2 + seq], [3], [-0.5], 0, attempt=attempt, role=role)
+                    )
+                db.record_reward(Reward(rid, reward, RewardSource.GRADER, attempt))
+                db.finish_rollout(rid, RolloutStatus.SUCCEEDED, attempt=attempt)
+                group.append(RolloutRewards(reward, len(roles), {}, tuple(roles)))
+            groups.append(group)
+    return groups
+
+
+def test_roles_the_dashboard_shows_each_roles_advantage_as_the_trainer_trains_it(
+    tmp_path: Path,
+) -> None:
+    """A run with two trained roles and ``trainer.credit: trajectory``: the rollouts page and
+    each rollout's page show per call the per-role advantages of the loop reference (the
+    trainer's ``assign_credit`` on the same rollouts), not one number per rollout from its
+    final reward; ``tether export`` writes the same; the page says they are per role."""
+    groups = _roles_store(tmp_path / "ro" / "traces.sqlite")
+    trainer = assign_credit(groups, "grpo").advantages
+    for got, ref in zip(trainer, ref_role_credit(groups, "grpo", turn=False), strict=True):
+        assert isinstance(got, dict) and got == pytest.approx(ref, abs=1e-9)
+    plain = assign_credit([[RolloutRewards(r.reward) for r in g] for g in groups], "grpo")
+    assert any(  # one number per rollout is not what the update trained
+        a != pytest.approx(b, rel=1e-2)
+        for per_call, b in zip(trainer, plain.advantages, strict=True)
+        for a in (per_call.values() if isinstance(per_call, dict) else [per_call])
+    )
+    ids = [
+        f"ro-1-s1-g{g}-{i}" for g, members in enumerate(ROLES_GROUPS) for i in range(len(members))
+    ]
+    app = create_server_app(Catalog(runs_dir=tmp_path), KEY)
+    table, *pages = get_all(
+        app, ["/ui/s/ro/run/ro-1/rollouts"] + [f"/ui/s/ro/rollout/{r}" for r in ids]
+    )
+    assert "grpo, per role" in visible(table.text)
+    table_shows = group_advantages(table.text)
+    assert table_shows.keys() == set(ids)
+    for rid, adv, page in zip(ids, trainer, pages, strict=True):  # 3 significant digits
+        assert table_shows[rid] == pytest.approx(adv, rel=1e-2, abs=1e-3), rid
+        assert rollout_advantage(page.text) == pytest.approx(adv, rel=1e-2, abs=1e-3), rid
+    with Store(tmp_path / "ro" / "traces.sqlite") as db:
+        rows = {row["rollout_id"]: row for row in export_attempts(db)}
+    for rid, adv in zip(ids, trainer, strict=True):
         assert {c["seq"]: c["advantage"] for c in rows[rid]["calls"]} == adv
