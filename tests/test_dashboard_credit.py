@@ -6,6 +6,7 @@ trainer trains them; with roles, each role's against its own baseline."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,24 +104,8 @@ def test_state_grouping_the_dashboard_and_the_export_show_what_the_trainer_train
         assert isinstance(got, dict) and got == pytest.approx(ref, abs=1e-9)
     index = assign_credit(groups, "grpo", "turn", 0.9).advantages
     assert [_num(a) for a in trainer] != [_num(a) for a in index]  # what the grouping changes
-    ids = [
-        f"st-1-s1-g{g}-{i}" for g, members in enumerate(STATE_GROUPS) for i in range(len(members))
-    ]
-    app = create_server_app(Catalog(runs_dir=tmp_path), KEY)
-    table, *pages = get_all(
-        app, ["/ui/s/st/run/st-1/rollouts"] + [f"/ui/s/st/rollout/{r}" for r in ids]
-    )
-    assert "turn credit by prompt state, ω 0.5" in visible(table.text)
-    table_shows = group_advantages(table.text)
-    assert table_shows.keys() == set(ids)
-    for rid, adv, page in zip(ids, trainer, pages, strict=True):  # 3 significant digits
-        assert table_shows[rid] == pytest.approx(adv, rel=1e-2), rid
-        assert rollout_advantage(page.text) == pytest.approx(adv, rel=1e-2), rid
-    with Store(tmp_path / "st" / "traces.sqlite") as db:
-        rows = {row["rollout_id"]: row for row in export_attempts(db)}
-    for rid, adv in zip(ids, trainer, strict=True):
-        assert rows[rid]["advantage"] is None  # per call with turn credit
-        assert {c["seq"]: c["advantage"] for c in rows[rid]["calls"]} == adv
+    rows = shows(tmp_path, "st", STATE_GROUPS, "turn credit by prompt state, ω 0.5", trainer)
+    assert all(row["advantage"] is None for row in rows.values())  # per call with turn credit
 
 
 # --------------------------------------------------------------------------- roles
@@ -177,20 +162,28 @@ def test_roles_the_dashboard_shows_each_roles_advantage_as_the_trainer_trains_it
         for per_call, b in zip(trainer, plain.advantages, strict=True)
         for a in (per_call.values() if isinstance(per_call, dict) else [per_call])
     )
-    ids = [
-        f"ro-1-s1-g{g}-{i}" for g, members in enumerate(ROLES_GROUPS) for i in range(len(members))
-    ]
+    shows(tmp_path, "ro", ROLES_GROUPS, "grpo, per role", trainer)
+
+
+def shows(
+    tmp_path: Path, name: str, layout: list[Any], label: str, trainer: list[Any]
+) -> dict[str, Any]:
+    """The rollouts page (with ``label``), each rollout's page and ``tether export`` of the
+    store ``name`` (run ``{name}-1``, step 1, groups shaped as ``layout``) show per call the
+    advantages ``trainer``; returns the export's rows by rollout id."""
+    ids = [f"{name}-1-s1-g{g}-{i}" for g, members in enumerate(layout) for i in range(len(members))]
     app = create_server_app(Catalog(runs_dir=tmp_path), KEY)
     table, *pages = get_all(
-        app, ["/ui/s/ro/run/ro-1/rollouts"] + [f"/ui/s/ro/rollout/{r}" for r in ids]
+        app, [f"/ui/s/{name}/run/{name}-1/rollouts"] + [f"/ui/s/{name}/rollout/{r}" for r in ids]
     )
-    assert "grpo, per role" in visible(table.text)
+    assert label in visible(table.text)
     table_shows = group_advantages(table.text)
     assert table_shows.keys() == set(ids)
     for rid, adv, page in zip(ids, trainer, pages, strict=True):  # 3 significant digits
         assert table_shows[rid] == pytest.approx(adv, rel=1e-2, abs=1e-3), rid
         assert rollout_advantage(page.text) == pytest.approx(adv, rel=1e-2, abs=1e-3), rid
-    with Store(tmp_path / "ro" / "traces.sqlite") as db:
+    with Store(tmp_path / name / "traces.sqlite") as db:
         rows = {row["rollout_id"]: row for row in export_attempts(db)}
     for rid, adv in zip(ids, trainer, strict=True):
         assert {c["seq"]: c["advantage"] for c in rows[rid]["calls"]} == adv
+    return rows
