@@ -21,7 +21,7 @@ import bm25s
 
 DOCS = Path(__file__).resolve().with_name("docs.jsonl")
 MAX_QUERY_CHARS = 200
-DEFAULT_K = 3
+DEFAULT_K = 1
 
 SEARCH_TOOL: dict[str, Any] = {
     "type": "function",
