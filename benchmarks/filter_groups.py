@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _shapes import quiet_torchao  # the script's folder
+from _evals import change, gains  # the script's folder
+from _shapes import quiet_torchao
 
 
 def config(mode: str, seed: int, steps: int, oversample: int, tmp: Path) -> Any:
@@ -92,12 +93,10 @@ def one(mode: str, seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, 
 
 
 def line(r: dict[str, Any], steps: int) -> str:
-    (g0, g1), (s0, s1) = r["greedy"], r["sampled"]
     return (
         f"{r['mode']:3} seed {r['seed']}  full signal {r['full']:2}/{steps} steps  "
-        f"signal share {r['share']:4.0%}  rollouts {r['rollouts']:5}  greedy {g0:4.0%} -> "
-        f"{g1:4.0%} ({100 * (g1 - g0):+.0f})  sampled {s0:4.0%} -> {s1:4.0%} "
-        f"({100 * (s1 - s0):+.0f})  {r['minutes']:.1f} min"
+        f"signal share {r['share']:4.0%}  rollouts {r['rollouts']:5}  greedy "
+        f"{change(*r['greedy'])}  sampled {change(*r['sampled'])}  {r['minutes']:.1f} min"
     )
 
 
@@ -112,8 +111,7 @@ def summary(results: list[dict[str, Any]], mode: str, steps: int) -> str:
     return (
         f"{mode:3} mean of {len(rs)}: full signal {mean(lambda r: r['full']):.1f}/{steps}  "
         f"rollouts {mean(lambda r: r['rollouts']):.0f}  greedy gain "
-        f"{mean(lambda r: 100 * (r['greedy'][1] - r['greedy'][0])):+.1f}  sampled gain "
-        f"{mean(lambda r: 100 * (r['sampled'][1] - r['sampled'][0])):+.1f}  "
+        f"{gains([r['greedy'] for r in rs])}  sampled gain {gains([r['sampled'] for r in rs])}  "
         f"{mean(lambda r: r['minutes']):.1f} min"
     )
 

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _shapes import quiet_torchao  # the script's folder
+from _evals import change, gains  # the script's folder
+from _shapes import quiet_torchao
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "search" / "config.yaml"
@@ -82,11 +83,11 @@ def one(credit: str, seed: int, args: argparse.Namespace, tmp: Path) -> dict[str
 
 
 def line(r: dict[str, Any]) -> str:
-    (g0, g1), (s0, s1), (f0, f1) = r["greedy"], r["sampled"], r["searched"]
+    f0, f1 = r["searched"]
     return (
-        f"{r['credit']:10} seed {r['seed']}  greedy {g0:4.0%} -> {g1:4.0%} "
-        f"({100 * (g1 - g0):+.0f})  sampled {s0:4.0%} -> {s1:4.0%} ({100 * (s1 - s0):+.0f})  "
-        f"greedy searches first {f0:4.0%} -> {f1:4.0%}  {r['minutes']:.1f} min"
+        f"{r['credit']:10} seed {r['seed']}  greedy {change(*r['greedy'])}  sampled "
+        f"{change(*r['sampled'])}  greedy searches first {f0:4.0%} -> {f1:4.0%}  "
+        f"{r['minutes']:.1f} min"
     )
 
 
@@ -94,12 +95,9 @@ def summary(results: list[dict[str, Any]], credit: str) -> str:
     rs = [r for r in results if r["credit"] == credit]
     if not rs:
         return ""
-    greedy = [100 * (r["greedy"][1] - r["greedy"][0]) for r in rs]
-    sampled = [100 * (r["sampled"][1] - r["sampled"][0]) for r in rs]
     return (
-        f"{credit:10} mean of {len(rs)}: greedy gain {statistics.fmean(greedy):+.1f} "
-        f"(min {min(greedy):+.0f}, max {max(greedy):+.0f})  sampled gain "
-        f"{statistics.fmean(sampled):+.1f} (min {min(sampled):+.0f}, max {max(sampled):+.0f})  "
+        f"{credit:10} mean of {len(rs)}: greedy gain {gains([r['greedy'] for r in rs])}  "
+        f"sampled gain {gains([r['sampled'] for r in rs])}  "
         f"{statistics.fmean(r['minutes'] for r in rs):.1f} min"
     )
 
