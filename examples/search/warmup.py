@@ -120,7 +120,7 @@ def _phase(
 ) -> dict[str, Any]:
     """Train ``model`` in place on runs with ``guess_share`` guesses; the probe is clean
     runs of an unseen world (its answers' digit tokens, teacher-forced)."""
-    from tether.starter._warmup import encode_transcript, train_on_transcripts
+    from tether.starter import encode_transcript, train_on_transcripts
 
     def encode(messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
         return encode_transcript(tokenizer, messages, tools=[SEARCH_TOOL])

@@ -13,7 +13,9 @@ are ordinary Hugging Face folders, cached by recipe hash::
     tokenizer = load_tokenizer(path)       # use this, not AutoTokenizer
     model = load_model(path)
 
-The calc task (prompt, tool, tasks, grader) is :mod:`tether.starter.calc`. Loading
+The calc task (prompt, tool, tasks, grader) is :mod:`tether.starter.calc`. To warm the
+starter up on another agent's runs (``examples/search/warmup.py`` does), render them
+with :func:`encode_transcript` and train with :func:`train_on_transcripts`. Loading
 any model folder, this one too, is :mod:`tether.models`.
 """
 
@@ -34,9 +36,11 @@ _EXPORTS = {
     "TokenizerRecipe": "._tokenizer",
     "WarmupRecipe": "._warmup",
     "build_starter": "._build",
+    "encode_transcript": "._warmup",
     "is_starter": "._build",
     "read_info": "._build",
     "starter_path": "._build",
+    "train_on_transcripts": "._warmup",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
@@ -52,3 +56,5 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._model import ModelRecipe as ModelRecipe
     from ._tokenizer import TokenizerRecipe as TokenizerRecipe
     from ._warmup import WarmupRecipe as WarmupRecipe
+    from ._warmup import encode_transcript as encode_transcript
+    from ._warmup import train_on_transcripts as train_on_transcripts
