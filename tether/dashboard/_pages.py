@@ -21,7 +21,6 @@ from tether.dashboard._views import (
     phase_prefix,
     run_header,
     sparkline,
-    usable,
 )
 from tether.records import Call, RolloutStatus, Run, RunStatus
 from tether.store import NotFound, Store, StoreError
@@ -398,7 +397,7 @@ def rollout_page(
         "run": None if run is None else run_header(store, run),
         "phase": phase,
         "step": step,
-        "usable": usable(r),
+        "usable": r.usable,
         "outcome": outcome(r, ends.get(r.attempt)),
         "duration": _duration(r),
         "evaluated": evaluated,

@@ -14,7 +14,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from tether.records import AttemptEnd, Rollout, RolloutStatus, Run
+from tether.records import AttemptEnd, Rollout, Run
 from tether.store import Store
 from tether.tracking import RunCredit, group_credit
 
@@ -190,11 +190,6 @@ def _pct(v: float) -> str:
 
 def _num(v: float) -> str:
     return "-" if v is None or not math.isfinite(v) else f"{v:.3g}"
-
-
-def usable(r: Rollout) -> bool:
-    """What the trainer learns from: a succeeded rollout with a finite reward."""
-    return r.status is RolloutStatus.SUCCEEDED and r.reward is not None and math.isfinite(r.reward)
 
 
 def outcome(r: Rollout, end: AttemptEnd | None) -> str | None:

@@ -19,14 +19,13 @@ for what an update trained, what ``tether export`` writes and what the pages sho
 
 from __future__ import annotations
 
-import math
 import re
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from tether.records import Rollout, RolloutStatus
+from tether.records import Rollout
 
 if TYPE_CHECKING:
     from tether.store import Store
@@ -41,7 +40,6 @@ __all__ = [
     "run_credit",
     "step_groups",
     "stored_rewards",
-    "usable",
 ]
 
 _TAG = re.compile(r"(?:s(?P<step>\d+)|eval(?P<eval>\d+)-(?P<how>[sg])|a)-g(?P<group>\d+)")
@@ -73,12 +71,6 @@ def place(rollout: Rollout) -> Place:
         kind = "eval_sampled" if m["how"] == "s" else "eval_greedy"
         return Place(kind, int(m["eval"]), group, index)
     return Place("async", None, group, index)
-
-
-def usable(rollout: Rollout) -> bool:
-    """As the loop decides: succeeded, with a finite final reward."""
-    r = rollout.reward
-    return rollout.status is RolloutStatus.SUCCEEDED and r is not None and math.isfinite(r)
 
 
 @dataclass(frozen=True)
@@ -150,7 +142,7 @@ def group_credit(
     usable reward or, with turn credit, a non-finite intermediate one) or not finished.
     Each rollout's calls and intermediate rewards come from ``store`` when credit needs
     them (:attr:`RunCredit.reads_calls`), else only its final reward is read."""
-    if not members or not all(usable(r) for r in members):
+    if not members or not all(r.usable for r in members):
         return None
     reader = stored_rewards(store) if how.reads_calls and store is not None else None
     found = _credited(0, [members], replace(how, signal_only=None), _reader(how, reader))
@@ -190,7 +182,7 @@ def _credited(
 ) -> StepGroups:
     from tether.trainer import assign_credit, carries_signal
 
-    rewards = {r.id: rewards_of(r) for g in ordered if all(usable(r) for r in g) for r in g}
+    rewards = {r.id: rewards_of(r) for g in ordered if all(r.usable for r in g) for r in g}
     kept = [
         g
         for g in ordered
