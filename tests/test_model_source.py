@@ -119,6 +119,8 @@ def test_missing_folders_and_bad_names_never_reach_the_hub(
             "serve", "--model", model, "--store", str(tmp_path / "t.sqlite"), HTTPS_PROXY=url
         )
     assert needle in _one_line(r) and seen == []
+    if model.startswith("./"):  # a relative path: the error says where it looked
+        assert f"(that is {Path.cwd() / model[2:]})" in _one_line(r)
 
 
 def test_a_folder_without_config_and_a_train_run_with_a_typo(tmp_path: Path) -> None:
@@ -140,6 +142,15 @@ def test_a_folder_without_config_and_a_train_run_with_a_typo(tmp_path: Path) -> 
         HF_HOME=str(tmp_path / "hf"),
     )
     assert f"model '{TYPO}'" in _one_line(r) and took < 60
+    r, _ = _tether(  # a relative folder that is not there stays a path (not "no/such", a hub id)
+        "train",
+        str(ROOT / "examples/calc/config.yaml"),
+        "model.path=./no/such",
+        f"dir={tmp_path}",
+        HF_HUB_OFFLINE="1",
+        HF_HOME=str(tmp_path / "hf"),
+    )
+    assert f"no model folder at ./no/such (that is {Path.cwd() / 'no/such'})" in _one_line(r)
 
 
 def test_a_local_folder_is_used_as_is(starter_dir: Path) -> None:

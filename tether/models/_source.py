@@ -74,8 +74,10 @@ def model_source(name: str, kind: str = "model") -> str:
             f"model {name} is a file: pass its folder (with config.json) or a hub id"
         )
     if _looks_like_path(name):
+        where = "" if path.is_absolute() else f" (that is {path.resolve()})"
         raise ModelNotFound(
-            f"no model folder at {name}: check the path, or pass a hub id such as Qwen/Qwen2.5-0.5B-Instruct"
+            f"no model folder at {name}{where}: check the path, or pass a hub id such as "
+            "Qwen/Qwen2.5-0.5B-Instruct"
         )
     from huggingface_hub import HfApi, constants
     from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError

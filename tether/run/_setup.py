@@ -93,14 +93,18 @@ def end_status(exc_type: object) -> RunStatus:
 def resolve_model_path(path: str | Path) -> Path:
     """``model.path`` as a folder: the starter's (built once, cached), or for a local
     checkpoint or run folder the model folder in it (:func:`tether.models.model_folder`);
-    a hub id unchanged."""
+    a hub id unchanged. ``./runs/x`` that is not there is refused as a path, before
+    ``Path`` makes it ``runs/x``, which reads as a hub id."""
     if str(path) == "starter":
         from tether.starter import build_starter
 
         return Path(build_starter(warm=True))
-    from tether.models import model_folder
+    from tether.models import model_folder, model_source
 
-    return model_folder(Path(path)) if Path(path).is_dir() else Path(path)
+    if Path(path).is_dir():
+        return model_folder(Path(path))
+    model_source(str(path))  # none there: the one-line error, on the path as written
+    return Path(path)
 
 
 def async_rollouts(
