@@ -1,6 +1,6 @@
 """Warm the calc starter up on the search agent's own runs, with a habit RL can fix.
 
-    python examples/search/warmup.py          # -> ./runs/search-starter (about 8 min, 2 cores)
+    python examples/search/warmup.py          # -> ./runs/search-starter (about 16 min, 2 cores)
 
 The transcripts are this agent's conversations, rendered as the gateway will
 render them: its system prompt, the ``search`` tool, real results of a BM25
@@ -47,6 +47,7 @@ from make_tasks import build_world  # noqa: E402
 WORLDS = 400  # training worlds: seeds 1..WORLDS
 GUESS_SHARE = 0.6  # runs that answer without searching (and are wrong)
 PROBE_WORLD = WORLDS + 1  # clean transcripts of an unseen world: the copy probe
+PROBE_SIZE = 32
 
 
 @functools.lru_cache(maxsize=WORLDS + 1)
@@ -103,40 +104,32 @@ def runs(rng: random.Random, guess_share: float) -> Iterator[list[dict[str, Any]
     while True:
         seed = rng.randint(1, WORLDS)
         q = rng.choice(world(seed)[2])
-        messages = transcript(seed, q, rng.random() < guess_share, rng)
-        if answerable(messages, q):
+        guess = rng.random() < guess_share
+        messages = transcript(seed, q, guess, rng)
+        # a clean run only where its search results hold the answer: BM25 ranks the right
+        # article first for nearly every question of these worlds, not for all
+        results = " ".join(m["content"] for m in messages if m["role"] == "tool")
+        if guess or q["answers"][0] in results:
             yield messages
 
 
-def answerable(messages: list[dict[str, Any]], q: dict[str, Any]) -> bool:
-    """A guess, or a clean run whose search results hold the answer (BM25 ranks the
-    right article first for nearly every question, not for all)."""
-    results = " ".join(m["content"] for m in messages if m["role"] == "tool")
-    return len(messages) == 3 or q["answers"][0] in results
+def _recipe(args: argparse.Namespace, steps: int, lr: float, min_steps: int, **kw: Any) -> Any:
+    """A warm-up schedule of ``steps`` (a quarter of them, at most 400, cooling down)."""
+    from tether.starter import WarmupRecipe
 
-
-def _phase(
-    model: Any, tokenizer: Any, name: str, recipe: Any, guess_share: float
-) -> dict[str, Any]:
-    """Train ``model`` in place on runs with ``guess_share`` guesses; the probe is clean
-    runs of an unseen world (its answers' digit tokens, teacher-forced)."""
-    from tether.starter import encode_transcript, train_on_transcripts
-
-    def encode(messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
-        return encode_transcript(tokenizer, messages, tools=[SEARCH_TOOL])
-
-    probe_rng = random.Random("search-warmup-probe")
-    probe = [
-        encode(transcript(PROBE_WORLD, q, False, probe_rng))
-        for q in probe_rng.sample(world(PROBE_WORLD)[2], recipe.probe_size)
-    ]
-    rng = random.Random(f"search-warmup:{name}:{recipe.seed}")
-    data = (encode(m) for m in runs(rng, guess_share))
-    logging.getLogger(__name__).info("%s: guess share %.2f", name, guess_share)
-    return {
-        "guess_share": guess_share,
-        **train_on_transcripts(model, tokenizer, recipe, data, probe),
-    }
+    cooldown = max(1, min(400, steps // 4))
+    return WarmupRecipe(
+        seed=args.seed,
+        batch_size=args.batch,
+        eval_every=25,
+        probe_size=PROBE_SIZE,
+        lr=lr,
+        warmup_steps=min(20, steps),
+        min_steps=min(min_steps, steps - cooldown),
+        max_steps=steps,
+        cooldown_steps=cooldown,
+        **kw,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -158,40 +151,46 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if min(args.read_steps, args.habit_steps) < 0 or args.batch < 1:
+        parser.error("--read-steps and --habit-steps must be >= 0 and --batch >= 1")
+    if not 0 <= args.guess_share <= 1:
+        parser.error(f"--guess-share must be in [0, 1], not {args.guess_share}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("bm25s").setLevel(logging.WARNING)  # one line per world's index
 
     from tether.models import load_model, load_tokenizer
-    from tether.starter import WarmupRecipe, build_starter
+    from tether.starter import build_starter, encode_transcript, train_on_transcripts
 
     base = args.base or build_starter(warm=True)
     tokenizer, model = load_tokenizer(base), load_model(base)
-    common = dict(seed=args.seed, batch_size=args.batch, eval_every=25, probe_size=32)
-    read_cooldown = max(1, min(400, args.read_steps // 4))
-    read = WarmupRecipe(
-        lr=args.read_lr,
-        warmup_steps=min(20, args.read_steps),
-        min_steps=min(200, args.read_steps - read_cooldown),
-        max_steps=args.read_steps,
-        cooldown_steps=read_cooldown,
-        copy_threshold=args.until_copy,
-        **common,
-    )
-    habit_cooldown = max(1, args.habit_steps // 4)
-    habit = WarmupRecipe(
-        lr=args.habit_lr,
-        warmup_steps=min(20, args.habit_steps),
-        min_steps=args.habit_steps - habit_cooldown,
-        max_steps=args.habit_steps,
-        cooldown_steps=habit_cooldown,
-        copy_threshold=0.0,  # a fixed schedule
-        **common,
-    )
+
+    def encode(messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+        return encode_transcript(tokenizer, messages, tools=[SEARCH_TOOL])
+
+    probe_rng = random.Random("search-warmup-probe")  # clean runs of an unseen world
+    probe = [
+        encode(transcript(PROBE_WORLD, q, False, probe_rng))
+        for q in probe_rng.sample(world(PROBE_WORLD)[2], PROBE_SIZE)
+    ]
+    phases = {  # name: (steps, schedule, guess share)
+        "read": (
+            args.read_steps,
+            _recipe(args, args.read_steps, args.read_lr, 200, copy_threshold=args.until_copy),
+            0.0,
+        ),
+        "habit": (  # a fixed schedule: cool down at min_steps whatever the probe says
+            args.habit_steps,
+            _recipe(args, args.habit_steps, args.habit_lr, args.habit_steps, copy_threshold=0.0),
+            args.guess_share,
+        ),
+    }
     stats: dict[str, Any] = {"base": str(base)}
-    if args.read_steps:
-        stats["read"] = _phase(model, tokenizer, "read", read, 0.0)
-    if args.habit_steps:
-        stats["habit"] = _phase(model, tokenizer, "habit", habit, args.guess_share)
+    for name, (steps, recipe, guess_share) in phases.items():
+        if steps:
+            logging.getLogger(__name__).info("%s: guess share %.2f", name, guess_share)
+            data = (encode(m) for m in runs(random.Random(f"search-warmup:{name}:{args.seed}"), guess_share))  # fmt: skip
+            found = train_on_transcripts(model, tokenizer, recipe, data, probe)
+            stats[name] = {"guess_share": guess_share, **found}
     args.out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(args.out)
     model.save_pretrained(args.out)
