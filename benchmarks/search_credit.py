@@ -63,11 +63,13 @@ def searched_first(run_dir: Path, step: int) -> float:
     """The share of the greedy eval's rollouts at ``step`` whose first call searched (the
     habit RL has to break is answering without a search)."""
     from tether.store import Store
+    from tether.tracking import place
 
     with Store(run_dir / "traces.sqlite") as store:
-        greedy = [r for r in store.list_rollouts() if f"-eval{step}-g-g" in (r.group_id or "")]
-        first = [store.calls(r.id)[:1] for r in greedy]
-    return sum(bool(c and (c[0].response or {}).get("tool_calls")) for c in first) / len(greedy)
+        places = {r.id: place(r) for r in store.list_rollouts()}
+        at = [i for i, p in places.items() if (p.kind, p.step) == ("eval_greedy", step)]
+        first = [store.calls(i)[:1] for i in at]
+    return sum(bool(c and (c[0].response or {}).get("tool_calls")) for c in first) / len(at)
 
 
 def one(credit: str, seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
