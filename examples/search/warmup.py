@@ -200,5 +200,17 @@ def main(argv: list[str] | None = None) -> None:
     print(f"search starter: {args.out} ({steps} steps, {wall:.0f} s)")
 
 
+def cli() -> None:
+    """``main`` as a command: a mistake or Ctrl-C is one line, not a traceback."""
+    from tether.errors import TetherError
+
+    try:
+        main()
+    except TetherError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted: nothing was written; run it again to start over") from None
+
+
 if __name__ == "__main__":
-    main()
+    cli()
