@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,14 @@ def fresh_url(starter_dir: Path) -> Iterator[str]:
 async def client() -> Any:
     async with httpx.AsyncClient(timeout=120) as c:
         yield c
+
+
+@pytest.fixture
+async def resumed(client: Any, url: str) -> AsyncIterator[None]:
+    """For a test that pauses the module's fake: resumed afterwards, also when the test
+    fails (a paused fake holds every later test's calls until their timeout)."""
+    yield
+    await api.resume(client, url)
 
 
 @pytest.fixture(scope="module")
@@ -245,13 +253,14 @@ async def running(
     return task, seen
 
 
+@pytest.mark.usefixtures("resumed")
 async def test_pause_keep_holds_and_continues(client: Any, url: str, prompt: list[int]) -> None:
     params = SamplingParams(max_tokens=60, temperature=1.0, seed=4, ignore_eos=True)
     task, seen = await running(client, url, prompt, "kept", params)
     await api.pause(client, url, "keep")
     await asyncio.sleep(0.3)  # tokens already on the wire arrive
     held = len(seen)
-    late = asyncio.ensure_future(gen(client, url, prompt, "late", max_tokens=2))
+    late = asyncio.ensure_future(gen(client, url, prompt, "late", max_tokens=2, ignore_eos=True))
     await asyncio.sleep(0.5)
     assert len(seen) == held < 60 and not late.done()  # frozen; a new call is held
     await api.resume(client, url)
@@ -262,6 +271,7 @@ async def test_pause_keep_holds_and_continues(client: Any, url: str, prompt: lis
     assert (await late).completions[0].finish_reason == "length"
 
 
+@pytest.mark.usefixtures("resumed")
 async def test_pause_abort_ends_calls_and_wait_waits(
     client: Any, url: str, prompt: list[int]
 ) -> None:
@@ -271,10 +281,14 @@ async def test_pause_abort_ends_calls_and_wait_waits(
     assert c.finish_reason == "abort" and c.token_ids == [d.token_id for d in seen]
     await api.flush_cache(client, url)
     await api.resume(client, url)
-    short = asyncio.ensure_future(gen(client, url, prompt, "short", max_tokens=30))
+    short = asyncio.ensure_future(
+        gen(client, url, prompt, "short", max_tokens=30, ignore_eos=True)  # not the model's luck
+    )
     await asyncio.sleep(0.05)
     await api.pause(client, url, "wait")
-    assert short.done() and (await short).completions[0].finish_reason == "length"
+    assert short.done()
+    c = (await short).completions[0]
+    assert c.finish_reason == "length" and len(c.token_ids) == 30
     await api.resume(client, url)
 
 
