@@ -286,6 +286,20 @@ class FakeBackend:
             raise FakeError(f"weights in {folder} the model lacks: {unknown[:3]}")
         await self.load_weights(state, version)
 
+    @property
+    def ties_embeddings(self) -> bool:
+        return bool(getattr(self.engine.model.config, "tie_word_embeddings", False))
+
+    def has_head(self, folder: str | Path) -> bool:
+        """Whether ``folder``'s safetensors files hold ``lm_head.weight``."""
+        from safetensors import safe_open
+
+        for f in Path(folder).glob("*.safetensors"):
+            with safe_open(str(f), framework="pt") as reader:
+                if "lm_head.weight" in reader.keys():  # noqa: SIM118 (not a dict)
+                    return True
+        return False
+
     async def load_adapter(self, name: str, folder: str | Path, version: int | None) -> None:
         """Merge the peft adapter in ``folder`` into the base weights and serve them as
         ``name`` (the one active adapter)."""

@@ -1,15 +1,17 @@
 """A FAKE vLLM server for tests: ``python -m tests.fake_vllm --model DIR --port 0``.
 
 Not vLLM: it serves tether's embedded engine (:mod:`tests.fake_backend`) behind the
-routes and JSON shapes of vLLM's OpenAI server as of vLLM 0.28-0.29, read from
+routes and JSON shapes of vLLM's OpenAI server as of vLLM 0.32 (checked against the real
+CPU build by ``make test-vllm``: where the two disagreed, the fake was fixed), read from
 vllm-project/vllm: ``vllm/entrypoints/openai/completion/protocol.py`` (CompletionRequest,
 CompletionResponse, CompletionStreamResponse, CompletionLogProbs),
 ``vllm/entrypoints/serve/dev/rlhf/api_router.py`` (``/pause``, ``/resume``,
 ``/is_paused``, ``/abort_requests``, ``/init_weight_transfer_engine``,
 ``/start_weight_update``, ``/update_weights``, ``/finish_weight_update``,
 ``/update_weight_version``, ``/weight_info``, ``/get_world_size``),
-``vllm/distributed/weight_transfer/nccl_engine.py`` and ``disk_engine.py`` (init and
-update infos; the disk backend is vLLM PR #52152, not in a release up to 0.29), ``vllm/frontend/entrypoints/serve/dev/cache/api_router.py``
+``vllm/distributed/weight_transfer/nccl_engine.py`` (init and update infos; released vLLM
+has no disk backend), ``/collective_rpc`` with ``reload_weights(weights_path=...)`` (the
+in-place reload from a folder), ``vllm/frontend/entrypoints/serve/dev/cache/api_router.py``
 (``/reset_prefix_cache``), ``.../serve/lora/api_router.py`` (``/v1/load_lora_adapter``),
 ``.../instrumentator/server_info.py`` (``/server_info``).
 
@@ -19,7 +21,10 @@ fields; ``{"error": {...}}`` errors; dev-mode routes only with ``VLLM_SERVER_DEV
 and LoRA loading only with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`` and ``--enable-lora``;
 ``--logprobs-mode`` (default ``raw_logprobs``, as vLLM) shown in ``/server_info``; the
 weight version, a string label starting at ``"default"``; one weight-transfer backend per
-server (``--weight-transfer-config '{"backend": "nccl"|"disk"}'``).
+server (``--weight-transfer-config '{"backend": "nccl"}'``); ``/server_info``'s device
+(``cpu``) and ``--[no-]enable-chunked-prefill`` (on by default, as vLLM); a reload whose
+folder lacks ``lm_head.weight`` of a tied model is an error here (vLLM's CPU build keeps
+the old head without a word).
 
 Not done: text prompts, beam search, top-k/min-p/penalties other than neutral (400,
 "not implemented by the fake"), a sampling field left out (400 here: vLLM would take it
@@ -47,7 +52,7 @@ from tether.engine import Constraint, SamplingParams
 from tether.engine._protocol import GenerateResult
 from tether.engine._stream import TokenDelta
 
-VERSION = "0.29.0"
+VERSION = "0.32.0"
 
 #: The fields of vLLM's CompletionRequest (0.28-0.29).
 # fmt: off
@@ -102,6 +107,7 @@ class FakeVLLM:
         self.max_logprobs = args.max_logprobs
         self.enable_lora = args.enable_lora
         self.transfer = json.loads(args.weight_transfer_config or "null")
+        self.chunked_prefill = args.enable_chunked_prefill
         self.max_len = self.backend.max_positions or 2048
         self.version = "default"
         self.session = False  # between start_weight_update and finish_weight_update
@@ -273,6 +279,7 @@ def build_app(state: FakeVLLM) -> FastAPI:
     if os.environ.get("VLLM_SERVER_DEV_MODE") == "1":
         dev_routes(app, state)
         transfer_routes(app, state)
+        rpc_routes(app, state)
     if os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"):
         lora_routes(app, state)
     return app
@@ -357,6 +364,8 @@ def dev_routes(app: FastAPI, state: FakeVLLM) -> None:
     async def server_info(config_format: str = "text") -> dict[str, Any]:
         config = {"model_config": {"model": state.model_path, "max_model_len": state.max_len,
                                    "logprobs_mode": state.logprobs_mode},
+                  "scheduler_config": {"enable_chunked_prefill": state.chunked_prefill},
+                  "device_config": {"device": "cpu"},
                   "weight_transfer_config": state.transfer}  # fmt: skip
         text = config if config_format == "json" else json.dumps(config)
         return {"vllm_config": text, "vllm_env": {"VLLM_SERVER_DEV_MODE": "1"}, "system_env": {}}
@@ -395,8 +404,8 @@ def transfer_routes(app: FastAPI, state: FakeVLLM) -> None:
                 raise FakeError(f"NCCL init_info takes exactly {sorted(fields)}", 500)
             await b.join_group(info["master_address"], int(info["master_port"]),
                                int(info["rank_offset"]), int(info["world_size"]))  # fmt: skip
-        elif info:
-            raise FakeError(f"disk init_info takes no fields, got {sorted(info)}", 500)
+        else:
+            raise FakeError(f"unknown weight transfer backend {backend_name()!r}", 500)
         return {"message": "Weight transfer initialized"}
 
     @app.post("/start_weight_update")
@@ -414,16 +423,12 @@ def transfer_routes(app: FastAPI, state: FakeVLLM) -> None:
             raise FakeError("Missing 'update_info' in request body")
         if not state.session:
             raise FakeError("start_weight_update must be called before update_weights", 500)
-        if backend_name() == "nccl":
-            if not set(info) <= {"names", "dtype_names", "shapes", "packed"} or info.get("packed"):
-                raise FakeError(f"fake_vllm: NCCL update_info {sorted(info)} not implemented")
-            metas = list(zip(info["names"], info["dtype_names"], info["shapes"], strict=True))
-            await b.receive(metas, b.version)
-        else:
-            path = info.get("path")
-            if set(info) != {"path"} or not os.path.isabs(str(path)):
-                raise FakeError("`path` must be a non-empty absolute local directory", 500)
-            await b.load_from_disk(path, b.version)
+        if backend_name() != "nccl":
+            raise FakeError(f"unknown weight transfer backend {backend_name()!r}", 500)
+        if not set(info) <= {"names", "dtype_names", "shapes", "packed"} or info.get("packed"):
+            raise FakeError(f"fake_vllm: NCCL update_info {sorted(info)} not implemented")
+        metas = list(zip(info["names"], info["dtype_names"], info["shapes"], strict=True))
+        await b.receive(metas, b.version)
         state.received = True
         return {"message": "Weights updated"}
 
@@ -436,6 +441,26 @@ def transfer_routes(app: FastAPI, state: FakeVLLM) -> None:
         if body.get("weight_version") is not None:
             state.set_version(body["weight_version"])
         return {"message": "Weight update finished"}
+
+
+def rpc_routes(app: FastAPI, state: FakeVLLM) -> None:
+    """``/collective_rpc``: the one worker method tether calls, ``reload_weights``."""
+    b = state.backend
+
+    @app.post("/collective_rpc")
+    async def collective_rpc(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        method, kwargs = body.get("method"), body.get("kwargs") or {}
+        if method != "reload_weights" or set(kwargs) != {"weights_path"}:
+            raise FakeError(f"fake_vllm: collective_rpc {method}({sorted(kwargs)}) not implemented")
+        path = str(kwargs["weights_path"])
+        if not os.path.isdir(path):
+            raise FakeError(f"weights_path {path} is not a local directory", 500)
+        if b.ties_embeddings and not b.has_head(path):
+            raise FakeError("fake_vllm: no lm_head.weight in the folder: vLLM's CPU build would "
+                            "keep the old head of this tied model", 500)  # fmt: skip
+        await b.load_from_disk(path, b.version)
+        return {"results": [None]}
 
 
 def lora_routes(app: FastAPI, state: FakeVLLM) -> None:
@@ -502,6 +527,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--enable-lora", action="store_true")
     p.add_argument("--max-lora-rank", type=int, default=16)
     p.add_argument("--weight-transfer-config")
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--generation-config", default="auto")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)

@@ -1,14 +1,21 @@
-"""The vLLM adapter (``tether/engine/_vllm.py``) against the fake vLLM server.
+"""The vLLM adapter (``tether/engine/_vllm.py``) against a vLLM server: the contract suite.
 
-The fake (``tests/fake_vllm.py``) runs in its own process on a loopback port and serves
-tether's embedded engine on the starter model, so its tokens and logprobs are compared
-with an embedded :class:`TransformersEngine` in this process. What only a real vLLM
-server can show (its kernels, bf16 logprobs, PyNccl) is not covered here.
+By default the server is the fake (``tests/fake_vllm.py``): its own process on a loopback
+port, serving tether's embedded engine on the starter model, so its tokens and logprobs
+equal an embedded :class:`TransformersEngine` in this process, sampled ones included.
+``make test-vllm`` (``TETHER_REAL_SERVERS=1``) runs the same cases against a real vLLM
+0.32 (the CPU build, fp32). A real server samples with its own generator, so there a
+sampled completion is checked against the trainer's forward pass of its tokens (each
+logprob ``log_softmax(logits / T)`` within 1e-5), and a greedy one against the embedded
+engine's tokens too. What a real server cannot do here is skipped with the reason:
+NCCL (the CPU build has no NCCL; the fake's gloo group stands in). What the fake alone
+does is marked so: vLLM ignores an unknown field, the fake refuses it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import socket
@@ -22,9 +29,11 @@ import torch
 
 from tests.fake_backend import launch_fake
 from tests.fake_vllm import COMPLETION_FIELDS
+from tests.remote_servers import REAL, fake_server, real_server, server_args
 from tether.engine import Constraint, EngineFailed, SamplingParams, UnsupportedParams
 from tether.engine._constraint import json_schema_format
 from tether.engine._protocol import GenerateResult
+from tether.engine._push import save_full
 from tether.engine._server_api import TensorMeta
 from tether.engine._stream import TokenDelta
 from tether.engine._transformers import TransformersEngine
@@ -34,12 +43,15 @@ DEV_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
 PROMPT = "<|im_start|>user\nwhat is 12 + 30?<|im_end|>\n<|im_start|>assistant\n"
 
 
+fake_only = pytest.mark.skipif(REAL, reason="what the fake alone does (see the docstring)")
+no_nccl = pytest.mark.skipif(REAL, reason="vLLM's CPU build has no NCCL to push weights over")
+
+
 @pytest.fixture(scope="module")
 def vllm_url(starter_dir: Path) -> Iterator[str]:
-    """A fake vLLM server as tether needs it: dev mode, processed logprobs, LoRA, NCCL."""
-    args = ("--logprobs-mode", "processed_logprobs", "--enable-lora")
-    args += ("--weight-transfer-config", '{"backend": "nccl"}')
-    with launch_fake("tests.fake_vllm", starter_dir, *args, env=DEV_ENV) as url:
+    """A vLLM server as tether needs it: dev mode, processed logprobs, no chunked prefill,
+    LoRA, and (the fake) an NCCL weight-transfer backend."""
+    with fake_server("vllm", starter_dir, "lora" if REAL else "nccl") as url:
         yield url
 
 
@@ -47,6 +59,14 @@ def vllm_url(starter_dir: Path) -> Iterator[str]:
 async def client() -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(timeout=60) as c:
         yield c
+
+
+@pytest.fixture
+async def resumed(vllm_url: str, client: httpx.AsyncClient) -> AsyncIterator[None]:
+    """For a test that pauses the module's fake: resumed afterwards, also when the test
+    fails (a paused fake holds every later test's calls until their timeout)."""
+    yield
+    await VLLMServer().resume(client, vllm_url)
 
 
 @pytest.fixture
@@ -78,6 +98,33 @@ def assert_same(got: GenerateResult, want: GenerateResult) -> None:
         assert max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs, strict=True)) <= 1e-5
 
 
+def forward_logprobs(
+    model: Any, prompt: list[int], ids: list[int], temperature: float
+) -> list[float]:
+    """``log_softmax(logits / T)`` of each of ``ids`` after ``prompt`` (T = 1 when greedy):
+    what the trainer recomputes for a recorded call."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
+    lp = torch.log_softmax(logits / (temperature or 1.0), -1)
+    return lp[torch.arange(len(ids)), torch.tensor(ids)].tolist()
+
+
+async def assert_served(
+    got: GenerateResult, ref: TransformersEngine, prompt: list[int], params: SamplingParams
+) -> None:
+    """The fake: equal to the embedded engine. A real server: its logprobs are the forward
+    pass's for its own tokens, and a greedy completion's tokens the embedded engine's."""
+    want = await ref.generate(prompt, params)
+    if not REAL or params.temperature == 0:
+        assert_same(got, want)
+        return
+    assert len(got.completions) == params.n
+    for c in got.completions:
+        assert c.token_ids and len(c.logprobs) == len(c.token_ids)
+        fwd = forward_logprobs(ref.model, prompt, c.token_ids, params.temperature)
+        assert max(abs(a - b) for a, b in zip(c.logprobs, fwd, strict=True)) <= 1e-5
+
+
 # -- generation ------------------------------------------------------------------------
 
 
@@ -94,7 +141,7 @@ async def test_greedy_and_seeded_generations_equal_the_embedded_engine(
         params = SamplingParams(max_tokens=16, **kw)
         got = await gen(client, vllm_url, prompt, max_tokens=16, **kw)
         assert got.policy_version == -1  # vLLM's answer names no version: the engine's
-        assert_same(got, await ref.generate(prompt, params))
+        await assert_served(got, ref, prompt, params)
 
 
 async def test_top_logprobs_are_the_k_most_likely(vllm_url, client, ref, prompt) -> None:
@@ -140,7 +187,7 @@ async def test_streamed_deltas_equal_the_final_result(vllm_url, client, ref, pro
         assert [d.token_id for d in mine] == c.token_ids
         assert [d.logprob for d in mine] == c.logprobs
         assert mine[-1].finish_reason == c.finish_reason and mine[0].finish_reason is None
-    assert_same(result, await ref.generate(prompt, params))
+    await assert_served(result, ref, prompt, params)
 
 
 async def test_an_abort_mid_stream_ends_with_the_partial_tokens(vllm_url, client, prompt) -> None:
@@ -160,6 +207,7 @@ async def test_an_abort_mid_stream_ends_with_the_partial_tokens(vllm_url, client
     await server.abort(client, vllm_url, "no-such-request")  # unknown ids are no error
 
 
+@pytest.mark.usefixtures("resumed")
 async def test_closing_a_stream_stops_the_generation_on_the_server(
     vllm_url, client, prompt
 ) -> None:
@@ -203,6 +251,7 @@ async def test_every_field_sent_is_a_vllm_completion_field(prompt) -> None:
         assert set(body) <= COMPLETION_FIELDS
 
 
+@fake_only
 async def test_a_misspelt_field_is_refused_by_the_fake(vllm_url, client, prompt) -> None:
     body = completion_body(prompt, SamplingParams(), request_id="x", adapter=None, stream=False)
     body["max_token"] = body.pop("max_tokens")
@@ -243,6 +292,7 @@ async def generating(
     return task
 
 
+@pytest.mark.usefixtures("resumed")
 async def test_pause_wait_drains_then_holds_new_calls(vllm_url, client, prompt) -> None:
     server = VLLMServer()
     running = await generating(client, vllm_url, prompt, 60)
@@ -257,6 +307,7 @@ async def test_pause_wait_drains_then_holds_new_calls(vllm_url, client, prompt) 
     assert len((await held).completions[0].token_ids) <= 5
 
 
+@pytest.mark.usefixtures("resumed")
 async def test_pause_abort_ends_calls_with_their_partial_tokens(vllm_url, client, prompt) -> None:
     server = VLLMServer()
     running = await generating(client, vllm_url, prompt, 1500)
@@ -267,16 +318,19 @@ async def test_pause_abort_ends_calls_with_their_partial_tokens(vllm_url, client
     await server.resume(client, vllm_url)
 
 
+@pytest.mark.usefixtures("resumed")
 async def test_pause_keep_parks_calls_and_continues_them(vllm_url, client, prompt) -> None:
     server = VLLMServer()
-    running = await generating(client, vllm_url, prompt, 400)
+    running = await generating(
+        client, vllm_url, prompt, 1500
+    )  # seconds of work, even on a fast server
     await server.pause(client, vllm_url, "keep")
     await server.flush_cache(client, vllm_url)
     await asyncio.sleep(0.3)
     assert not running.done()
     await server.resume(client, vllm_url)
     c = (await asyncio.wait_for(running, 60)).completions[0]
-    assert c.finish_reason == "length" and len(c.token_ids) == len(c.logprobs) == 400
+    assert c.finish_reason == "length" and len(c.token_ids) == len(c.logprobs) == 1500
 
 
 # -- weights (these change the module's server: they run last) ---------------------------
@@ -293,6 +347,8 @@ def _changed(state: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tenso
     return {k: v + 0.02 * torch.randn(v.shape, generator=g) for k, v in state.items()}
 
 
+@pytest.mark.usefixtures("resumed")
+@no_nccl
 async def test_nccl_update_over_gloo_loads_the_broadcast_weights(
     vllm_url, client, ref, prompt
 ) -> None:
@@ -367,9 +423,22 @@ async def test_a_lora_adapter_is_served_by_name_with_its_version(
 
 @pytest.fixture(scope="module")
 def raw_url(starter_dir: Path) -> Iterator[str]:
-    """vLLM's defaults (raw logprobs), the disk weight-transfer backend."""
-    args = ("--weight-transfer-config", '{"backend": "disk"}')
-    with launch_fake("tests.fake_vllm", starter_dir, *args, env=DEV_ENV) as url:
+    """vLLM's default logprobs mode (raw), otherwise as tether needs it."""
+    with vllm_with(starter_dir, "--logprobs-mode", "raw_logprobs") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def vllm_with(starter_dir: Path, *extra: str, dev: bool = True) -> Iterator[str]:
+    """The fake (or with ``TETHER_REAL_SERVERS=1`` the real) vLLM server with the flags
+    tether needs, then ``extra`` (a later flag wins); ``dev``: the dev-mode routes on."""
+    args = [*server_args("vllm", "lora"), *extra]
+    if REAL:
+        env = DEV_ENV if dev else {k: "0" for k in DEV_ENV}
+        with real_server("vllm", starter_dir, args=args, env=env) as url:
+            yield url
+        return
+    with launch_fake("tests.fake_vllm", starter_dir, *args, env=DEV_ENV if dev else {}) as url:
         yield url
 
 
@@ -381,18 +450,19 @@ async def test_raw_logprobs_mode_is_refused_naming_the_flag(raw_url, client) -> 
 
 @pytest.mark.slow
 async def test_disk_update_loads_the_folder_and_reports_its_version(
-    raw_url, client, ref, prompt, tmp_path
+    raw_url, client, ref, prompt, tmp_path, starter_dir
 ) -> None:
-    from safetensors.torch import save_file
-
     new = _changed(ref.model.state_dict(), 1)
-    save_file({k: v.contiguous() for k, v in new.items()}, str(tmp_path / "model.safetensors"))
+    new["lm_head.weight"] = new["model.embed_tokens.weight"]  # the starter ties them
+    save_full(new, tmp_path / "v3", starter_dir)  # as tether writes a push
     server = VLLMServer()
     greedy = SamplingParams(temperature=0.0, max_tokens=12)
     await server.pause(client, raw_url, "wait")
-    await server.update_from_disk(client, raw_url, str(tmp_path), 3)
-    await server.update_from_disk(client, raw_url, str(tmp_path), 4)  # init happens once
-    await server.resume(client, raw_url)
+    try:
+        await server.update_from_disk(client, raw_url, str(tmp_path / "v3"), 3)
+        await server.update_from_disk(client, raw_url, str(tmp_path / "v3"), 4)  # again
+    finally:
+        await server.resume(client, raw_url)
     assert await server.weight_version(client, raw_url) == 4
     await ref.update_weights(new)
     got = await gen(client, raw_url, prompt, temperature=0.0, max_tokens=12)
@@ -402,7 +472,7 @@ async def test_disk_update_loads_the_folder_and_reports_its_version(
 @pytest.mark.slow
 async def test_dev_routes_are_absent_without_dev_mode(starter_dir, client) -> None:
     with (
-        launch_fake("tests.fake_vllm", starter_dir) as url,
+        vllm_with(starter_dir, dev=False) as url,
         pytest.raises(EngineFailed, match="VLLM_SERVER_DEV_MODE=1"),
     ):
         await VLLMServer().info(client, url)

