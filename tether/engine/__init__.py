@@ -1,7 +1,9 @@
 """Inference engines: token ids in, token ids and logprobs out.
 
 - :class:`Engine`, :class:`SamplingParams`, :class:`Completion`,
-  :class:`GenerateResult` and the errors — the contract (``_protocol``)
+  :class:`GenerateResult` and the errors — the contract (``_protocol``);
+  :class:`Outage` what ``Engine.outage`` says when no call can be served (a server
+  gone, the worker thread dead), :class:`EngineLost` once that is for good
 - :class:`TransformersEngine` — embedded, continuous batching, prefix
   caching, CPU or CUDA; :class:`EngineStats` its counters (both imported
   lazily, so importing :mod:`tether.engine` does not import torch)
@@ -43,11 +45,13 @@ _EXPORTS = {
     "EngineConfig": "._config",
     "EngineError": "._protocol",
     "EngineFailed": "._protocol",
+    "EngineLost": "._protocol",
     "EngineStats": "._worker",
     "EngineTimeout": "._protocol",
     "EngineUnreachable": "._protocol",
     "GenerateResult": "._protocol",
     "MissingStructuredExtra": "._constraint",
+    "Outage": "._protocol",
     "RemoteEngine": "._remote",
     "SamplingParams": "._protocol",
     "TokenDelta": "._stream",
@@ -81,9 +85,11 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._protocol import Engine as Engine
     from ._protocol import EngineError as EngineError
     from ._protocol import EngineFailed as EngineFailed
+    from ._protocol import EngineLost as EngineLost
     from ._protocol import EngineTimeout as EngineTimeout
     from ._protocol import EngineUnreachable as EngineUnreachable
     from ._protocol import GenerateResult as GenerateResult
+    from ._protocol import Outage as Outage
     from ._protocol import SamplingParams as SamplingParams
     from ._protocol import UnsupportedParams as UnsupportedParams
     from ._remote import RemoteEngine as RemoteEngine

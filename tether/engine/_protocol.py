@@ -26,9 +26,11 @@ __all__ = [
     "Engine",
     "EngineError",
     "EngineFailed",
+    "EngineLost",
     "EngineTimeout",
     "EngineUnreachable",
     "GenerateResult",
+    "Outage",
     "SamplingParams",
     "UnsupportedParams",
 ]
@@ -39,7 +41,8 @@ class EngineError(TetherError):
 
     EngineError
     ├── EngineFailed       the engine raised or died (transport / model fault)
-    │   └── EngineUnreachable  a remote server could not be reached (retried elsewhere)
+    │   ├── EngineUnreachable  a remote server could not be reached (retried elsewhere)
+    │   └── EngineLost     the engine will serve no call any more (see :class:`Outage`)
     ├── EngineTimeout      no result within the deadline
     └── UnsupportedParams  a request the engine cannot serve exactly (checked first)
     """
@@ -54,8 +57,35 @@ class EngineUnreachable(EngineFailed):
     fault, so the run retries the rollout's attempt, which then runs on another replica."""
 
 
+class EngineLost(EngineFailed):
+    """The engine is gone for good (:attr:`Outage.lost`): every remote server has been
+    unreachable for the engine's grace period, or the embedded engine's worker thread died.
+    Calls fail with it at once; a training run stops on it (nothing is retried)."""
+
+
 class EngineTimeout(EngineError):
     pass
+
+
+@dataclass(frozen=True)
+class Outage:
+    """Why an engine cannot serve a call now (:meth:`Engine.outage`).
+
+    ``why`` is one line naming what went away and, where it could be read, the cause:
+    ``the vLLM server at http://h:8000 went away (cannot reach it: connection refused)``.
+    ``lost`` is False while the engine may still come back by itself (a remote server
+    that is down, within the grace period its health checks wait for it), True once it
+    will not: then calls fail with :class:`EngineLost` and a run stops. ``fix`` says what
+    the user does about it (``restart it``).
+    """
+
+    why: str
+    lost: bool
+    fix: str
+
+    def error(self) -> EngineLost:
+        """The error calls fail with once the engine is lost."""
+        return EngineLost(f"{self.why}; {self.fix}")
 
 
 class UnsupportedParams(EngineError):
@@ -200,6 +230,13 @@ class Engine(Protocol):
         The version rises by one, or becomes ``version`` when given (a run resumed from a
         checkpoint continues at the checkpoint's version).
         """
+        ...
+
+    async def outage(self) -> Outage | None:
+        """None while the engine can serve calls; else why it cannot (:class:`Outage`): no
+        remote server is up, the worker thread died. Cheap: the engine's own health state
+        (a remote engine's health checks keep it), asked by the run every second and by
+        the gateway's ``/healthz``. A closed engine has no outage."""
         ...
 
     async def close(self) -> None: ...

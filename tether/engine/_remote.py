@@ -8,6 +8,12 @@ a :class:`~tether.engine._server_api.ServerAPI` that speaks one server's routes
 - **replicas** (``_replicas.py``): a call goes to the replica its rollout hashes to; a
   replica that cannot be reached is left out until a health check finds it up again,
   with the engine's current weights (a replica that missed a push stays out);
+- **no replica up** (:meth:`RemoteEngine.outage`): calls and weight pushes wait for the
+  health checks (every ``health_interval_s``) to find one back, for a grace period of
+  ``lost_after_s`` (default :data:`LOST_AFTER_S`, at least three health checks): a
+  server that restarts or a network that blips costs a wait, not failed rollouts. Past
+  it the engine is lost: every call fails at once with ``EngineLost`` naming the
+  servers and why they went away, and a training run stops (``tether/run/_watch.py``);
 - **errors**: a transport fault is ``EngineFailed("cannot reach the vLLM server at
   URL: ...")``, a read past ``timeout_s`` is ``EngineTimeout``, an error answer is
   ``EngineFailed`` with the server's message;
@@ -21,6 +27,7 @@ a :class:`~tether.engine._server_api.ServerAPI` that speaks one server's routes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import uuid
@@ -32,14 +39,16 @@ import httpx
 
 from tether.engine._gate import AdmissionGate
 from tether.engine._protocol import (
+    EngineError,
     EngineFailed,
     EngineTimeout,
     EngineUnreachable,
     GenerateResult,
+    Outage,
     SamplingParams,
 )
 from tether.engine._remote_push import WeightPusher
-from tether.engine._replicas import Replica, ReplicaSet
+from tether.engine._replicas import Replica, ReplicaSet, cause
 from tether.engine._server_api import PauseMode, ServerAPI, Transport
 from tether.engine._stream import TokenDelta
 
@@ -51,6 +60,9 @@ T = TypeVar("T")
 
 #: Seconds a health check waits for a replica's answer before leaving it as it was.
 HEALTH_TIMEOUT_S = 10.0
+#: Seconds with no replica up after which the engine is lost (see the module docstring):
+#: long enough for a blip, short enough that a run whose only server died stops soon.
+LOST_AFTER_S = 30.0
 
 
 class RemoteEngine:
@@ -59,7 +71,9 @@ class RemoteEngine:
 
     ``weights_dir`` is a folder the servers can read (``disk`` and ``lora``);
     ``model_dir`` the model folder whose config files go beside pushed full weights;
-    ``lora_config`` the trainer's ``LoraConfig.to_dict()`` (``lora``).
+    ``lora_config`` the trainer's ``LoraConfig.to_dict()`` (``lora``). With no replica
+    up, the engine waits ``lost_after_s`` (at least three ``health_interval_s``) for one
+    to come back before it is lost (:meth:`outage`).
     """
 
     supports_constraints = True
@@ -78,6 +92,7 @@ class RemoteEngine:
         api_key: str | None = None,
         timeout_s: float = 600.0,
         health_interval_s: float = 5.0,
+        lost_after_s: float = LOST_AFTER_S,
         pause_mode: PauseMode = "wait",
         http_transport: httpx.AsyncBaseTransport | None = None,
     ):
@@ -105,6 +120,7 @@ class RemoteEngine:
         )
         self.pause_mode: PauseMode = pause_mode
         self.timeout_s, self.health_interval_s = timeout_s, health_interval_s
+        self.grace_s = max(lost_after_s, 3 * health_interval_s)
         key = api_key or os.environ.get("TETHER_ENGINE_API_KEY")
         self._client_args: dict[str, Any] = {
             "timeout": httpx.Timeout(timeout_s, connect=10.0),
@@ -221,11 +237,30 @@ class RemoteEngine:
             if isinstance(version, asyncio.TimeoutError | httpx.TimeoutException):
                 log.debug("health check of %s timed out; left as it was", r.url)
             elif isinstance(version, BaseException):  # refused, reset, an error answer
-                self.replicas.mark_down(r, f"health check failed: {version!r}")
+                self.replicas.mark_down(r, cause(version))
             elif version == self._version:
                 self.replicas.mark_up(r)
             else:
                 self.replicas.mark_down(r, f"serves weights v{version}, not v{self._version}")
+
+    async def outage(self) -> Outage | None:
+        """None while a replica is up; else which servers went away and why, lost once
+        none has come back for the grace period (see the module docstring). An engine
+        not started on this event loop (``tether serve`` after :meth:`handover`) checks
+        its servers first."""
+        if not self._started and not self._gate.closed:
+            with contextlib.suppress(EngineError):  # one that cannot be reached is marked down
+                await self.start()
+        return self.replicas.outage(self.shown, self.grace_s)
+
+    async def _until_live(self) -> None:
+        """Return once a replica is up: while none is, wait for the health checks to find
+        one back, up to the grace period; then :class:`EngineLost`."""
+        while not self.replicas.live():
+            outage = self.replicas.outage(self.shown, self.grace_s)
+            if outage is not None and outage.lost:
+                raise outage.error()
+            await asyncio.sleep(min(self.health_interval_s, 1.0))
 
     # -- generation --------------------------------------------------------------------
 
@@ -238,7 +273,7 @@ class RemoteEngine:
                 f"the {self.shown} server at {replica.url} did not answer within {self.timeout_s:g} s"
             ) from exc
         except httpx.TransportError as exc:
-            self.replicas.mark_down(replica, repr(exc))
+            self.replicas.mark_down(replica, cause(exc))
             raise EngineUnreachable(
                 f"cannot reach the {self.shown} server at {replica.url}: {exc or type(exc).__name__}"
             ) from exc
@@ -250,6 +285,7 @@ class RemoteEngine:
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
         await self.start()
+        await self._until_live()
         async with self._gate.admit():
             replica = self.replicas.pick(params.affinity)
             request_id = f"tether-{uuid.uuid4().hex}"
@@ -271,6 +307,7 @@ class RemoteEngine:
         self, prompt_ids: list[int], params: SamplingParams
     ) -> AsyncGenerator[TokenDelta | GenerateResult, None]:
         await self.start()
+        await self._until_live()
         async with self._gate.admit():
             replica = self.replicas.pick(params.affinity)
             request_id = f"tether-{uuid.uuid4().hex}"
@@ -382,19 +419,24 @@ class RemoteEngine:
         return new
 
     async def _reachable(self) -> list[Replica]:
-        """The replicas that answer now (down ones are asked again: they may be back)."""
-        versions = await self._versions(HEALTH_TIMEOUT_S)
-        out = []
-        for r in self.replicas:
-            if isinstance(versions[r.url], BaseException):
-                self.replicas.mark_down(
-                    r, f"not reachable for the weight push: {versions[r.url]!r}"
-                )
-            else:
-                out.append(r)
-        if not out:
-            raise EngineFailed(f"no {self.shown} server is reachable for the weight push")
-        return out
+        """The replicas that answer now (down ones are asked again: they may be back).
+        While none does, asked again every health interval, up to the grace period; then
+        :class:`EngineLost`."""
+        while True:
+            versions = await self._versions(HEALTH_TIMEOUT_S)
+            out = []
+            for r in self.replicas:
+                version = versions[r.url]
+                if isinstance(version, BaseException):
+                    self.replicas.mark_down(r, cause(version))
+                else:
+                    out.append(r)
+            if out:
+                return out
+            outage = self.replicas.outage(self.shown, self.grace_s)
+            if outage is not None and outage.lost:
+                raise outage.error()
+            await asyncio.sleep(self.health_interval_s)
 
     async def _check_versions(self, targets: list[Replica], new: int) -> None:
         got = await self._each_alive(

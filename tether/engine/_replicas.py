@@ -10,18 +10,27 @@ fails) until a health check succeeds again; :class:`ReplicaSet` never picks a do
 replica while one is up, so the retried attempt of a rollout whose replica died runs on
 another. Hashing over the live replicas (rendezvous hashing) moves only the rollouts of
 the replica that went down.
+
+Each replica keeps why it went down (:func:`cause`: ``cannot reach it: connection
+refused``); :meth:`ReplicaSet.outage` says, from the moment the last live replica went
+down, that none is up and why, and that the engine is lost once none has come back for
+the grace period.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tether.engine._protocol import EngineUnreachable
+import httpx
 
-__all__ = ["Replica", "ReplicaSet"]
+from tether.engine._protocol import EngineUnreachable, Outage
+
+__all__ = ["Replica", "ReplicaSet", "cause"]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +43,7 @@ class Replica:
     up: bool = True
     in_flight: int = 0
     failures: int = 0  # calls that could not reach it, over the engine's life
+    why: str = ""  # why it went down, the last time (see cause())
 
     def score(self, key: str) -> int:
         """The replica's rendezvous-hash score for ``key`` (highest wins)."""
@@ -55,6 +65,8 @@ class ReplicaSet:
                 raise ValueError(f"server URL {url} is given twice")
             seen.add(url)
             self.replicas.append(Replica(url))
+        #: monotonic time since which no replica has been up (None: one is up)
+        self.down_since: float | None = None
 
     def __iter__(self):
         return iter(self.replicas)
@@ -83,11 +95,40 @@ class ReplicaSet:
 
     def mark_down(self, replica: Replica, why: str) -> None:
         replica.failures += 1
+        replica.why = why
         if replica.up:
             log.warning("inference server %s is down: %s", replica.url, why)
         replica.up = False
+        if self.down_since is None and not self.live():
+            self.down_since = time.monotonic()
 
     def mark_up(self, replica: Replica) -> None:
         if not replica.up:
             log.warning("inference server %s is up again", replica.url)
         replica.up = True
+        self.down_since = None
+
+    def outage(self, shown: str, grace_s: float) -> Outage | None:
+        """None while a replica is up; else which went away and why, lost once none has
+        been up for ``grace_s`` seconds (``shown``: the server's name, "vLLM")."""
+        if self.down_since is None:
+            return None
+        lost = time.monotonic() - self.down_since >= grace_s
+        if len(self.replicas) == 1:
+            r = self.replicas[0]
+            return Outage(f"the {shown} server at {r.url} went away ({r.why})", lost, "restart it")
+        each = "; ".join(f"{r.url}: {r.why}" for r in self.replicas)
+        return Outage(f"every {shown} server went away ({each})", lost, "restart them")
+
+
+def cause(exc: BaseException) -> str:
+    """Why a call to a server failed, in a few words: ``cannot reach it: connection
+    refused``, ``the connection broke: server disconnected ...``, or the error's message."""
+    text = str(exc).strip() or type(exc).__name__
+    if not isinstance(exc, httpx.TransportError):
+        return text
+    text = re.sub(r"^\[Errno -?\d+\] ", "", text)  # "[Errno 111] Connection refused"
+    text = text[:1].lower() + text[1:]
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return f"cannot reach it: {text}"
+    return f"the connection broke: {text}"

@@ -23,7 +23,7 @@ import torch
 
 from tether.engine._constraint import GrammarBook
 from tether.engine._gate import AdmissionGate
-from tether.engine._protocol import BASE_ADAPTER, EngineFailed, GenerateResult, SamplingParams
+from tether.engine._protocol import BASE_ADAPTER, GenerateResult, Outage, SamplingParams
 from tether.engine._rollout_copy import rollout_copy
 from tether.engine._stream import TokenDelta, TokenFeed
 from tether.engine._turns import end_of_turn_ids
@@ -164,6 +164,21 @@ class TransformersEngine:
         """Batch sizes and counters recorded by the worker."""
         return self._worker.stats
 
+    async def outage(self) -> Outage | None:
+        """Lost for good once the worker thread has died (``_worker.py``); else None."""
+        return self._worker.outage()
+
+    def _queue(self, item: Any, fut: asyncio.Future[Any], loop: asyncio.AbstractEventLoop) -> None:
+        """Hand ``item`` to the worker; ``fut`` is failed if the worker dies first. It may
+        die after the item was queued and its waiters were failed (it marks itself first):
+        then ``fut`` is failed here."""
+        worker = self._worker
+        worker.waiters[fut] = loop
+        fut.add_done_callback(lambda f: worker.waiters.pop(f, None))
+        worker.inbox.put(item)
+        if worker.died is not None and not fut.done():
+            fut.set_exception(worker.lost_error())
+
     # -- asyncio side -----------------------------------------------------------------------
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
@@ -201,8 +216,8 @@ class TransformersEngine:
         return self._worker.grammars
 
     async def _submit(self, prompt_ids: list[int], params: SamplingParams, on_token: Any = None):
-        if not self._worker.is_alive():
-            raise EngineFailed("the engine's worker thread is not running")
+        if self._worker.died is not None:
+            raise self._worker.lost_error()
         loop = asyncio.get_running_loop()
         stop_ids = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else self._eos
@@ -218,7 +233,7 @@ class TransformersEngine:
                 else await asyncio.to_thread(compile_, params.constraint)
             )
         req.future.add_done_callback(lambda f: setattr(req, "cancelled", f.cancelled()))
-        self._worker.inbox.put(req)
+        self._queue(req, req.future, loop)
         return req
 
     def _check(self, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -258,7 +273,8 @@ class TransformersEngine:
         async with self._gate.paused_for_update():
             loop = asyncio.get_running_loop()
             fut: asyncio.Future[int] = loop.create_future()
-            self._worker.inbox.put((partial(self._load, version=version), state_dict, fut, loop))
+            load = partial(self._load, version=version)
+            self._queue((load, state_dict, fut, loop), fut, loop)
             return await fut
 
     def _load(self, state_dict: dict[str, Any], version: int | None = None) -> int:

@@ -13,6 +13,12 @@ arrive mid-generation thus join at the next step. Results go back to the
 callers' event loops with ``loop.call_soon_threadsafe``; any failure fails
 the affected futures with :class:`EngineFailed`, so none hangs.
 
+A failure of a step fails only that step's requests. Should the thread itself die (an
+exception the step does not catch: a ``BaseException`` such as ``SystemExit`` raised by
+a library or injected into the thread, or a fault in the scheduler's own bookkeeping),
+:attr:`Scheduler.died` keeps the exception, every request queued or running fails with
+:class:`EngineLost`, and the engine reports itself lost (``TransformersEngine.outage``).
+
 ``weights_lock`` is held while a step reads the weights: an owner that writes
 them in place from another thread (a trainer sharing the model, see
 ``TransformersEngine.weights_lock``) takes it too, so no forward sees half a
@@ -41,7 +47,9 @@ from tether.engine._protocol import (
     BASE_ADAPTER,
     Completion,
     EngineFailed,
+    EngineLost,
     GenerateResult,
+    Outage,
     SamplingParams,
 )
 from tether.engine._sampling import StopChecker, sample_rows
@@ -138,9 +146,35 @@ class Scheduler(threading.Thread):
         self._rows: list[_Row] = []
         self._admitting: list[Request] = []
         self.prefix = PrefixCache(max_tokens=prefix_cache_tokens) if prefix_cache_tokens else None
+        #: what killed the thread (see the module docstring); None while it runs or after close
+        self.died: BaseException | None = None
+        #: every caller's future not settled yet, with its loop (the engine adds each, its
+        #: callback removes it): what a dying thread fails, whatever line it died on (an
+        #: item it had just taken from the inbox is in no list of its own yet)
+        self.waiters: dict[asyncio.Future[Any], asyncio.AbstractEventLoop] = {}
 
     def run(self) -> None:
         waiting: deque[Request] = deque()
+        try:
+            self._serve(waiting)
+        except BaseException as exc:  # the thread dies: no request may hang on it
+            self.died = exc  # first: a request queued from now on is failed by its caller
+            logger.error("the engine's worker thread died: %r", exc, exc_info=exc)
+            self._drain(waiting, self.lost_error)
+
+    def outage(self) -> Outage | None:
+        """Lost for good once the thread has died (see the module docstring); else None."""
+        if self.died is None:
+            return None
+        why = f"the embedded engine's worker thread died ({self.died!r})"
+        return Outage(why, lost=True, fix="its traceback is in the log above")
+
+    def lost_error(self) -> EngineLost:
+        outage = self.outage()
+        assert outage is not None, "the thread has died"
+        return outage.error()
+
+    def _serve(self, waiting: deque[Request]) -> None:
         while True:
             items = [self.inbox.get()] if not (self._rows or waiting) else []
             while True:
@@ -371,8 +405,14 @@ class Scheduler(threading.Thread):
             req.loop.call_soon_threadsafe(settle, req.future, result, error)
 
     def _shutdown(self, waiting: deque[Request]) -> None:
-        pending = list(waiting) + list(dict.fromkeys(r.req for r in self._rows))
-        self._batch, self._rows = None, []
+        self._drain(waiting, lambda: EngineFailed("engine closed"))
+
+    def _drain(self, waiting: deque[Request], error: Any) -> None:
+        """Fail every request waiting, running or queued, and queued weight updates, with
+        ``error()``."""
+        rows = [r.req for r in self._rows] + self._admitting
+        pending = list(waiting) + list(dict.fromkeys(rows))
+        self._batch, self._rows, self._admitting = None, [], []
         while True:
             try:
                 item = self.inbox.get_nowait()
@@ -381,6 +421,10 @@ class Scheduler(threading.Thread):
             if isinstance(item, Request):
                 pending.append(item)
             elif isinstance(item, tuple):  # a pending weight update
-                item[3].call_soon_threadsafe(settle, item[2], None, EngineFailed("engine closed"))
+                with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
+                    item[3].call_soon_threadsafe(settle, item[2], None, error())
         for req in pending:
-            self._post(req, None, EngineFailed("engine closed"))
+            self._post(req, None, error())
+        for fut, loop in list(self.waiters.items()):
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
+                loop.call_soon_threadsafe(settle, fut, None, error())

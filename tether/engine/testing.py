@@ -34,6 +34,7 @@ from tether.engine._protocol import (
     EngineError,
     EngineFailed,
     GenerateResult,
+    Outage,
     SamplingParams,
 )
 from tether.engine._stream import TokenDelta, deltas_of, stream_via_generate
@@ -135,6 +136,10 @@ class FakeEngine:
 
     async def resume(self) -> None:
         self._gate.resume()
+
+    async def outage(self) -> Outage | None:
+        """A fake is never down (``FaultyEngine`` fails calls, not the engine)."""
+        return None
 
     async def update_weights(
         self, state_dict: dict[str, Any], *, version: int | None = None
