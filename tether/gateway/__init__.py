@@ -30,6 +30,7 @@ _EXPORTS = {
     "Conflict": "._exceptions",
     "ContextLengthExceeded": "._exceptions",
     "DEFAULT_PORT": "._config",
+    "EngineDown": "._exceptions",
     "Forbidden": "._exceptions",
     "Gateway": "._core",
     "GatewayConfig": "._config",
@@ -61,6 +62,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._core import OpenedRollout as OpenedRollout
     from ._exceptions import Conflict as Conflict
     from ._exceptions import ContextLengthExceeded as ContextLengthExceeded
+    from ._exceptions import EngineDown as EngineDown
     from ._exceptions import Forbidden as Forbidden
     from ._exceptions import GatewayError as GatewayError
     from ._exceptions import InvalidRequest as InvalidRequest

@@ -31,6 +31,7 @@ from tether.store import (
 
 from ._exceptions import (
     Conflict,
+    EngineDown,
     Forbidden,
     GatewayError,
     InvalidRequest,
@@ -81,6 +82,7 @@ _STATUSES: tuple[tuple[type[Exception], int, str], ...] = (
     (UnknownRole, 404, ""),
     (Conflict, 409, ""),
     (ModelLoading, 503, ""),  # not ready yet: nothing failed
+    (EngineDown, 503, ""),  # /healthz while no inference server is up
     (InvalidMessages, 400, ""),
     (ChatError, 500, "gateway set-up error: "),  # no chat template, unknown parser
     (AdmissionTimeout, 503, ""),  # held while paused: the engine did not fail
@@ -108,7 +110,7 @@ def http_error(exc: Exception) -> ApiError | None:
     if match is None:
         return None
     _, status, prefix = match
-    if status in (500, 503) and not isinstance(exc, (AdmissionTimeout, ModelLoading)):
+    if status in (500, 503) and not isinstance(exc, (AdmissionTimeout, ModelLoading, EngineDown)):
         log.error("%s: %s", type(exc).__name__, exc)  # the gateway's set-up or its store
     if isinstance(exc, StoreError) and status == 503:
         return ApiError(503, "trace store unavailable")

@@ -10,7 +10,8 @@
         ├── Forbidden                    a key that may not do this (403)
         ├── UnknownRollout               no rollout with that id (404)
         ├── Conflict                     an id already taken, a superseded attempt (409)
-        └── ModelLoading                 the model is still loading (``tether serve``, 503)
+        ├── ModelLoading                 the model is still loading (``tether serve``, 503)
+        └── EngineDown                   no call can be served: ``Engine.outage`` (503)
 
 Each carries the request field it is about (``param``) and OpenAI's error ``code``
 where OpenAI has one (``context_length_exceeded``).
@@ -23,6 +24,7 @@ from tether.errors import TetherError
 __all__ = [
     "Conflict",
     "ContextLengthExceeded",
+    "EngineDown",
     "Forbidden",
     "GatewayError",
     "InvalidRequest",
@@ -72,6 +74,11 @@ class UnknownRole(GatewayError):
 
 class Conflict(GatewayError):
     """An id already taken, or a write from an attempt that is no longer current."""
+
+
+class EngineDown(GatewayError):
+    """The engine can serve no call now (no inference server up, the worker thread dead):
+    what ``GET /healthz`` answers while ``Engine.outage`` says why."""
 
 
 class ModelLoading(GatewayError):

@@ -17,7 +17,8 @@ from tether.records import RewardSource, RolloutStatus
 
 from ._auth import bearer, check_rollout_id
 from ._core import Gateway
-from ._errors import ApiError
+from ._errors import ApiError, http_error
+from ._exceptions import EngineDown
 from ._http import (
     STREAMED,
     body_schema,
@@ -80,8 +81,17 @@ def _models(name: str) -> dict[str, Any]:
 
 
 @router.get("/healthz", tags=["health"])
-async def healthz() -> dict[str, Any]:
-    return {"status": "ok"}
+async def healthz(gw: Gateway = Depends(gateway)) -> Any:
+    """200 ``{"status": "ok"}`` while the engine can serve calls; 503 ``{"status": "down"}``
+    (no inference server up: calls wait for one) or ``"lost"`` (gone for good: calls fail),
+    with ``error`` saying which server went away and why (``Engine.outage``)."""
+    outage = await gw.engine.outage()
+    if outage is None:
+        return {"status": "ok"}
+    api = http_error(EngineDown(outage.why))
+    assert api is not None
+    status = "lost" if outage.lost else "down"
+    return JSONResponse({"status": status, "error": api.message}, status_code=api.status)
 
 
 @rollout_route(
