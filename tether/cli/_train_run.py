@@ -13,6 +13,7 @@ from rich.console import Console
 from tether.cli._interrupt import Interrupts
 from tether.cli._progress import Progress, plot_curve, quiet_loading
 from tether.cli._starter import starter_model
+from tether.engine import EngineLost
 from tether.errors import UserError
 from tether.models import model_folder
 from tether.run import (
@@ -35,6 +36,7 @@ from tether.trainer.checkpoint import checkpoint_state, load_checkpoint
 __all__ = [
     "demo_config",
     "interrupted_line",
+    "lost_line",
     "memory_line",
     "replace_demo_run",
     "run_demo",
@@ -114,6 +116,17 @@ def interrupted_line(run: TrainingRun, command: str | None) -> str:
     return f"{line}; resume with: {command} --resume"
 
 
+def lost_line(run: TrainingRun, exc: EngineLost, command: str | None) -> str:
+    """The run's engine went away (``tether/run/_watch.py``): its line, then how to go on,
+    as :func:`interrupted_line` says it."""
+    ckpt = run.last_checkpoint
+    if command is None:
+        return f"{exc}; last checkpoint: {ckpt or 'none'}"
+    if ckpt is None:
+        return f"{exc}; no checkpoint yet: start the run again with: {command}"
+    return f"{exc}; resume from {ckpt.name} with: {command} --resume"
+
+
 def _on_interrupt(interrupts: Interrupts, describe: Callable[[], str]) -> None:
     """What an interrupt prints, and the agents a forced exit kills (process groups)."""
     interrupts.describe = describe
@@ -138,7 +151,10 @@ def _train(
             async with run:
                 return await run.train()
 
-    return interrupts.run(go()), run
+    try:
+        return interrupts.run(go()), run
+    except EngineLost as exc:  # one line, with how to go on
+        raise EngineLost(lost_line(run, exc, command)) from exc
 
 
 def run_train(
@@ -204,7 +220,7 @@ def run_eval(
         async with run:
             if adapters is not None:
                 await _load_adapters(run, adapters)
-            return await run.evaluate(step)
+            return await run.watching(run.evaluate(step))
 
     result = interrupts.run(go())
     if result is None:

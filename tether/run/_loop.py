@@ -17,6 +17,10 @@ Per update ``step``:
 4. push the weights to the engine; its policy version must rise by one;
 5. metrics to the store (and the progress display); eval and checkpoint every K.
 
+While it trains (or, for ``tether eval``, evaluates) the run asks its engine whether
+it is gone (``_watch``: every remote server down past its grace period, the embedded
+worker thread dead) and stops on one line if so, with no eval after it.
+
 After each collection (an eval, a step's rollouts) ``_failures`` says on one
 line when most rollouts failed, and stops the run when every rollout of its
 first collection failed. "Success" is each rollout's own verdict (the
@@ -48,9 +52,10 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -80,6 +85,7 @@ from tether.run._rundir import ResumePoint, past_metrics, resume_point
 from tether.run._setup import async_rollouts, engine_weights
 from tether.run._signal import collect_with_signal, extra_tasks
 from tether.run._tasks import tasks_for_step
+from tether.run._watch import watched
 from tether.run.config import TrainConfig
 from tether.tracking import sample_rows
 from tether.trainer.checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
@@ -88,6 +94,8 @@ from tether.trainer.errors import NoLearningSignal, PolicyCollapsed, RankFailed,
 __all__ = ["TrainingRun"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class TrainingRun(PartsView):
@@ -123,6 +131,7 @@ class TrainingRun(PartsView):
         #: start of update N (the one in progress) until update N + 1 starts; 0 before the
         #: first. What an interrupt reports; an eval after update N runs at it.
         self.step = 0
+        self._at = "before the first update"  # where the run is, for the engine-lost line
         self.last_checkpoint: Path | None = None  # the newest checkpoint of this run
         self._async: AsyncRollouts | None = None
         self._clean_steps = 0  # optimizer steps after the last finished update (see _rank_failed)
@@ -184,7 +193,16 @@ class TrainingRun(PartsView):
     # -- the loop -------------------------------------------------------------------
 
     async def train(self) -> list[EvalResult]:
-        """Evaluate, train ``trainer.steps`` updates (evaluating/checkpointing every K), evaluate."""
+        """Evaluate, train ``trainer.steps`` updates (evaluating/checkpointing every K), evaluate;
+        :class:`~tether.engine.EngineLost` when the engine is gone (``_watch.py``)."""
+        return await self.watching(self._train())
+
+    async def watching(self, work: Awaitable[T]) -> T:
+        """Await ``work`` (the run's training, or an eval of ``tether eval``), stopping it
+        with :class:`~tether.engine.EngineLost` once the engine is gone (``_watch.py``)."""
+        return await watched(self.engine, work, lambda: self._at)
+
+    async def _train(self) -> list[EvalResult]:
         cfg = self.cfg
         steps = cfg.trainer.steps
         every = cfg.eval.every if cfg.eval.enabled else 0
@@ -221,6 +239,7 @@ class TrainingRun(PartsView):
                 log.warning("%s", line)
                 self.on_event(Status(line))
             return None
+        self._at = f"in the step-{step} eval"
         samples = f"{e.samples} sample{'s' if e.samples != 1 else ''}"
         what = f"{len(tasks)} tasks × {samples}{' + greedy' if e.greedy else ''}"
         log.info("eval @ step %d: %s", step, what)
@@ -252,7 +271,7 @@ class TrainingRun(PartsView):
         """Update ``step`` (from 1): collect its rollouts, learn, report. From here on the
         run is at ``step`` (the one place that moves the counter)."""
         cfg, parts = self.cfg, self.parts
-        self.step = step
+        self.step, self._at = step, f"at update {step}"
         t0 = time.perf_counter()
         if cfg.trainer.mode == "async":
             return self._report(step, await self._async_rollouts().step(step), t0)
