@@ -33,7 +33,7 @@ import pytest
 from tests.helpers import serving
 from tests.remote_servers import fake_server
 from tests.test_remote_replicas import _kill_server, _wait_for_step_2_calls
-from tether.engine import EngineLost, SamplingParams, TransformersEngine
+from tether.engine import EngineLost, RemoteEngine, SamplingParams, TransformersEngine, server_api
 from tether.engine._replicas import ReplicaSet, cause
 from tether.gateway import create_app
 
@@ -61,6 +61,26 @@ def test_no_replica_up_is_an_outage_lost_after_the_grace_period() -> None:
     assert lost is not None and lost.lost and str(lost.error()).endswith("; restart them")
     replicas.mark_up(b)  # one came back within the grace period
     assert replicas.outage("vLLM", 0) is None
+
+
+async def test_healthz_of_a_gateway_whose_server_cannot_be_reached_is_503_naming_it(
+    make_gateway: Any,
+) -> None:
+    """Asked before any call (``tether serve`` after the hand-over), the engine checks its
+    server first: none listens at port 9, so it is down, not yet lost."""
+    engine = RemoteEngine(server_api("vllm"), ["http://127.0.0.1:9"])
+    transport = httpx.ASGITransport(app=create_app(make_gateway(engine)))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            r = await client.get("/healthz")
+    finally:
+        await engine.close()
+    assert r.status_code == 503
+    assert r.json() == {
+        "status": "down",
+        "error": "the vLLM server at http://127.0.0.1:9 went away (cannot reach it: "
+        "connection refused)",
+    }
 
 
 # -- a remote server dies ------------------------------------------------------------
@@ -107,7 +127,8 @@ def test_train_stops_when_its_only_vllm_server_dies(starter_dir: Path, tmp_path:
     assert run.returncode == 2, out[-2000:] + err[-4000:]
     assert took < 90
     line = _error_line(err)
-    assert line.startswith(f"error: the vLLM server at {url} went away (cannot reach it"), line
+    went = f"error: the vLLM server at {url} went away (cannot reach it: connection refused)"
+    assert line.startswith(went), line
     assert " at update 2; restart it; resume from step-000001 with: " in line, line
     assert line.endswith(" --resume"), line
     assert "held-out success" not in out + err and "->" not in out + err
@@ -141,12 +162,12 @@ def test_serve_says_503_then_502_naming_the_server_that_died(
         _kill_server(url)
         health = _until(lambda: gw.get("/healthz"), lambda r: r.status_code == 503, 20)
         assert health.json()["status"] == "down"  # calls wait for it to come back, for 30 s
-        assert health.json()["error"].startswith(f"the vLLM server at {url} went away (cannot")
+        went = f"the vLLM server at {url} went away (cannot reach it: connection refused)"
+        assert health.json()["error"] == went
         failed = gw.post(chat, json=CHAT, headers=auth)  # waits out the grace period
         assert failed.status_code == 502, failed.text
         message = failed.json()["error"]["message"]
-        assert message.startswith(f"engine failed: the vLLM server at {url} went away"), message
-        assert message.endswith("; restart it")
+        assert message == f"engine failed: {went}; restart it", message
         lost = gw.get("/healthz")
         assert lost.status_code == 503 and lost.json()["status"] == "lost"
 

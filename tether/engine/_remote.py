@@ -247,10 +247,11 @@ class RemoteEngine:
         """None while a replica is up; else which servers went away and why, lost once
         none has come back for the grace period (see the module docstring). An engine
         not started on this event loop (``tether serve`` after :meth:`handover`) checks
-        its servers first."""
+        its servers first (for at most :data:`HEALTH_TIMEOUT_S`)."""
         if not self._started and not self._gate.closed:
-            with contextlib.suppress(EngineError):  # one that cannot be reached is marked down
-                await self.start()
+            # one that cannot be reached is marked down; a hung one leaves it as it was
+            with contextlib.suppress(EngineError, asyncio.TimeoutError):
+                await asyncio.wait_for(self.start(), HEALTH_TIMEOUT_S)
         return self.replicas.outage(self.shown, self.grace_s)
 
     async def _until_live(self) -> None:

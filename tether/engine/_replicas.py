@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import time
 from collections.abc import Sequence
@@ -127,8 +128,22 @@ def cause(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     if not isinstance(exc, httpx.TransportError):
         return text
+    errno = _errno(exc)
+    if errno is not None:  # "All connection attempts failed": the OS's reason under it
+        text = os.strerror(errno)
     text = re.sub(r"^\[Errno -?\d+\] ", "", text)  # "[Errno 111] Connection refused"
     text = text[:1].lower() + text[1:]
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
         return f"cannot reach it: {text}"
     return f"the connection broke: {text}"
+
+
+def _errno(exc: BaseException) -> int | None:
+    """The errno of the innermost ``OSError`` that caused ``exc`` (refused, reset), if any."""
+    found, seen = None, 0
+    at: BaseException | None = exc
+    while at is not None and seen < 10:
+        if isinstance(at, OSError) and at.errno:
+            found = at.errno
+        at, seen = at.__cause__ or at.__context__, seen + 1
+    return found
