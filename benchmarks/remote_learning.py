@@ -13,6 +13,13 @@ before it (rollout ``…-s{k}-…`` at version k-1), and the wall time.
 
     .venv/bin/python benchmarks/remote_learning.py [--steps 20] [--seed 0]
         [--runs embedded vllm:disk vllm:lora vllm:nccl sglang:disk vllm:disk:async]
+
+``--real`` serves the vLLM runs from a REAL vLLM server instead (the CPU build of
+``make test-vllm``'s ``.venv-vllm``, fp32, the flags of docs/engines.md): transports
+``disk`` and ``lora`` (the CPU build has no NCCL).
+
+    make .venv-vllm/.installed
+    .venv/bin/python benchmarks/remote_learning.py --real --runs vllm:lora vllm:disk
 """
 
 from __future__ import annotations
@@ -118,13 +125,27 @@ def one(run: str, steps: int, seed: int, warm: Path, tmp: Path) -> str:
     )
 
 
+def real_servers() -> None:
+    """Have ``fake_server`` start real vLLM servers from ``.venv-vllm`` (read when it
+    starts one), or exit with the fix."""
+    import os
+
+    python = os.environ.get("TETHER_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
+    if not Path(python).is_file():
+        sys.exit(f"error: no vLLM at {python}: run make .venv-vllm/.installed first")
+    os.environ.update(TETHER_REAL_SERVERS="1", TETHER_VLLM_PYTHON=python)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs", nargs="+", default=["embedded", "vllm:disk", "vllm:lora",
                    "vllm:nccl", "sglang:disk", "vllm:disk:async"])  # fmt: skip
+    p.add_argument("--real", action="store_true", help="a real vLLM server (.venv-vllm)")
     args = p.parse_args()
+    if args.real:
+        real_servers()
     quiet_torchao()
     from tether.starter import build_starter
 

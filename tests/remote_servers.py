@@ -60,8 +60,8 @@ def server_args(kind: str, transport: str) -> list[str]:
 @contextlib.contextmanager
 def fake_server(kind: str, model_dir: str | Path, transport: str = "disk") -> Iterator[str]:
     """A fake ``kind`` server on a free loopback port, serving ``model_dir``; its URL (the
-    real server with ``TETHER_REAL_SERVERS=1``)."""
-    if REAL:
+    real server with ``TETHER_REAL_SERVERS=1``, read now)."""
+    if os.environ.get("TETHER_REAL_SERVERS") == "1":
         with real_server(kind, model_dir, transport) as url:
             yield url
         return
