@@ -3,7 +3,8 @@
 - ``tether train`` whose only vLLM server (a fake, a real process) is SIGKILLed mid-run
   exits non-zero within 90 s with one error line naming the server, no eval after it
   and no before → after summary (the remote engine waits ``LOST_AFTER_S`` = 30 s for
-  the server to come back, then is lost: ``tether/engine/_remote.py``);
+  the server to come back, then is lost: ``tether/engine/_remote.py``); with two
+  replicas it stops once both are gone, naming each;
 - ``tether serve`` in front of that server answers ``/healthz`` 503 with the reason
   while it is down, and a chat call a 502 naming it once it is lost;
 - the embedded engine's worker thread dies: calls fail with ``EngineLost``, ``/healthz``
@@ -133,6 +134,31 @@ def test_train_stops_when_its_only_vllm_server_dies(starter_dir: Path, tmp_path:
     assert line.endswith(" --resume"), line
     assert "held-out success" not in out + err and "->" not in out + err
     assert "collapsed" not in err
+
+
+@pytest.mark.slow
+def test_train_stops_when_every_replica_is_gone(starter_dir: Path, tmp_path: Path) -> None:
+    """One replica down, the other serves (tests/test_remote_replicas.py); both down for
+    the grace period, the run stops on one line naming each and why."""
+    with fake_server("vllm", starter_dir) as a, fake_server("vllm", starter_dir) as b:
+        run = _train(
+            tmp_path, starter_dir, "engine.kind=vllm", f"engine.urls=[{a},{b}]",
+            "agent.agent=tether.starter.calc:agent",
+        )  # fmt: skip
+        try:
+            _wait_for_step_2_calls(tmp_path / "calc" / "traces.sqlite", run)
+            _kill_server(a)
+            _kill_server(b)
+            out, err = run.communicate(timeout=90)
+        finally:
+            run.kill()
+    assert run.returncode == 2, out[-2000:] + err[-4000:]
+    refused = "cannot reach it: connection refused"
+    assert _error_line(err).startswith(
+        f"error: every vLLM server went away ({a}: {refused}; {b}: {refused}) at update 2; "
+        "restart them; resume from step-000001 with: "
+    ), err[-2000:]
+    assert "held-out success" not in out + err
 
 
 @pytest.mark.slow

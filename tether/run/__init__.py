@@ -5,7 +5,8 @@ the store and the trainer.
   sync collection (``_collect.py``; grading and ending each rollout:
   ``_finish.py``) or async (``_async.py``), tasks
   (``_tasks.py``), held-out evals (``_evaluate.py``), failed-collection
-  checks (``_failures.py``), the judge grader (``_judge.py``), run folders and ``--resume`` (``_rundir.py``),
+  checks (``_failures.py``), the stop when the engine is gone (``_watch.py``), the judge
+  grader (``_judge.py``), run folders and ``--resume`` (``_rundir.py``),
   what a run derives from its config and its final status (``_setup.py``);
   the run's parts, built once (``_parts.py``), and the typed events its
   listener gets (``_events.py``: :data:`RunEvent`);
