@@ -55,9 +55,10 @@ $(VLLM_STAMP): dev/vllm-constraints.txt
 
 # The vLLM engine against real vLLM servers on the starter model (TETHER_REAL_SERVERS=1):
 # the engine contract suite, tether train by every transport the CPU build has, and the
-# two-replica failover with one server SIGKILLed. Server logs: .test-logs/ (kept).
+# two-replica failover with one server SIGKILLed, a run whose only server is SIGKILLed.
+# Server logs: .test-logs/ (kept).
 VLLM_TESTS := tests/test_engine_vllm.py tests/test_engine_remote.py tests/test_remote_training.py \
-	tests/test_remote_replicas.py
+	tests/test_remote_replicas.py tests/test_engine_lost.py
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	rm -rf .test-logs
 	TETHER_REAL_SERVERS=1 TETHER_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \

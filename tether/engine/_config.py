@@ -48,6 +48,10 @@ class EngineConfig:
     timeout_s: float = 600.0
     #: Seconds between health checks of the servers (a down one is retried).
     health_interval_s: float = 5.0
+    #: Seconds with no server up before the engine is lost: calls wait for one to come
+    #: back until then, and a run stops on one line naming the servers (at least three
+    #: health checks).
+    lost_after_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.kind not in ("transformers", "vllm", "sglang"):
@@ -71,7 +75,7 @@ class EngineConfig:
             raise UserError(f"engine.keep_weights ({self.keep_weights}) must be >= 1")
         if not 0 <= self.nccl_port < 65536:
             raise UserError(f"engine.nccl_port ({self.nccl_port}) must be in 0..65535")
-        for name in ("timeout_s", "health_interval_s"):
+        for name in ("timeout_s", "health_interval_s", "lost_after_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise UserError(f"engine.{name} ({value}) must be a number > 0")

@@ -53,5 +53,6 @@ async def connect_engine(
         api_key=cfg.api_key,
         timeout_s=cfg.timeout_s,
         health_interval_s=cfg.health_interval_s,
+        lost_after_s=cfg.lost_after_s,
         pause_mode=pause_mode,
     )
