@@ -13,6 +13,14 @@ is the fake's (it loads safetensors into a transformers model, and merges a LoRA
 into the base): a real vLLM loads an adapter without merging, so the ``lora`` row's
 server share is an upper bound.
 
+``--real PYTHON`` pushes to a REAL vLLM server instead (``_vllm_server.py``, run by that
+Python, fp32 on the CPU build): ``disk`` (the folder, then ``/collective_rpc``
+``reload_weights`` and ``/update_weight_version``) and ``lora`` (``/v1/load_lora_adapter``
+with ``load_inplace``, then ``/update_weight_version``), each through
+``RemoteEngine.update_weights`` as a training run pushes; the ``server load s`` column is
+the time of those two calls alone (the written folder loaded, the version set). No
+latency half (``vllm_latency.py`` measures the gateway in front of a real server).
+
 Latency: ``--calls`` one-token completions of the same 30-token prompt, as raw HTTP
 posts from one ``httpx`` client, the order alternating (A B B A ...): direct to a NULL
 vLLM server (this file's ``null_vllm_app``: vLLM's start-up routes and a completion
@@ -22,7 +30,7 @@ of each and the difference (the gateway's work: auth, recording to SQLite, the e
 call's re-encoding).
 
     .venv/bin/python benchmarks/weight_sync.py [--shape qwen2.5-0.5b|tiny] [--pushes 3]
-        [--calls 200] [--skip-pushes] [--skip-latency]
+        [--calls 200] [--skip-pushes] [--skip-latency] [--real .venv-vllm/bin/python]
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the fake servers live in tests/
 
 from _shapes import quiet_torchao, random_model  # noqa: E402  (the script's folder)
+from _vllm_server import free_port, tether_serve, vllm_server  # noqa: E402
 
 from tests.remote_servers import fake_server  # noqa: E402
 from tether.engine import RemoteEngine, SamplingParams, TransformersEngine, server_api  # noqa: E402
@@ -53,17 +62,20 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def model_folder(shape: str, root: Path) -> tuple[Path, Any]:
-    """A random model of ``shape`` saved with the starter's tokenizer (the fake needs one)."""
+    """A random model of ``shape`` with the starter's tokenizer (a server needs one), its
+    weights written by the trainer's own ``save_full`` (a tied model's ``lm_head.weight``
+    in the file, as every disk push writes it)."""
+    from tether.engine._push import save_full
     from tether.starter import build_starter
 
     model = random_model(shape, "cpu")
-    folder = root / f"random-{shape}"
-    model.save_pretrained(folder)
+    files = root / f"files-{shape}"
+    model.config.save_pretrained(files)
     starter = Path(build_starter(warm=False))
     for name in TOKENIZER_FILES:
         if (starter / name).is_file():
-            shutil.copy2(starter / name, folder / name)
-    return folder, model
+            shutil.copy2(starter / name, files / name)
+    return save_full(model.state_dict(), root / f"random-{shape}", files), model
 
 
 def lora_state(model: Any, r: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -88,8 +100,12 @@ async def time_pushes(engine: RemoteEngine, state: dict[str, Any], pushes: int) 
 
 
 async def push_rows(
-    folder: Path, model: Any, pushes: int, tmp: Path
-) -> list[tuple[str, float, float]]:
+    folder: Path, model: Any, pushes: int, tmp: Path, real: str | None = None
+) -> list[tuple[str, float, float, float]]:
+    """The embedded engine's swap, then each transport's push to the fake vLLM server, or
+    with ``real`` (a Python with vLLM) to a REAL vLLM server: ``disk`` (reload in place,
+    ``/collective_rpc reload_weights``) and ``lora`` (``/v1/load_lora_adapter``)."""
+    nan = float("nan")
     full = {k: v.detach().clone() for k, v in model.state_dict().items()}
     adapter, config = lora_state(model, 16)
     rows = []
@@ -100,11 +116,16 @@ async def push_rows(
         await embedded.update_weights(full)
         t.append(time.perf_counter() - t0)
     await embedded.close()
-    rows.append(("embedded update_weights (baseline)", statistics.median(t), float("nan")))
-    for transport, state in (("disk", full), ("nccl", full), ("lora", adapter)):
-        with fake_server("vllm", folder, transport) as url:
+    rows.append(("embedded update_weights (baseline)", statistics.median(t), nan, nan))
+    transports = (("disk", full), ("lora", adapter))
+    if real is None:
+        transports = (("disk", full), ("nccl", full), ("lora", adapter))
+    for transport, state in transports:
+        server = vllm_server(real, folder) if real else fake_server("vllm", folder, transport)
+        loads: list[float] = []
+        with server as url:
             engine = await RemoteEngine.connect(
-                server_api("vllm"), [url], transport=transport, weights_dir=tmp / transport,
+                timed_api(loads), [url], transport=transport, weights_dir=tmp / transport,
                 model_dir=folder, lora_config=config, nccl=("127.0.0.1", 0, "gloo"),
                 timeout_s=1800,
             )  # fmt: skip
@@ -112,9 +133,29 @@ async def push_rows(
                 total = statistics.median(await time_pushes(engine, state, pushes))
             finally:
                 await engine.close()
-        rows.append((f"vLLM fake, {transport}" + (" (LoRA r=16)" if transport == "lora" else ""),
-                     total, trainer_side(transport, state, config, folder, tmp)))  # fmt: skip
+        name = f"vLLM {'real' if real else 'fake'}, {transport}"
+        rows.append((name + (" (LoRA r=16)" if transport == "lora" else ""), total,
+                     trainer_side(transport, state, config, folder, tmp),
+                     statistics.median(loads) if loads else nan))  # fmt: skip
     return rows
+
+
+def timed_api(seconds: list[float]) -> Any:
+    """vLLM's adapter, its two load calls timed into ``seconds``: what the server takes
+    to load a written folder and set the version (``update_from_disk``, ``load_lora``)."""
+    api = server_api("vllm")
+    for name in ("update_from_disk", "load_lora"):
+        method = getattr(api, name)
+
+        async def timed(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return await _method(*args, **kwargs)
+            finally:
+                seconds.append(time.perf_counter() - t0)
+
+        setattr(api, name, timed)
+    return api
 
 
 def trainer_side(transport: str, state: dict, config: dict, folder: Path, tmp: Path) -> float:
@@ -133,35 +174,17 @@ def trainer_side(transport: str, state: dict, config: dict, folder: Path, tmp: P
 
 @contextlib.contextmanager
 def serve_gateway(engine_url: str, model: Path, tmp: Path) -> Iterator[str]:
-    """``tether serve --engine vllm --engine-url URL`` in its own process; its URL."""
-    import os
+    """``tether serve --engine vllm --engine-url URL`` in its own process, and a rollout on
+    it: ``"BASE_URL|TOKEN"``."""
     import secrets
-    import subprocess
 
     import httpx
 
-    from tests.helpers import free_port
-
-    port, key = free_port(), secrets.token_hex(16)
-    cmd = [sys.executable, "-m", "tether.cli", "serve", "--model", str(model), "--port", str(port),
-           "--engine", "vllm", "--engine-url", engine_url, "--store", str(tmp / "traces.sqlite"),
-           "--log-level", "warning"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TETHER_ADMIN_KEY": key}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.2)
+    key = secrets.token_hex(16)
+    with tether_serve(engine_url, model, tmp / "traces.sqlite", admin_key=key) as url:
         created = httpx.post(f"{url}/admin/rollouts", json={"task": {}},
                              headers={"Authorization": f"Bearer {key}"}).json()  # fmt: skip
         yield f"{created['base_url']}|{created['token']}"
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def null_vllm_app() -> Any:
@@ -212,8 +235,6 @@ def null_server() -> Iterator[str]:
 
     import httpx
     import uvicorn
-
-    from tests.helpers import free_port
 
     port = free_port()
     proc = multiprocessing.get_context("spawn").Process(
@@ -273,17 +294,25 @@ async def latency(calls: int) -> tuple[list[float], list[float]]:
     return direct, gated
 
 
+def load() -> str:
+    import os
+
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def pct(xs: list[float], q: float) -> float:
     return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] * 1000
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--shape", default="qwen2.5-0.5b")
     p.add_argument("--pushes", type=int, default=3)
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--skip-pushes", action="store_true")
     p.add_argument("--skip-latency", action="store_true")
+    p.add_argument("--real", metavar="PYTHON", help="push to a REAL vLLM server run by PYTHON "
+                   "(e.g. .venv-vllm/bin/python): disk and lora; no latency half")  # fmt: skip
     args = p.parse_args()
     quiet_torchao()
     torch.manual_seed(0)
@@ -292,12 +321,14 @@ def main() -> None:
             folder, model = model_folder(args.shape, Path(tmp))
             n = sum(t.numel() for t in model.state_dict().values())
             print(f"weight push, {args.shape}-shaped random model ({n / 1e6:.0f}M parameters, fp32), "
-                  f"median of {args.pushes}")  # fmt: skip
-            rows = asyncio.run(push_rows(folder, model, args.pushes, Path(tmp)))
-        print(f"{'path':42} {'push s':>8} {'trainer side s':>15}")
-        for name, total, side in rows:
-            print(f"{name:42} {total:8.2f} {side:15.2f}")
-    if not args.skip_latency:
+                  f"median of {args.pushes}; load average {load()}")  # fmt: skip
+            rows = asyncio.run(push_rows(folder, model, args.pushes, Path(tmp), args.real))
+        print(f"{'path':42} {'push s':>8} {'trainer side s':>15} {'server load s':>14}")
+        for name, total, side, load_s in rows:
+            print(f"{name:42} {total:8.2f} {side:15.2f} {load_s:14.2f}")
+        print(f"load average at the end {load()}; anchor: verl, Qwen3-0.6B, intra-node NCCL "
+              "push on A100s, 0.61 s")  # fmt: skip
+    if not args.skip_latency and not args.real:
         direct, gated = asyncio.run(latency(args.calls))
         print(
             f"\none-token completion, {args.calls} calls each, order alternating (null vLLM server)"
