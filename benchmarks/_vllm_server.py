@@ -13,23 +13,19 @@ import os
 import signal
 import socket
 import subprocess
-import tempfile
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 import httpx
 
 __all__ = ["default_python", "free_port", "tether_serve", "vllm_server"]
 
 ROOT = Path(__file__).resolve().parent.parent
-#: tests/remote_servers.py's real-server flags: fp32, a 256 MiB KV cache, tether's logprobs
-#: mode, no chunked prefill (the CPU build needs it off), runtime LoRA up to r=16.
-FLAGS = ["--dtype", "float32", "--kv-cache-memory-bytes", str(256 << 20),
-         "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
-         "--no-enable-chunked-prefill", "--enable-lora", "--max-lora-rank", "16"]  # fmt: skip
-ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
+sys.path.insert(0, str(ROOT))  # the server launcher lives in tests/
+
+from tests.remote_servers import real_server  # noqa: E402
 
 
 def default_python() -> str:
@@ -43,53 +39,25 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def vllm_server(python: str, model_dir: Path, timeout_s: float = 600) -> Iterator[str]:
-    """The server on a free loopback port; its URL once ``/health`` answers."""
-    port = free_port()
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-           "--port", str(port), *FLAGS]  # fmt: skip
-    # a SIGTERM (timeout, kill) unwinds through the finally below, so the server goes too
+def vllm_server(python: str, model_dir: Path) -> Iterator[str]:
+    """The server (tests/remote_servers.py's ``real_server``: the flags tether needs, its
+    own process group) on a free loopback port; its URL once ``/health`` answers. A
+    SIGTERM (a timeout, a kill) unwinds through its teardown, so the server goes too."""
     signal.signal(signal.SIGTERM, _exit)
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, env={**os.environ, **ENV}, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        try:
-            yield _ready(proc, f"http://127.0.0.1:{port}", log, timeout_s)
-        finally:
-            _stop(proc)
+    old = os.environ.get("TETHER_VLLM_PYTHON")
+    os.environ["TETHER_VLLM_PYTHON"] = python
+    try:
+        with real_server("vllm", model_dir, "lora") as url:
+            yield url
+    finally:
+        if old is None:
+            os.environ.pop("TETHER_VLLM_PYTHON", None)
+        else:
+            os.environ["TETHER_VLLM_PYTHON"] = old
 
 
 def _exit(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
-
-
-def _ready(proc: subprocess.Popen[bytes], url: str, log: IO[bytes], timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log.seek(0)
-            tail = log.read().decode(errors="replace")[-3000:]
-            raise SystemExit(f"the vLLM server exited with {proc.returncode}:\n{tail}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return url
-        time.sleep(1)
-    raise SystemExit(f"the vLLM server at {url} was not ready within {timeout_s:.0f} s")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the server's process group; SIGKILL it if anything is left after 30 s."""
-    for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            proc.poll()
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.2)
 
 
 @contextlib.contextmanager
@@ -98,8 +66,6 @@ def tether_serve(
 ) -> Iterator[str]:
     """``tether serve --engine vllm --engine-url URL`` in its own process (record mode with
     ``record_key``); its URL once ``/healthz`` answers."""
-    import sys
-
     port = free_port()
     cmd = [sys.executable, "-m", "tether.cli", "serve", "--model", str(model), "--port", str(port),
            "--engine", "vllm", "--engine-url", engine_url, "--store", str(store),
