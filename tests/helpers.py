@@ -94,13 +94,19 @@ class LiveGateway:
     """
 
     def __init__(
-        self, engine: Any, tokenizer: Any, path: Path, task: dict | None = None, **config: Any
+        self,
+        engine: Any,
+        tokenizer: Any,
+        path: Path,
+        task: dict | None = None,
+        seed: int | None = None,
+        **config: Any,
     ) -> None:
         self.store = Store(path)
         self.tokenizer = tokenizer
         self.task = {"question": "17 + 25"} if task is None else task
         cfg = GatewayConfig(admin_key=ADMIN_KEY, **config)
-        self.gw = Gateway(engine, tokenizer, self.store, cfg)
+        self.gw = Gateway(engine, tokenizer, self.store, cfg, seed=seed)
         self.server = BackgroundServer(create_app(self.gw)).start()
         self.gw.config.public_url = self.server.url
 

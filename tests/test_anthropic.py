@@ -52,7 +52,9 @@ from .helpers import LiveGateway
 @pytest.fixture(scope="module")
 def starter(model: Any, tokenizer: Any, tmp_path_factory: pytest.TempPathFactory):
     engine = TransformersEngine(model, tokenizer, max_batch_size=4)
-    lv = LiveGateway(engine, tokenizer, tmp_path_factory.mktemp("anthropic") / "s.db", **GW)
+    # seeded: what the untrained model samples is the same every run (unseeded, the forced
+    # calculator call broke its grammar's maxLength in about 1 run of 8: see the note)
+    lv = LiveGateway(engine, tokenizer, tmp_path_factory.mktemp("anthropic") / "s.db", seed=0, **GW)
     yield lv
     lv.stop()
 
