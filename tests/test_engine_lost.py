@@ -110,21 +110,31 @@ def _error_line(stderr: str) -> str:
     return errors[0]
 
 
+def _killed_at_update_2(
+    tmp: Path, model: Path, urls: list[str]
+) -> tuple[subprocess.Popen[str], str, str, float]:
+    """``tether train`` served by ``urls``, every one SIGKILLed while update 2's rollouts
+    run; the finished run, its stdout and stderr, and the seconds from the kill to its end
+    (it is killed itself past 90 s)."""
+    run = _train(
+        tmp, model, "engine.kind=vllm", f"engine.urls=[{','.join(urls)}]",
+        "agent.agent=tether.starter.calc:agent",
+    )  # fmt: skip
+    try:
+        _wait_for_step_2_calls(tmp / "calc" / "traces.sqlite", run)
+        for url in urls:
+            _kill_server(url)
+        killed = time.monotonic()
+        out, err = run.communicate(timeout=90)
+    finally:
+        run.kill()
+    return run, out, err, time.monotonic() - killed
+
+
 @pytest.mark.slow
 def test_train_stops_when_its_only_vllm_server_dies(starter_dir: Path, tmp_path: Path) -> None:
     with fake_server("vllm", starter_dir) as url:
-        run = _train(
-            tmp_path, starter_dir, "engine.kind=vllm", f"engine.urls=[{url}]",
-            "agent.agent=tether.starter.calc:agent",
-        )  # fmt: skip
-        try:
-            _wait_for_step_2_calls(tmp_path / "calc" / "traces.sqlite", run)
-            _kill_server(url)  # SIGKILL while update 2's rollouts run
-            killed = time.monotonic()
-            out, err = run.communicate(timeout=90)
-        finally:
-            run.kill()
-    took = time.monotonic() - killed
+        run, out, err, took = _killed_at_update_2(tmp_path, starter_dir, [url])
     assert run.returncode == 2, out[-2000:] + err[-4000:]
     assert took < 90
     line = _error_line(err)
@@ -141,17 +151,7 @@ def test_train_stops_when_every_replica_is_gone(starter_dir: Path, tmp_path: Pat
     """One replica down, the other serves (tests/test_remote_replicas.py); both down for
     the grace period, the run stops on one line naming each and why."""
     with fake_server("vllm", starter_dir) as a, fake_server("vllm", starter_dir) as b:
-        run = _train(
-            tmp_path, starter_dir, "engine.kind=vllm", f"engine.urls=[{a},{b}]",
-            "agent.agent=tether.starter.calc:agent",
-        )  # fmt: skip
-        try:
-            _wait_for_step_2_calls(tmp_path / "calc" / "traces.sqlite", run)
-            _kill_server(a)
-            _kill_server(b)
-            out, err = run.communicate(timeout=90)
-        finally:
-            run.kill()
+        run, out, err, _ = _killed_at_update_2(tmp_path, starter_dir, [a, b])
     assert run.returncode == 2, out[-2000:] + err[-4000:]
     refused = "cannot reach it: connection refused"
     assert _error_line(err).startswith(
