@@ -258,10 +258,14 @@ class RemoteEngine:
         """Return once a replica is up: while none is, wait for the health checks to find
         one back, up to the grace period; then :class:`EngineLost`."""
         while not self.replicas.live():
-            outage = self.replicas.outage(self.shown, self.grace_s)
-            if outage is not None and outage.lost:
-                raise outage.error()
+            self._raise_if_lost()
             await asyncio.sleep(min(self.health_interval_s, 1.0))
+
+    def _raise_if_lost(self) -> None:
+        """:class:`EngineLost` once no replica has come back for the grace period."""
+        outage = self.replicas.outage(self.shown, self.grace_s)
+        if outage is not None and outage.lost:
+            raise outage.error()
 
     # -- generation --------------------------------------------------------------------
 
@@ -434,9 +438,7 @@ class RemoteEngine:
                     out.append(r)
             if out:
                 return out
-            outage = self.replicas.outage(self.shown, self.grace_s)
-            if outage is not None and outage.lost:
-                raise outage.error()
+            self._raise_if_lost()
             await asyncio.sleep(self.health_interval_s)
 
     async def _check_versions(self, targets: list[Replica], new: int) -> None:
