@@ -13,7 +13,8 @@ CompletionResponse, CompletionStreamResponse, CompletionLogProbs),
 has no disk backend), ``/collective_rpc`` with ``reload_weights(weights_path=...)`` (the
 in-place reload from a folder), ``vllm/frontend/entrypoints/serve/dev/cache/api_router.py``
 (``/reset_prefix_cache``), ``.../serve/lora/api_router.py`` (``/v1/load_lora_adapter``),
-``.../instrumentator/server_info.py`` (``/server_info``).
+``.../instrumentator/server_info.py`` (``/server_info``), ``.../instrumentator/basic.py``
+(``/load``).
 
 Faithful to: the request fields vLLM's CompletionRequest defines (any other field is a
 400 here, where vLLM would only log it: so a misspelt field fails a test); the response
@@ -108,6 +109,7 @@ class FakeVLLM:
         self.enable_lora = args.enable_lora
         self.transfer = json.loads(args.weight_transfer_config or "null")
         self.chunked_prefill = args.enable_chunked_prefill
+        self.load_tracking = args.enable_server_load_tracking
         self.max_len = self.backend.max_positions or 2048
         self.version = "default"
         self.session = False  # between start_weight_update and finish_weight_update
@@ -293,6 +295,11 @@ def openai_routes(app: FastAPI, state: FakeVLLM) -> None:
     @app.get("/version")
     async def version() -> dict[str, str]:
         return {"version": VERSION}
+
+    @app.get("/load")
+    async def load() -> dict[str, int]:
+        """Requests in flight, held ones too (0 without --enable-server-load-tracking)."""
+        return {"server_load": len(state.backend.jobs) if state.load_tracking else 0}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -529,6 +536,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--weight-transfer-config")
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--generation-config", default="auto")
+    p.add_argument("--enable-server-load-tracking", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     serve_app(build_app(FakeVLLM(args)), args.port, args.port_file)

@@ -58,16 +58,20 @@ def server_args(kind: str, transport: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def fake_server(kind: str, model_dir: str | Path, transport: str = "disk") -> Iterator[str]:
-    """A fake ``kind`` server on a free loopback port, serving ``model_dir``; its URL (the
-    real server with ``TETHER_REAL_SERVERS=1``, read now)."""
+def fake_server(
+    kind: str, model_dir: str | Path, transport: str = "disk", *, extra: tuple[str, ...] = ()
+) -> Iterator[str]:
+    """A fake ``kind`` server on a free loopback port, serving ``model_dir`` with
+    ``transport``'s flags and the ``extra`` ones; its URL (the real server with
+    ``TETHER_REAL_SERVERS=1``, read now)."""
+    args = [*server_args(kind, transport), *extra]
     if os.environ.get("TETHER_REAL_SERVERS") == "1":
-        with real_server(kind, model_dir, transport) as url:
+        with real_server(kind, model_dir, transport, args=args) as url:
             yield url
         return
     module = {"vllm": "tests.fake_vllm", "sglang": "tests.fake_sglang"}[kind]
     env = VLLM_ENV if kind == "vllm" else {}
-    with launch_fake(module, model_dir, *server_args(kind, transport), env=env) as url:
+    with launch_fake(module, model_dir, *args, env=env) as url:
         yield url
 
 

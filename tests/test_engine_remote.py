@@ -125,7 +125,10 @@ async def test_a_dead_replicas_rollouts_move_to_the_live_one(starter_dir: Path) 
         first = stack.enter_context(contextlib.ExitStack())
         a = first.enter_context(fake_server("vllm", starter_dir))
         b = stack.enter_context(fake_server("vllm", starter_dir))
-        engine = await connect_engine(EngineConfig(kind="vllm", urls=[a, b]))
+        # no health checks but the test's own: one during a's shutdown (seconds, for the
+        # real server) would leave it out before the call that is to find it dead
+        cfg = EngineConfig(kind="vllm", urls=[a, b], health_interval_s=3600)
+        engine = await connect_engine(cfg)
         try:
             served = {f"r-{i}": engine.replicas.pick(f"r-{i}").url for i in range(20)}
             on_a = next(k for k, u in served.items() if u == a)

@@ -1,11 +1,14 @@
-"""Two fake vLLM replicas, one killed mid-run: the run finishes on the other.
+"""Two vLLM replicas, one killed mid-run: the run finishes on the other.
 
-``tether train`` (a real process) serves its rollouts from two fake vLLM servers (real
-processes; FAKES, tests/fake_backend.py). Right after the first weight push, replica A is
-killed (SIGKILL) while step 2's rollouts run. Calls that reach it fail (recorded as failed calls naming it); they are retried
-(the agent's SDK retries a 502, and an attempt whose call could not reach a server is
-retried as an infrastructure fault), on replica B from then on. The run ends normally,
-no rollout is left running, and the pushes after the kill reach B alone.
+``tether train`` (a real process) serves its rollouts from two vLLM servers (real
+processes: FAKES, tests/fake_backend.py, or the real vLLM under ``make test-vllm``). Once
+the first weight push has reached replica A, the test pauses A (``keep``: calls that reach
+it are held) and, as soon as A holds a call of step 2 (its ``/load``), kills it (SIGKILL):
+so a call is certain to break off, however fast the server answers. Calls that reach it
+fail (recorded as failed calls naming it); they are retried (the agent's SDK retries a
+502, and an attempt whose call could not reach a server is retried as an infrastructure
+fault), on replica B from then on. The run ends normally, no rollout is left running, and
+the pushes after the kill reach B alone.
 """
 
 from __future__ import annotations
@@ -13,12 +16,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.remote_servers import fake_server
@@ -27,6 +30,8 @@ from tether.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "examples" / "calc" / "config.yaml"
+#: vLLM's flag for ``/load``, the count of requests in flight (held ones too)
+LOAD_TRACKING = ("--enable-server-load-tracking",)
 
 
 def _start_run(tmp: Path, model: Path, urls: list[str]) -> subprocess.Popen[str]:
@@ -44,19 +49,24 @@ def _start_run(tmp: Path, model: Path, urls: list[str]) -> subprocess.Popen[str]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
 
-def _wait_for_step_2_calls(db: Path, run: subprocess.Popen[str]) -> None:
-    """Until the run has recorded a call on the weights of the first push (v1)."""
+def _hold_a_step_2_call(url: str, run: subprocess.Popen[str]) -> None:
+    """Once the push of v1 has reached the server at ``url`` (its version is 1 and the
+    push resumed it), pause it (``keep``) and return when it holds a call."""
     deadline = time.monotonic() + 400
-    while run.poll() is None and time.monotonic() < deadline:
-        if db.exists():
-            with (
-                contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as c,
-                contextlib.suppress(sqlite3.OperationalError),  # tables not made yet
-            ):
-                if c.execute("SELECT 1 FROM calls WHERE policy_version = 1").fetchone():
-                    return
-        time.sleep(0.02)
-    raise AssertionError("the run recorded no call on weights v1")
+    with httpx.Client(base_url=url, timeout=10) as client:
+        while run.poll() is None and time.monotonic() < deadline:
+            pushed = client.get("/weight_info").json().get("weight_version") == "1"
+            if pushed and not client.get("/is_paused").json()["is_paused"]:
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError("the run pushed no weights v1 to replica A")
+        client.post("/pause", params={"mode": "keep"}).raise_for_status()
+        while run.poll() is None and time.monotonic() < deadline:
+            if client.get("/load").json()["server_load"] > 0:
+                return
+            time.sleep(0.01)
+    raise AssertionError("no call of step 2 reached replica A")
 
 
 def _kill_server(url: str) -> None:
@@ -76,11 +86,11 @@ def _kill_server(url: str) -> None:
 def test_a_killed_replicas_rollouts_finish_on_the_other(starter_dir: Path, tmp_path: Path) -> None:
     with contextlib.ExitStack() as stack:
         first = stack.enter_context(contextlib.ExitStack())
-        a = first.enter_context(fake_server("vllm", starter_dir))
+        a = first.enter_context(fake_server("vllm", starter_dir, extra=LOAD_TRACKING))
         b = stack.enter_context(fake_server("vllm", starter_dir))
         run = _start_run(tmp_path, starter_dir, [a, b])
-        _wait_for_step_2_calls(tmp_path / "calc" / "traces.sqlite", run)
-        _kill_server(a)  # replica A dies (SIGKILL) while step 2's rollouts run
+        _hold_a_step_2_call(a, run)
+        _kill_server(a)  # replica A dies (SIGKILL) with a call of step 2 on it
         first.close()
         out, _ = run.communicate(timeout=600)
         assert run.returncode == 0, out[-4000:]
