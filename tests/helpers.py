@@ -231,3 +231,19 @@ def small_run(
         agent=RunnerConfig(mode="inprocess", agent=agent, concurrency=concurrency),
         **parts,
     )
+
+
+class GroupFates:
+    """An async scheduler's ``watch`` (tether/run/_async.py) that keeps what the scheduler
+    does not: each step's trained batch, the groups dropped for lag and without signal."""
+
+    def __init__(self) -> None:
+        self.trained: list[list[Any]] = []
+        self.dropped_lag: list[Any] = []
+        self.dropped_no_signal: list[Any] = []
+
+    def __call__(self, fate: str, groups: list[Any]) -> None:
+        if fate == "trained":
+            self.trained.append(groups)
+        else:
+            getattr(self, fate).extend(groups)

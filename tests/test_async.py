@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import gc
+import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -10,6 +13,7 @@ from typing import Any
 import openai
 import pytest
 
+from tests.helpers import GroupFates
 from tether.engine import Completion, GenerateResult, SamplingParams
 from tether.engine.testing import FakeEngine
 from tether.errors import UserError
@@ -94,6 +98,11 @@ async def short_calc_agent(task: dict[str, Any], client: Any) -> str:
     return messages[-2]["content"]
 
 
+def _fates(ar: AsyncRollouts) -> GroupFates:
+    assert isinstance(ar.watch, GroupFates)
+    return ar.watch
+
+
 def _task(i: int, tool_s: float = 0.05) -> Task:
     return Task(id=f"t{i}", data={"question": f"q{i}", "tool_s": tool_s}, split=Split.TRAIN)
 
@@ -119,7 +128,8 @@ class Live:
         await self.server.stop()
 
     def rollouts(self, batch_groups: int, max_in_flight: int, **kw: Any) -> AsyncRollouts:
-        return AsyncRollouts(
+        """A scheduler whose groups' fates are kept by a :class:`GroupFates` (its ``watch``)."""
+        ar = AsyncRollouts(
             self.gw,
             self.runner,
             kw.pop("task_at", _task),
@@ -131,6 +141,8 @@ class Live:
             version=lambda: self.gw.engine.policy_version,
             **kw,
         )
+        ar.watch = GroupFates()
+        return ar
 
 
 def fake_learn(live: Live, seen: list[dict[str, Any]], update_s: float) -> Callable[..., Awaitable]:
@@ -207,15 +219,17 @@ def test_async_steps_hold_drain_and_train_each_group_once(tokenizer: Any, store:
     # Paused: nothing in flight during the update, and every call served so far is stored.
     assert all(s["in_flight"] == 0 and s["engine_calls"] == s["stored_calls"] for s in seen)
     assert _check_versions(store, tokenizer) > 0  # no call answered by two sets of weights
-    trained = [g.index for batch in ar.trained for g in batch]
+    fates = _fates(ar)
+    trained = [g.index for batch in fates.trained for g in batch]
     assert len(trained) == 10 and len(set(trained)) == 10  # each group trained once
+    assert ar.stats()["trained"] == 10
     # Four groups started together; two were trained at step 0, the others carried over.
-    assert {g.index for g in ar.trained[0] + ar.trained[1]} == {0, 1, 2, 3}
+    assert {g.index for g in fates.trained[0] + fates.trained[1]} == {0, 1, 2, 3}
     assert [m["policy_lag_max"] for m in metrics][1] >= 1
     assert sum(m["calls_held"] for m in metrics) > 0  # second calls arrived during updates
     assert all(m["hold_s"] >= 0 and m["paused_s"] >= 0.05 for m in metrics)
     # No call lost: every trained rollout succeeded with both of its calls stored.
-    for batch in ar.trained:
+    for batch in fates.trained:
         for g in batch:
             assert [(o.status, len(o.calls)) for o in g.outcomes] == [
                 (RolloutStatus.SUCCEEDED, 2)
@@ -275,8 +289,9 @@ def test_lag_bound_drops_exactly_the_groups_beyond_it() -> None:
             version=lambda: 4,
         )
         ar.ready.extend(groups)
+        ar.watch = fates = GroupFates()
         assert ar._drop_stale() == len(dropped)
-        assert [g.index for g in ar.dropped] == dropped
+        assert [g.index for g in fates.dropped_lag] == dropped
         assert [g.index for g in ar.ready] == [i for i in range(5) if i not in dropped]
 
 
@@ -297,21 +312,52 @@ def test_lag_zero_drops_carried_groups_and_trains_only_fresh_ones(
 
     ar, metrics = asyncio.run(go())
     # Every trained group ran entirely on the weights it trained (version = step).
-    for step, batch in enumerate(ar.trained):
+    fates = _fates(ar)
+    for step, batch in enumerate(fates.trained):
         assert all(group_lag(g, step) == 0 for g in batch)
     # Of the four groups started before the first update, the two it did not train made
     # their first calls on version 0 and cannot train at version 1. Which two finish first
     # is up to timing (ordering them by index made this test flaky).
-    carried = {0, 1, 2, 3} - {g.index for g in ar.trained[0]}
-    assert len(carried) == 2 and carried <= {g.index for g in ar.dropped}
-    assert sum(m["groups_dropped_lag"] for m in metrics) == len(ar.dropped)
+    dropped = {g.index for g in fates.dropped_lag}
+    carried = {0, 1, 2, 3} - {g.index for g in fates.trained[0]}
+    assert len(carried) == 2 and carried <= dropped
+    assert sum(m["groups_dropped_lag"] for m in metrics) == len(dropped)
+    assert ar.stats()["dropped_lag"] == len(dropped)
     # Each dropped group really was behind when it was dropped, and none was trained.
-    trained = {g.index for b in ar.trained for g in b}
-    assert not trained & {g.index for g in ar.dropped}
-    assert all(group_lag(g, len(ar.trained)) > 0 for g in ar.dropped)
+    trained = {g.index for b in fates.trained for g in b}
+    assert not trained & dropped
+    assert all(group_lag(g, len(fates.trained)) > 0 for g in fates.dropped_lag)
 
 
 # -- config and a real run -----------------------------------------------------------
+
+
+def test_a_group_is_freed_once_trained_or_dropped(tokenizer: Any, store: Store) -> None:
+    """What a long async run holds must not grow with the groups it has finished with:
+    once the scheduler has trained or dropped a group, nothing of it is left (the
+    scheduler once kept every group, with its calls' token ids, for the whole run)."""
+    freed: list[weakref.ref[Group]] = []
+    fates: collections.Counter[str] = collections.Counter()
+
+    def watch(fate: str, groups: list[Group]) -> None:
+        fates[fate] += len(groups)
+        freed.extend(weakref.ref(g) for g in groups)
+
+    async def go() -> list[Group]:
+        engine = FakeSwapEngine(tokenizer, delay_s=0.03)
+        async with Live(engine, tokenizer, store, port=0) as live:
+            ar = live.rollouts(2, 4, max_lag=0, lag_policy="drop", learn=fake_learn(live, [], 0.1))
+            ar.watch = watch
+            for s in range(4):
+                await ar.step(s)
+            gc.collect()
+            kept = [g for ref in freed if (g := ref()) is not None]
+            await ar.stop()
+        return kept
+
+    kept = asyncio.run(go())
+    assert fates["trained"] == 8 and fates["dropped_lag"] >= 2
+    assert not kept, f"{len(kept)} of {len(freed)} finished groups are still held"
 
 
 def test_async_config_is_validated() -> None:
@@ -346,8 +392,11 @@ def test_two_async_steps_with_the_starter_model(starter_dir: Path, tmp_path: Pat
         eval=EvalConfig(tasks=1, samples=2, greedy=False),
     )
 
+    fates = GroupFates()
+
     async def go() -> TrainingRun:
         async with TrainingRun(cfg, model_path=starter_dir) as run:
+            run._async_rollouts().watch = fates
             await run.train()
         return run
 
@@ -362,7 +411,7 @@ def test_two_async_steps_with_the_starter_model(starter_dir: Path, tmp_path: Pat
         assert m["gen_tokens_per_s"] > 0  # the progress line shows it in async mode too
         for key in ("wait_s", "drain_s", "paused_s", "update_s", "calls_held", "hold_s"):
             assert m[key] >= 0, key
-    trained = [g.group_id for b in run._async.trained for g in b]
+    trained = [g.group_id for b in fates.trained for g in b]
     assert len(trained) == 4 == len(set(trained))
     with Store(tmp_path / "async" / "traces.sqlite") as store:
         rid = run.run_record.id

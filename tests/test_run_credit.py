@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers import small_run
+from tests.helpers import GroupFates, small_run
 from tether.errors import UserError
 from tether.records import Call, RolloutStatus, Split, Task
 from tether.run import (
@@ -339,11 +339,13 @@ def test_async_filter_drops_flat_ready_groups_within_the_budget() -> None:
     keep their order; the step resets the budget."""
     scheduler = AsyncRollouts.__new__(AsyncRollouts)  # the queue logic only, no gateway
     scheduler.signal = lambda outcomes: len({o.reward for o in outcomes}) > 1
-    scheduler.max_flat, scheduler.flat, scheduler._flat_this_step = 2, [], 0
+    scheduler.max_flat, scheduler._flat_this_step = 2, 0
+    scheduler.counts, scheduler.watch = collections.Counter(), (fates := GroupFates())
     scheduler.ready = _ready([[1, 1], [0, 1], [0.5, 0.5], [0, 0], [1, 0]])
     scheduler._drop_flat()
     assert [g.index for g in scheduler.ready] == [1, 3, 4]  # the third flat one: no budget
-    assert [g.index for g in scheduler.flat] == [0, 2] and scheduler._flat_this_step == 2
+    assert [g.index for g in fates.dropped_no_signal] == [0, 2]
+    assert scheduler._flat_this_step == 2 == scheduler.counts["dropped_no_signal"]
 
 
 def test_an_async_run_with_filter_groups_trains_only_groups_with_signal(
@@ -370,20 +372,22 @@ def test_an_async_run_with_filter_groups_trains_only_groups_with_signal(
     first = [tasks_for_step(train, i + 1, 1, cfg.tasks.seed)[0].id for i in range(3)]
     _flat.update(first)
 
+    fates = GroupFates()
+
     async def go() -> TrainingRun:
         async with TrainingRun(cfg, model_path=starter_dir) as run:
+            run._async_rollouts().watch = fates
             await run.train()
         return run
 
     run = asyncio.run(go())
-    scheduler = run._async
-    assert scheduler is not None and run.engine.policy_version == 2
-    assert scheduler.flat, "no group without signal was dropped"
-    for g in scheduler.flat:
+    assert run.engine.policy_version == 2
+    assert fates.dropped_no_signal, "no group without signal was dropped"
+    for g in fates.dropped_no_signal:
         assert len({o.reward for o in g.outcomes}) == 1
-    for batch in scheduler.trained:
+    for batch in fates.trained:
         assert all(len({o.reward for o in g.outcomes}) > 1 for g in batch)
     dropped = sum(r.metrics["groups_extra"] for r in run.history)
-    assert dropped == len(scheduler.flat)
+    assert dropped == len(fates.dropped_no_signal)
     assert sum(r.metrics["rollouts_extra"] for r in run.history) == 2 * dropped
     assert all(r.metrics["groups_kept"] == 2 for r in run.history)

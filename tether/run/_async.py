@@ -14,7 +14,9 @@ group whenever one finishes. Per update (:meth:`AsyncRollouts.step`):
    (``paused_s``, ``calls_held``, ``hold_s``).
 
 Ready groups beyond the batch and unfinished groups carry over; each group
-is trained at most once. A group's lag is the version of the weights it
+is trained at most once, and none is kept once trained or dropped: a run
+keeps counts (:meth:`AsyncRollouts.stats`), and ``watch``, when set, is shown
+each group's fate as it is decided. A group's lag is the version of the weights it
 would train minus the oldest policy version among its calls. Beyond
 ``max_lag``, ``lag_policy="drop"`` discards it as soon as it is seen
 (``groups_dropped_lag``); ``"reweight"`` keeps it, and the loss's ratio
@@ -42,11 +44,14 @@ from tether.run._grading import AnyGrader, GroupGrader
 from tether.runner import AttemptResult, Runner
 from tether.trainer.errors import TrainerError
 
-__all__ = ["AsyncRollouts", "Group", "group_lag"]
+__all__ = ["AsyncRollouts", "Group", "Watch", "group_lag"]
 
 log = logging.getLogger(__name__)
 
 Learn = Callable[[list[list[RolloutOutcome]]], Awaitable[dict[str, float]]]
+#: shown each decided group's fate: ``"trained"`` (a step's batch), ``"dropped_lag"`` or
+#: ``"dropped_no_signal"``, with the groups
+Watch = Callable[[str, list["Group"]], None]
 
 
 @dataclass
@@ -107,13 +112,13 @@ class AsyncRollouts:
         self.first_group = self.next_index = first_group
         self.running: dict[int, asyncio.Task[None]] = {}
         self.ready: deque[Group] = deque()
-        self.dropped: list[Group] = []  # dropped for lag, in the order seen
         # rollout.filter_groups: ``signal`` says whether a finished, trainable group would
         # teach anything; up to ``max_flat`` groups without it are dropped per update
         self.signal, self.max_flat = signal, max_flat
-        self.flat: list[Group] = []  # dropped without signal, in the order seen
         self._flat_this_step = 0
-        self.trained: list[list[Group]] = []  # the batch of each step
+        #: groups trained, dropped for lag and dropped without signal (none is kept)
+        self.counts: Counter[str] = Counter()
+        self.watch: Watch | None = None
         self._changed = asyncio.Event()
         self._error: BaseException | None = None
         self._stopped = False
@@ -200,6 +205,12 @@ class AsyncRollouts:
         graded = [(group, task, o, result) for o, result in finals]
         return await finish_groups(self.gw, graded, self.grader, self.success_threshold)
 
+    def _decided(self, fate: str, groups: list[Group]) -> None:
+        """Count the groups' fate and show it to ``watch``; the groups are not kept."""
+        self.counts[fate] += len(groups)
+        if self.watch is not None and groups:
+            self.watch(fate, groups)
+
     def _drop_stale(self) -> int:
         if not self.drop_stale:
             return 0
@@ -207,7 +218,7 @@ class AsyncRollouts:
         fresh = [g for g in self.ready if group_lag(g, version) <= self.max_lag]
         stale = [g for g in self.ready if group_lag(g, version) > self.max_lag]
         self.ready = deque(fresh)
-        self.dropped.extend(stale)
+        self._decided("dropped_lag", stale)
         return len(stale)
 
     def _drop_flat(self) -> None:
@@ -220,7 +231,7 @@ class AsyncRollouts:
         kept: deque[Group] = deque()
         for g in self.ready:
             if self._flat_this_step < self.max_flat and not self.signal(g.outcomes):
-                self.flat.append(g)
+                self._decided("dropped_no_signal", [g])
                 self._flat_this_step += 1
             else:
                 kept.append(g)
@@ -268,7 +279,7 @@ class AsyncRollouts:
             self._drop_flat()
             version = self.version()
             batch = [self.ready.popleft() for _ in range(self.batch_groups)]
-            self.trained.append(batch)
+            self._decided("trained", batch)
             lags = [group_lag(g, version) for g in batch]
             m = await self.learn([g.outcomes for g in batch])
         finally:
@@ -303,9 +314,9 @@ class AsyncRollouts:
         """Totals: groups started, trained, dropped for lag and without signal, ready, running."""
         return {
             "started": self.next_index - self.first_group,
-            "trained": sum(len(b) for b in self.trained),
-            "dropped_lag": len(self.dropped),
-            "dropped_no_signal": len(self.flat),
+            "trained": self.counts["trained"],
+            "dropped_lag": self.counts["dropped_lag"],
+            "dropped_no_signal": self.counts["dropped_no_signal"],
             "ready": len(self.ready),
             "running": len(self.running),
         }
