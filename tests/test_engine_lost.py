@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import itertools
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -33,7 +34,7 @@ import pytest
 
 from tests.helpers import serving
 from tests.remote_servers import fake_server
-from tests.test_remote_replicas import _kill_server, _wait_for_step_2_calls
+from tests.test_remote_replicas import _kill_server
 from tether.engine import EngineLost, RemoteEngine, SamplingParams, TransformersEngine, server_api
 from tether.engine._replicas import ReplicaSet, cause
 from tether.gateway import create_app
@@ -108,6 +109,21 @@ def _error_line(stderr: str) -> str:
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, stderr[-4000:]
     return errors[0]
+
+
+def _wait_for_step_2_calls(db: Path, run: subprocess.Popen[str]) -> None:
+    """Until the run has recorded a call on the weights of the first push (v1)."""
+    deadline = time.monotonic() + 400
+    while run.poll() is None and time.monotonic() < deadline:
+        if db.exists():
+            with (
+                contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as c,
+                contextlib.suppress(sqlite3.OperationalError),  # tables not made yet
+            ):
+                if c.execute("SELECT 1 FROM calls WHERE policy_version = 1").fetchone():
+                    return
+        time.sleep(0.02)
+    raise AssertionError("the run recorded no call on weights v1")
 
 
 def _killed_at_update_2(
