@@ -185,7 +185,7 @@ def test_missing_and_failing_sinks_leave_the_run_going(
     assert len(evals) == 2  # the run went to its end
     lines = [r.getMessage() for r in caplog.records if r.name == SINK_LOGGER]
     assert len(lines) == 2, lines
-    assert "wandb is not installed" in lines[0] and "pip install wandb" in lines[0]
+    assert "wandb is not installed" in lines[0] and "pip install 'tether[wandb]'" in lines[0]
     assert lines[1].startswith("tracking: mlflow failed at step 0 while logging metrics")
     assert "ConnectionError: MLflow server went away" in lines[1] and "\n" not in lines[1]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

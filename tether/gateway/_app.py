@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from tether import __version__
+
 from . import _admin_routes, _messages, _openai_routes, _responses
 from ._core import Gateway
 from ._http import install_handlers
@@ -22,7 +24,7 @@ __all__ = ["create_app"]
 def create_app(gw: Gateway) -> FastAPI:
     """Build the FastAPI app over a :class:`Gateway`."""
     app = FastAPI(
-        title="tether gateway", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None
+        title="tether gateway", version=__version__, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.gateway = gw
     install_handlers(app)

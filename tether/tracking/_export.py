@@ -248,7 +248,7 @@ def write_rows(
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise UserError("--format parquet needs pyarrow: pip install pyarrow") from None
+        raise UserError("--format parquet needs pyarrow: pip install 'tether[export]'") from None
     schema = _schema(samples)
     batch: list[dict[str, Any]] = []
     with pq.ParquetWriter(str(path), schema) as writer:

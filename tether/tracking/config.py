@@ -26,8 +26,9 @@ from tether.errors import UserError
 
 __all__ = ["SINKS", "TrackingConfig", "normalize_tracking"]
 
-#: The sinks tether knows, and the package each needs.
-SINKS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+#: The sinks tether knows, and what to install for each (tensorboard is a dependency of
+#: tether itself; the others are extras).
+SINKS = {"tensorboard": "tensorboard", "wandb": "'tether[wandb]'", "mlflow": "'tether[mlflow]'"}
 
 
 @dataclass

@@ -34,6 +34,7 @@ import torch
 
 from tether._hf import adapter_config, adapter_weights, merged_copy
 from tether._memory import map_large_blocks
+from tether.errors import UserError
 from tether.trainer import algorithms as A
 from tether.trainer._adapters import (
     activate,
@@ -113,7 +114,10 @@ class PolicyTrainer:
     def _maybe_lora(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.cfg.lora is None:
             return model
-        from peft import LoraConfig, get_peft_model
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ModuleNotFoundError as exc:
+            raise UserError("trainer.lora needs peft: pip install 'tether[lora]'") from exc
 
         lc = self.cfg.lora
         config = LoraConfig(
