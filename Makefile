@@ -93,15 +93,32 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .test-logs .pytest_cache .ruff_cache
 
-# The docs site (mkdocs.yml): a strict build into site/, so a broken link or a page left
-# out of the nav fails. It installs the docs extra (pinned in dev/constraints.txt) once.
-# The generated pages (docs/config.md, docs/reference/cli.md, docs/reference/http.md) are
-# not regenerated here: tests/test_docs.py and tests/test_cli_config.py check them.
-DOCS_STAMP := $(VENV)/.docs-installed
-.PHONY: docs
-$(DOCS_STAMP): $(STAMP) pyproject.toml dev/constraints.txt
-	$(BIN)/python -m pip install -q -c dev/constraints.txt -e '.[docs]'
-	touch $(DOCS_STAMP)
-
-docs: $(DOCS_STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
+# The install path users get: the sdist and the wheel in dist/ (twine-checked; the sdist
+# holds LICENSE, the wheel the dashboard's files, neither holds the tests), then the wheel
+# alone in a fresh .venv-wheel (torch first, as make setup installs it), run from an empty
+# folder so that only the installed package can be imported.
+WHEEL_VENV := .venv-wheel
+.PHONY: package
+package: $(STAMP)
+	rm -rf dist build $(WHEEL_VENV)
+	$(BIN)/python -m build -o dist .
+	$(BIN)/twine check --strict dist/*
+	$(BIN)/python -c "import sys, tarfile, zipfile; \
+	  s = tarfile.open(sys.argv[1]).getnames(); w = zipfile.ZipFile(sys.argv[2]).namelist(); \
+	  assert any(n.endswith('/LICENSE') for n in s), 'sdist: no LICENSE'; \
+	  assert not [n for n in s if '/tests/' in n], 'sdist: holds tests'; \
+	  assert any(n.startswith('tether/dashboard/templates/') for n in w), 'wheel: no templates'; \
+	  assert any(n.startswith('tether/dashboard/static/') for n in w), 'wheel: no static files'; \
+	  assert not [n for n in w if n.startswith('tests/')], 'wheel: holds tests'" \
+	  dist/tether-*.tar.gz dist/tether-*.whl
+	$(PY) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(WHEEL_VENV)/bin/python -m pip install -q -c dev/constraints.txt $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch
+	$(WHEEL_VENV)/bin/python -m pip install -q -c dev/constraints.txt dist/tether-*.whl
+	cd "$$(mktemp -d)" && export PYTHONPATH= && \
+	  $(CURDIR)/$(WHEEL_VENV)/bin/python -c "import importlib.metadata as m, tether; \
+	    assert '/site-packages/' in tether.__file__, tether.__file__; \
+	    assert tether.__version__ == m.version('tether'), tether.__version__" && \
+	  $(CURDIR)/$(WHEEL_VENV)/bin/tether --version && \
+	  $(CURDIR)/$(WHEEL_VENV)/bin/tether demo --help >/dev/null && \
+	  $(CURDIR)/$(WHEEL_VENV)/bin/tether check $(CURDIR)/examples/calc/config.yaml
