@@ -122,3 +122,16 @@ package: $(STAMP)
 	  $(CURDIR)/$(WHEEL_VENV)/bin/tether --version && \
 	  $(CURDIR)/$(WHEEL_VENV)/bin/tether demo --help >/dev/null && \
 	  $(CURDIR)/$(WHEEL_VENV)/bin/tether check $(CURDIR)/examples/calc/config.yaml
+
+# The docs site (mkdocs.yml): a strict build into site/, so a broken link or a page left
+# out of the nav fails. It installs the docs extra (pinned in dev/constraints.txt) once.
+# The generated pages (docs/config.md, docs/reference/cli.md, docs/reference/http.md) are
+# not regenerated here: tests/test_docs.py and tests/test_cli_config.py check them.
+DOCS_STAMP := $(VENV)/.docs-installed
+.PHONY: docs
+$(DOCS_STAMP): $(STAMP) pyproject.toml dev/constraints.txt
+	$(BIN)/python -m pip install -q -c dev/constraints.txt -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
