@@ -30,6 +30,21 @@ with the model it serves, and `GET .../v1/models` lists it as `policy`.
 """
 
 
+#: What each group of routes is for, and which key it takes (the schema's tags).
+TAGS = {
+    "health": "The only open route: whether the engine can serve calls.",
+    "openai": "OpenAI-compatible routes an agent calls with its rollout token "
+    "(`OPENAI_BASE_URL` = `{gateway}/rollouts/{rollout_id}/v1`).",
+    "anthropic": "Anthropic's Messages API for an agent, with its rollout token "
+    "(`ANTHROPIC_BASE_URL` = `{gateway}/rollouts/{rollout_id}`).",
+    "rollouts": "A rollout's reward, from its agent (rollout token) or the admin.",
+    "record": "Record mode: calls outside a rollout, with a record key "
+    "(`tether serve --record-key KEY`), stored for later training or evaluation.",
+    "admin": "The admin key's routes: create a rollout for an agent you start yourself, "
+    "read rollouts and their calls, finish a rollout, pause and resume admission.",
+}
+
+
 def _type(schema: dict[str, Any]) -> str:
     """A JSON schema's type in a few words: ``string``, ``array of object``, ``int | null``."""
     if "$ref" in schema:
@@ -86,7 +101,7 @@ def http_markdown(schema: dict[str, Any]) -> str:
         out += [f"| {m.upper()} | `{p}` | {tag}: {op.get('summary', '')} |" for p, m, op in ops]
     out += ["", _errors(schema)]
     for tag, ops in by_tag.items():
-        out += [f"## {tag}", ""]
+        out += [f"## {tag}", "", TAGS.get(tag, ""), ""]
         for path, method, op in ops:
             out += _operation(path, method, op)
     return "\n".join(out).rstrip() + "\n"
