@@ -80,6 +80,7 @@ from tether.run._events import (
 )
 from tether.run._failures import check_collection
 from tether.run._learn import Learning, learn_metrics
+from tether.run._memwatch import MemoryWatch
 from tether.run._parts import PartsView, RunParts, open_parts
 from tether.run._rundir import ResumePoint, past_metrics, resume_point
 from tether.run._setup import async_rollouts, engine_weights
@@ -137,6 +138,8 @@ class TrainingRun(PartsView):
         self._clean_steps = 0  # optimizer steps after the last finished update (see _rank_failed)
         self._collections = 0  # checked so far (the first one stops the run if all fail)
         self._said_no_val = False  # "no val tasks: the evals are skipped", said once
+        # memory still rising after the warm-up: one warning (_memwatch.py)
+        self._memory = MemoryWatch(cfg.trainer.memory_warn_mib, cfg.trainer.memory_warmup)
 
     # -- open and close ----------------------------------------------------------
 
@@ -344,6 +347,8 @@ class TrainingRun(PartsView):
         rss = resident_mb()
         if rss is not None:  # self-check: memory that grows step after step is a leak
             m["rss_mb"] = rss
+            if warning := self._memory.add(step, rss):
+                log.warning("%s", warning)
         self.store.log_metrics(self.run_record.id, step, m)
         self.tracking.log_metrics(step, m)
         report = StepReport(step, m)

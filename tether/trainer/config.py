@@ -143,6 +143,11 @@ class TrainerConfig:
     checkpoint_every_n_layers: int = 1
     #: Stop early when the batch reward has been 0 for this many updates in a row (collapse); 0 = never.
     collapse_patience: int = 8
+    #: Warn once when resident memory grows faster than this many MiB per update (fitted
+    #: over the updates after ``memory_warmup``; benchmarks/soak.py finds what grows); 0 = never.
+    memory_warn_mib: float = 1.0
+    #: Updates whose memory growth the check leaves out (first evals, caches filling up).
+    memory_warmup: int = 20
     #: sync (collect a batch, update, repeat) or async (groups keep running; admission
     #: pauses only for the update; see tether/run/_async.py).
     mode: Literal["sync", "async"] = "sync"
@@ -204,7 +209,8 @@ class TrainerConfig:
                 "return-to-go (1 = undiscounted), e.g. 0.95"
             )
         self._check_grouping()
-        for name in ("kl_coef", "tis_cap", "grad_clip", "weight_decay", "collapse_patience"):
+        for name in ("kl_coef", "tis_cap", "grad_clip", "weight_decay", "collapse_patience",
+                     "memory_warn_mib", "memory_warmup"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise UserError(
                     f"trainer.{name} ({getattr(self, name)}) must be >= 0 (0 turns it off)"

@@ -1,0 +1,193 @@
+"""A long run of the starter model on the calc task: does anything grow with the run?
+
+One ``tether train`` of ``examples/calc/config.yaml`` in this process (the warm starter,
+the embedded engine, the calc agent in-process), with evals as large and as frequent as
+the demo's (``--eval-tasks`` × (``--eval-samples`` + greedy) every ``--eval-every``
+updates). After every ``--every`` updates it samples:
+
+- ``rss_mib``: resident memory after the run's own heap trim;
+- ``objects``: live Python objects the garbage collector tracks (and, at the end, the
+  types whose count grew most);
+- ``fds``, ``threads``: open file descriptors, threads;
+- ``store_mib``, ``wal_mib``: the trace store's SQLite file and its write-ahead log;
+- ``tensorboard_mib``, ``checkpoints_mib``: those folders;
+- ``step_s``: seconds per update (the mean of the updates since the last sample).
+
+Then, for each, the least-squares slope per update over the samples after
+``--warmup`` updates, with its standard error, and the first and last values. The
+targets (issue "Long runs stay healthy"): RSS ≤ 0.2 MiB per update over ≥ 300 updates,
+and ``step_s`` at the end within 10% of the start.
+
+    .venv/bin/python benchmarks/soak.py [--updates 300] [--mode sync|async] [--lora]
+        [--every 10] [--warmup 20] [--eval-every 20] [--eval-tasks 100] [--eval-samples 4]
+        [--batch-groups 2] [--n 4] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import math
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "examples" / "calc" / "config.yaml"
+FIGURES = ("rss_mib", "objects", "fds", "threads", "store_mib", "wal_mib",
+           "tensorboard_mib", "checkpoints_mib", "step_s")  # fmt: skip
+
+
+def overrides(args: argparse.Namespace, out: Path) -> list[str]:
+    """The soak's run: the calc example with small updates and the demo's evals."""
+    o = [
+        f"dir={out}", "name=soak", f"trainer.steps={args.updates}", f"trainer.mode={args.mode}",
+        f"rollout.n={args.n}", f"rollout.batch_groups={args.batch_groups}",
+        "agent.mode=inprocess", "agent.agent=tether.starter.calc:agent",
+        f"eval.every={args.eval_every}", f"eval.tasks={args.eval_tasks}",
+        f"eval.samples={args.eval_samples}", "trainer.collapse_patience=0",
+        f"checkpoint.every={args.checkpoint_every}", "checkpoint.keep=2",
+    ]  # fmt: skip
+    if args.lora:
+        o += ["trainer.lora.r=16", "trainer.lr=1e-3"]
+    return o
+
+
+def folder_mib(path: Path) -> float:
+    if not path.exists():
+        return 0.0
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
+def file_mib(path: Path) -> float:
+    return path.stat().st_size / 2**20 if path.exists() else 0.0
+
+
+class Sampler:
+    """The figures of the module docstring, taken at a StepDone every ``every`` updates."""
+
+    def __init__(self, run_dir: Path, every: int):
+        self.run_dir, self.every = run_dir, every
+        self.rows: list[dict[str, float]] = []
+        self.types_first: Counter[str] | None = None
+        self.types_last: Counter[str] = Counter()
+        self._steps: list[float] = []
+
+    def on_event(self, event: Any) -> None:
+        from tether.run._events import StepDone
+
+        if not isinstance(event, StepDone):
+            return
+        report = event.report
+        self._steps.append(report.metrics.get("step_s", math.nan))
+        if report.step % self.every == 0:
+            self.sample(report.step, report.metrics.get("rss_mb", math.nan))
+
+    def sample(self, step: int, rss: float) -> None:
+        gc.collect()
+        objects = gc.get_objects()
+        types = Counter(type(o).__name__ for o in objects)
+        del objects
+        if self.types_first is None:
+            self.types_first = types
+        self.types_last = types
+        db = self.run_dir / "traces.sqlite"
+        row = {
+            "update": float(step),
+            "rss_mib": rss,
+            "objects": float(sum(types.values())),
+            "fds": float(len(os.listdir("/proc/self/fd"))),
+            "threads": float(threading.active_count()),
+            "store_mib": file_mib(db),
+            "wal_mib": file_mib(db.with_name(db.name + "-wal")),
+            "tensorboard_mib": folder_mib(self.run_dir / "tensorboard"),
+            "checkpoints_mib": folder_mib(self.run_dir / "checkpoints"),
+            "step_s": sum(self._steps) / max(len(self._steps), 1),
+        }
+        self._steps = []
+        self.rows.append(row)
+        print(" ".join(f"{k}={v:.6g}" for k, v in row.items()), flush=True)
+
+
+def slope(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares slope of ys on xs and its standard error (NaN with < 3 points)."""
+    n = len(xs)
+    if n < 3:
+        return math.nan, math.nan
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    resid = sum((y - my - b * (x - mx)) ** 2 for x, y in zip(xs, ys, strict=True))
+    return b, math.sqrt(resid / (n - 2) / sxx)
+
+
+def report(rows: list[dict[str, float]], warmup: int) -> dict[str, dict[str, float]]:
+    kept = [r for r in rows if r["update"] >= warmup]
+    out: dict[str, dict[str, float]] = {}
+    for name in FIGURES:
+        xs, ys = [r["update"] for r in kept], [r[name] for r in kept]
+        b, se = slope(xs, ys)
+        out[name] = {"first": ys[0] if ys else math.nan, "last": ys[-1] if ys else math.nan,
+                     "per_update": b, "stderr": se}  # fmt: skip
+    return out
+
+
+def print_report(summary: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
+    what = f"{args.mode}, {'LoRA r=16' if args.lora else 'full'}"
+    print(f"\n{args.updates} updates ({what}); growth per update after update {args.warmup}:")
+    print(f"{'figure':<16} {'first':>10} {'last':>10} {'per update':>12} {'± stderr':>10}")
+    for name, s in summary.items():
+        print(f"{name:<16} {s['first']:>10.4g} {s['last']:>10.4g} "
+              f"{s['per_update']:>12.4g} {s['stderr']:>10.2g}")  # fmt: skip
+
+
+async def soak(args: argparse.Namespace, out: Path) -> Sampler:
+    from tether.configio import load_config
+    from tether.run import TrainConfig, TrainingRun
+
+    cfg = load_config(TrainConfig, CONFIG, overrides(args, out))
+    sampler = Sampler(out / "soak", args.every)
+    async with TrainingRun(cfg, on_event=sampler.on_event) as run:
+        await run.train()
+    return sampler
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--updates", type=int, default=300)
+    p.add_argument("--mode", choices=("sync", "async"), default="sync")
+    p.add_argument("--lora", action="store_true", help="train a LoRA adapter (r=16)")
+    p.add_argument("--every", type=int, default=10, help="sample every N updates")
+    p.add_argument("--warmup", type=int, default=20, help="updates left out of the slopes")
+    p.add_argument("--eval-every", type=int, default=20)
+    p.add_argument("--eval-tasks", type=int, default=100)
+    p.add_argument("--eval-samples", type=int, default=4)
+    p.add_argument("--batch-groups", type=int, default=2)
+    p.add_argument("--n", type=int, default=4)
+    p.add_argument("--checkpoint-every", type=int, default=50)
+    p.add_argument("--json", type=Path, help="also write the samples and slopes here")
+    args = p.parse_args()
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tether-soak-") as tmp:
+        sampler = asyncio.run(soak(args, Path(tmp)))
+    summary = report(sampler.rows, args.warmup)
+    print_report(summary, args)
+    first = sampler.types_first or Counter()
+    grown = (sampler.types_last - first).most_common(8)
+    print("object types that grew most:", ", ".join(f"{t} +{n}" for t, n in grown) or "none")
+    print(f"wall: {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps({"samples": sampler.rows, "slopes": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
