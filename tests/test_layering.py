@@ -25,6 +25,7 @@ SOURCES = sorted((ROOT / "tether").rglob("*.py"))
 # ``models`` (finding and loading any model folder or hub id: transformers, errors).
 LEAVES = {"errors", "configio", "configdoc", "_hf", "_memory", "_lazy", "_exit", "models"}
 KNOWS: dict[str, set[str]] = {
+    "": set(),  # tether/__init__.py: __version__, nothing imported
     "records": set(),
     "errors": set(),
     "configio": {"errors"},
@@ -75,7 +76,10 @@ def module_name(path: Path) -> str:
 
 
 def component(module: str) -> str:
-    return module.split(".")[1] if "." in module else ""
+    """The component of a ``tether.*`` module; ``""`` for the root package (``tether``,
+    whose ``__init__`` holds ``__version__`` and imports nothing: any module may read it)."""
+    name = module.split(".")[1] if "." in module else ""
+    return "" if name.startswith("__") else name
 
 
 def tether_imports(path: Path) -> list[str]:
