@@ -151,7 +151,7 @@ def _killed_at_update_2(
 def test_train_stops_when_its_only_vllm_server_dies(starter_dir: Path, tmp_path: Path) -> None:
     with fake_server("vllm", starter_dir) as url:
         run, out, err, took = _killed_at_update_2(tmp_path, starter_dir, [url])
-    assert run.returncode == 2, out[-2000:] + err[-4000:]
+    assert run.returncode == 1, out[-2000:] + err[-4000:]
     assert took < 90
     line = _error_line(err)
     went = f"error: the vLLM server at {url} went away (cannot reach it: connection refused)"
@@ -168,7 +168,7 @@ def test_train_stops_when_every_replica_is_gone(starter_dir: Path, tmp_path: Pat
     the grace period, the run stops on one line naming each and why."""
     with fake_server("vllm", starter_dir) as a, fake_server("vllm", starter_dir) as b:
         run, out, err, _ = _killed_at_update_2(tmp_path, starter_dir, [a, b])
-    assert run.returncode == 2, out[-2000:] + err[-4000:]
+    assert run.returncode == 1, out[-2000:] + err[-4000:]
     refused = "cannot reach it: connection refused"
     assert _error_line(err).startswith(
         f"error: every vLLM server went away ({a}: {refused}; {b}: {refused}) at update 2; "
@@ -291,7 +291,7 @@ def test_train_stops_when_the_embedded_worker_thread_dies(
     with contextlib.ExitStack() as stack:
         stack.callback(run.kill)
         out, err = run.communicate(timeout=300)
-    assert run.returncode == 2, out[-2000:] + err[-4000:]
+    assert run.returncode == 1, out[-2000:] + err[-4000:]
     line = _error_line(err)
     assert line.startswith(
         "error: the embedded engine's worker thread died (SystemExit()) at update 2; its "

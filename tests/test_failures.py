@@ -73,7 +73,7 @@ def test_broken_agent_stops_the_run_with_its_stderr_and_show_prints_the_tail(
     agent = tmp_path / "broken_agent.py"
     agent.write_text(BROKEN_AGENT)
     out = _train(tmp_path, starter_dir, f"agent.command={sys.executable} {agent} all")
-    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.returncode == 1, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, out.stderr[-3000:]
     line = errors[0]
@@ -290,7 +290,7 @@ def test_raising_grader_stops_the_run_with_its_exception_and_show_prints_the_tra
         f"tasks.source={tasks}",
         "eval.enabled=false",
     )
-    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.returncode == 1, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, out.stderr[-3000:]
     assert errors[0].startswith(

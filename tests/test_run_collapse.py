@@ -91,7 +91,7 @@ def test_a_run_whose_grader_always_gives_0_stops_naming_a_rollout(
         timeout=240,
         env={**os.environ, "COLUMNS": "300"},
     )
-    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.returncode == 1, out.stderr[-3000:]
     (line,) = [x for x in out.stderr.splitlines() if x.startswith("error: ")]
     assert line.startswith(
         "error: every group's rewards are equal (all 0) for 2 steps, so no update changed "

@@ -1,8 +1,9 @@
 """The typer app every command module registers on, what they share, and :func:`main`.
 
 Every :class:`~tether.errors.TetherError` becomes one readable line on stderr
-and exit status 2; logging is configured here (:func:`setup_logging`) and nowhere
-else. SIGINT and SIGTERM are handled here too (:mod:`tether.cli._interrupt`): a
+and an exit status chosen by its class (:func:`exit_status`: 2 for a
+:class:`~tether.errors.UserError`, 1 for any other); logging is configured here
+(:func:`setup_logging`) and nowhere else. SIGINT and SIGTERM are handled here too (:mod:`tether.cli._interrupt`): a
 run stops cleanly, says where, and exits 130 or 143.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich.console import Console
@@ -19,18 +20,33 @@ from rich.markup import escape
 
 from tether import _exit
 from tether.cli._interrupt import Interrupted, Interrupts
-from tether.errors import TetherError
+from tether.errors import TetherError, UserError
+
+#: The exit statuses, as `tether --help` shows them.
+EXIT_STATUSES = (
+    "Exit status: 0 done; 1 a runtime failure (every rollout failed, the engine went "
+    "away, the run stopped itself); 2 a usage or config error (a bad flag or value, an "
+    "unknown config key, a file the config names is missing); 130 / 143 interrupted "
+    "(Ctrl-C / SIGTERM)."
+)
+#: -h works wherever --help does (subcommands inherit it from the app's context).
+CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 app = typer.Typer(
     name="tether",
     help="Train the model behind an unchanged LLM agent with reinforcement learning.",
+    epilog=EXIT_STATUSES,
+    context_settings=CONTEXT,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # plain click help: wraps at any width, never cuts with "…"
 )
 rollouts_app = typer.Typer(
-    help="What the trace store holds.", no_args_is_help=True, rich_markup_mode=None
+    help="What the trace store holds.",
+    context_settings=CONTEXT,
+    no_args_is_help=True,
+    rich_markup_mode=None,
 )
 app.add_typer(rollouts_app, name="rollouts")
 
@@ -44,12 +60,9 @@ StoreOpt = Annotated[
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import PackageNotFoundError, version
+        from tether import __version__
 
-        try:
-            print(f"tether {version('tether')}")
-        except PackageNotFoundError:  # run from a source tree that was never installed
-            print("tether (not installed)")
+        print(f"tether {__version__}")
         raise typer.Exit()
 
 
@@ -96,6 +109,13 @@ def interrupts_of(ctx: typer.Context) -> Interrupts:
     return ctx.obj if isinstance(ctx.obj, Interrupts) else Interrupts()
 
 
+#: A Literal option: --help lists its values, and another value is a usage error (exit 2).
+LogLevelOpt = Annotated[
+    Literal["debug", "info", "warning", "error"],
+    typer.Option(help="How much tether logs to stderr."),
+]
+
+
 RunArg = Annotated[
     str | None,
     typer.Argument(help="A run name (runs/NAME/traces.sqlite) or run folder."),
@@ -109,13 +129,19 @@ def main() -> None:
     _exit.run(_main)  # leaves without the interpreter's slow teardown (tether/_exit.py)
 
 
+def exit_status(exc: TetherError) -> int:
+    """The one rule: 2 for a mistake in what the user gave (a :class:`UserError`: usage,
+    config, a missing file), as click exits for a bad flag; 1 for every other failure."""
+    return 2 if isinstance(exc, UserError) else 1
+
+
 def _main() -> None:
     with Interrupts() as interrupts:
         try:
             app(obj=interrupts)
         except TetherError as exc:
             console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-            sys.exit(2)
+            sys.exit(exit_status(exc))
         except Interrupted as exc:  # the run has stopped its agents and closed its store
             interrupts.report()
             sys.exit(exc.exit_code)

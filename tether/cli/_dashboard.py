@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tether.cli._app import app, console, setup_logging
+from tether.cli._app import LogLevelOpt, app, console, setup_logging
 
 
 @app.command()
@@ -22,7 +22,7 @@ def dashboard(
         str, typer.Option(help="Address to bind; others than loopback need TETHER_ADMIN_KEY.")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8322,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
+    log_level: LogLevelOpt = "warning",
 ) -> None:
     """Watch runs in a browser: curves, rollouts and tokens, live.
 

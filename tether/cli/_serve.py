@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from tether.cli._app import DEFAULT_STORE, app, console, setup_logging
+from tether.chat import parser_names
+from tether.cli._app import DEFAULT_STORE, LogLevelOpt, app, console, setup_logging
 
 
 @app.command()
@@ -54,7 +55,10 @@ def serve(
         ),
     ] = None,
     tool_parser: Annotated[
-        str | None, typer.Option(help="Tool-call format of the model: hermes, llama3_json.")
+        str | None,
+        typer.Option(  # the registry's names (tether.chat.register_parser adds more)
+            metavar=f"<{'|'.join(parser_names())}>", help="Tool-call format of the model."
+        ),
     ] = None,
     allow_agent_rewards: Annotated[
         bool | None, typer.Option(help="Let agents post their own reward.")
@@ -67,7 +71,7 @@ def serve(
             help="A key for record mode (POST /v1/chat/completions); repeat for more.",
         ),
     ] = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+    log_level: LogLevelOpt = "info",
 ) -> None:
     """Serve a model behind the gateway and record every call."""
     setup_logging(log_level)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich.console import Console
@@ -16,7 +16,9 @@ from tether.cli._app import StoreOpt, app
 def export(
     run: Annotated[str, typer.Argument(help="A run name (runs/NAME) or run folder.")],
     store: StoreOpt = None,
-    format: Annotated[str, typer.Option("--format", help="jsonl or parquet.")] = "jsonl",
+    format: Annotated[
+        Literal["jsonl", "parquet"], typer.Option("--format", help="File format.")
+    ] = "jsonl",
     out: Annotated[
         Path | None,
         typer.Option(
@@ -77,12 +79,15 @@ def report(
 @app.command(
     "tensorboard",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-    add_help_option=False,
-    hidden=True,  # a stand-in for `tensorboard` where it cannot start (docs/tracking.md)
+    add_help_option=False,  # -h / --help are TensorBoard's (its own options)
 )
 def tensorboard(ctx: typer.Context) -> None:
-    """TensorBoard on the runs' event files (--logdir runs by default; any tensorboard
-    option passes through, e.g. --port 6007). Works where setuptools has no pkg_resources."""
+    """TensorBoard on the runs' metrics (tensorboard --logdir runs).
+
+    Every option is TensorBoard's and passes through (--logdir DIR, --port 6007,
+    --help). Works where the tensorboard command cannot start (setuptools >= 82 has no
+    pkg_resources).
+    """
     from tether.tracking import run_tensorboard
 
     raise typer.Exit(run_tensorboard(ctx.args))

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
-from tether.cli._app import app, interrupts_of, setup_logging
+from tether.cli._app import LogLevelOpt, app, interrupts_of, setup_logging
 from tether.errors import UserError
+
+if TYPE_CHECKING:
+    from tether.run import TrainConfig
 
 
 @app.command()
@@ -24,7 +27,7 @@ def demo(
     model: Annotated[
         Path | None, typer.Option(help="A model folder instead of the warm starter (quick checks).")
     ] = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
+    log_level: LogLevelOpt = "warning",
 ) -> None:
     """The CPU demo: the starter model learns the calc task with GRPO.
 
@@ -55,7 +58,7 @@ def train(
         bool,
         typer.Option(help="Continue run NAME from its latest checkpoint (step, policy, curve)."),
     ] = False,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
+    log_level: LogLevelOpt = "warning",
 ) -> None:
     """Train from a config file, with overrides."""
     setup_logging(log_level)
@@ -66,8 +69,21 @@ def train(
     cfg = load_config(
         TrainConfig, config, [*(overrides or []), *(["resume=true"] if resume else [])]
     )
+    _check_first(cfg)
     again = shlex.join(["tether", "train", str(config), *(overrides or [])])
     run_train(cfg, Console(soft_wrap=True), interrupts_of(ctx), command=again)
+
+
+def _check_first(cfg: TrainConfig) -> None:
+    """``tether check``'s checks, before the model loads: a missing file fails in seconds.
+    Ranks 1.. of a launcher (torchrun) skip them: rank 0 ran them."""
+    from tether.cli._check_run import check_run, problems_error
+    from tether.run import rank_from_env
+
+    if rank_from_env() == 0:
+        problems = check_run(cfg).problems
+        if problems:
+            raise problems_error(problems)
 
 
 @app.command("eval")
@@ -83,7 +99,7 @@ def eval_(
     overrides: Annotated[
         list[str] | None, typer.Argument(help="dotted.key=value overrides")
     ] = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
+    log_level: LogLevelOpt = "warning",
 ) -> None:
     """Evaluate on the val split (the config's model or a checkpoint)."""
     setup_logging(log_level)

@@ -58,8 +58,11 @@ _EXPORTS = {
     "collect_groups": "._collect",
     "end_status": "._setup",
     "holds_run": "._rundir",
+    "load_grader": "._grading",
+    "load_task_set": "._tasks",
     "load_tasks": "._tasks",
     "rank_from_env": "._ranks",
+    "resolve_model_path": "._setup",
     "serve_rank": "._ranks",
     "tasks_for_step": "._tasks",
 }
@@ -82,6 +85,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._events import Status as Status
     from ._events import StepDone as StepDone
     from ._finish import RolloutOutcome as RolloutOutcome
+    from ._grading import load_grader as load_grader
     from ._loop import TrainingRun as TrainingRun
     from ._ranks import RankGroup as RankGroup
     from ._ranks import rank_from_env as rank_from_env
@@ -89,6 +93,8 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._rundir import check_new_run as check_new_run
     from ._rundir import holds_run as holds_run
     from ._setup import end_status as end_status
+    from ._setup import resolve_model_path as resolve_model_path
+    from ._tasks import load_task_set as load_task_set
     from ._tasks import load_tasks as load_tasks
     from ._tasks import tasks_for_step as tasks_for_step
     from .config import CheckpointConfig as CheckpointConfig
