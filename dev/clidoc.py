@@ -2,7 +2,7 @@
 
     .venv/bin/python dev/clidoc.py > docs/reference/cli.md
 
-Each command's section is its real ``--help`` text, as click formats it at 88 columns
+Each command's section is its real ``--help`` text, as click formats it for a terminal of 80 columns or more
 (the app uses plain click help), so the page is the same on every machine;
 tests/test_docs.py fails when the page is out of date.
 """
@@ -14,7 +14,9 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-WIDTH = 88
+#: What click formats for a terminal of 80 or more columns: its help is capped at 80 columns,
+#: less the 2 it keeps free.
+WIDTH = 78
 
 HEADER = """\
 # CLI reference
@@ -23,8 +25,8 @@ Every `tether` command and its options: the text of `tether COMMAND --help`, gen
 from the command-line app by `python dev/clidoc.py > docs/reference/cli.md`
 (`tests/test_docs.py` fails when this page is out of date).
 
-Exit status: 0 on success; 130 after Ctrl-C and 143 after SIGTERM (a run stops cleanly
-and says how to resume). See each command's help for its other codes.
+`-h` works wherever `--help` does. The exit statuses are at the end of `tether --help`,
+the first section below.
 """
 
 
@@ -40,9 +42,8 @@ def _sections(cmd: Any, ctx: typer.Context) -> list[tuple[typer.Context, Any]]:
 
 
 def _context(cmd: Any, name: str, parent: typer.Context | None) -> typer.Context:
-    return typer.Context(
-        cmd, info_name=name, parent=parent, terminal_width=WIDTH, max_content_width=WIDTH
-    )
+    settings = {**(cmd.context_settings or {}), "terminal_width": WIDTH}
+    return typer.Context(cmd, info_name=name, parent=parent, **settings)
 
 
 def cli_markdown(app: typer.Typer) -> str:
