@@ -37,6 +37,7 @@ def test_version() -> None:
         ["serve"],
         ["train"],
         ["eval"],
+        ["check"],
         ["demo"],
         ["rollouts"],
         ["rollouts", "list"],

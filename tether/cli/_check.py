@@ -18,7 +18,7 @@ def check(
         list[str] | None, typer.Argument(help="dotted.key=value overrides, e.g. trainer.lr=3e-5")
     ] = None,
 ) -> None:
-    """Check a training config without loading the model, and say what the run would do.
+    """Check a config before any model loads; print the plan.
 
     Loads the config, imports the agent and the grader, reads the tasks, finds the
     model's tokenizer and renders one task with its chat template; prints the plan and

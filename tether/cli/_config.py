@@ -95,7 +95,7 @@ def config_(
         typer.Option(help="The reference of every field as Markdown (docs/config.md)."),
     ] = False,
 ) -> None:
-    """The full config as YAML: each field, its default and its help.
+    """The full config as YAML, each field with its default.
 
     With CONFIG and overrides, their effective values (and the default beside each one
     that differs); --markdown: the reference of every field (docs/config.md).

@@ -29,7 +29,7 @@ def demo(
     ] = None,
     log_level: LogLevelOpt = "warning",
 ) -> None:
-    """The CPU demo: the starter model learns the calc task with GRPO.
+    """The CPU demo: the starter model learns calc with GRPO.
 
     Prints held-out success before and after training.
     """
@@ -101,7 +101,7 @@ def eval_(
     ] = None,
     log_level: LogLevelOpt = "warning",
 ) -> None:
-    """Evaluate on the val split (the config's model or a checkpoint)."""
+    """Evaluate a model or a checkpoint on the val split."""
     setup_logging(log_level)
     from tether.cli._train_run import run_eval
     from tether.configio import load_config
