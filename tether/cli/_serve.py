@@ -10,6 +10,12 @@ import typer
 from tether.chat import parser_names
 from tether.cli._app import DEFAULT_STORE, LogLevelOpt, app, console, setup_logging
 
+#: The tool-call parsers' registry names (tether.chat.register_parser adds more).
+ToolParserOpt = Annotated[
+    str | None,
+    typer.Option(metavar=f"<{'|'.join(parser_names())}>", help="Tool-call format of the model."),
+]
+
 
 @app.command()
 def serve(
@@ -54,12 +60,7 @@ def serve(
             help="A vLLM/SGLang server's base URL (http://host:8000); repeat for replicas.",
         ),
     ] = None,
-    tool_parser: Annotated[
-        str | None,
-        typer.Option(  # the registry's names (tether.chat.register_parser adds more)
-            metavar=f"<{'|'.join(parser_names())}>", help="Tool-call format of the model."
-        ),
-    ] = None,
+    tool_parser: ToolParserOpt = None,
     allow_agent_rewards: Annotated[
         bool | None, typer.Option(help="Let agents post their own reward.")
     ] = None,
