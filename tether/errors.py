@@ -12,7 +12,11 @@ so a caller can catch everything tether raises with one ``except``::
     └── trainer.TrainerError (tether.trainer)
 
 HTTP status codes are chosen only in :mod:`tether.gateway`; the CLI turns any
-:class:`TetherError` into one readable line.
+:class:`TetherError` into one readable line, and its class into the exit status
+(``tether.cli._app.exit_status``): 2 for a :class:`UserError` (the config, a flag, a
+missing file: what click exits with for a bad flag), 1 for any other error (a runtime
+failure: every rollout failed, the engine went away). A package's error that is the
+user's mistake derives from :class:`UserError` too (``ModelNotFound``, ``AgentLoadError``).
 """
 
 from __future__ import annotations
