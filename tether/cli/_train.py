@@ -60,7 +60,11 @@ def train(
     ] = False,
     log_level: LogLevelOpt = "warning",
 ) -> None:
-    """Train from a config file, with overrides."""
+    """Train from a config file, with overrides.
+
+    Runs the checks of tether check first, so a missing file or an agent that does not
+    import stops it before the model loads.
+    """
     setup_logging(log_level)
     from tether.cli._train_run import run_train
     from tether.configio import load_config
