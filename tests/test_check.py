@@ -84,3 +84,17 @@ def test_train_stops_on_a_missing_tasks_file_before_the_model_loads(
     assert "loading the model" not in done.stdout
     assert not (tmp_path / "runs").exists()
     print(f"tether train refused a missing tasks file in {took:.1f} s")
+
+
+def test_an_agent_that_raises_on_import_is_one_line(starter_dir: Path, tmp_path: Path) -> None:
+    """A pool agent is imported as a worker imports it, its argv its own file."""
+    agent = tmp_path / "agent.py"
+    agent.write_text(
+        "import sys\nassert sys.argv == [__file__], sys.argv\nraise RuntimeError('no key')\n"
+    )
+    done = _tether("check", str(CONFIG), f"model.path={starter_dir}", f"agent.agent={agent}:main",
+                   cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.splitlines() == [
+        f"error: cannot import agent ('{agent}:main'): RuntimeError: no key"
+    ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,15 +86,24 @@ def _agent(cfg: TrainConfig, report: Report) -> None:
 
         make_runner(a)  # imports the agent and checks it is an async def
     else:
-        from tether.runner import AgentLoadError, load_callable
-
-        try:
-            load_callable(str(a.agent), a.cwd)
-        except Exception as exc:
-            raise AgentLoadError(
-                f"cannot import agent ({a.agent!r}): {type(exc).__name__}: {exc}"
-            ) from None
+        _import_pool_agent(str(a.agent), a.cwd)
     report.lines.append(f"agent: {a.agent} ({a.mode}, {a.concurrency} at a time), imported")
+
+
+def _import_pool_agent(spec: str, cwd: str | None) -> None:
+    """Import the agent as a pool worker does (``sys.argv`` its file or module), leaving
+    this process's ``sys.path`` and ``sys.argv`` as they were."""
+    from tether.runner import AgentLoadError, load_callable
+
+    path, argv = list(sys.path), sys.argv
+    sys.argv = [spec.partition(":")[0]]
+    try:
+        load_callable(spec, cwd)
+    except (Exception, SystemExit) as exc:  # an agent that parses its argv at import
+        message = f"cannot import agent ({spec!r}): {type(exc).__name__}: {exc}"
+        raise AgentLoadError(message) from None
+    finally:
+        sys.path[:], sys.argv = path, argv
 
 
 def _command(command: list[str], cwd: str | None) -> None:
