@@ -140,3 +140,17 @@ def test_one_config_error_is_one_line_naming_the_file_and_line(tmp_path: Path) -
         load_config(TrainConfig, config)
     assert str(e.value).startswith(f"{config}:4:1: not valid YAML: expected ',' or ']'")
     assert "<unicode string>" not in str(e.value)
+
+
+def test_a_section_given_a_scalar_names_its_keys_and_its_shorthand(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("tasks: data.jsonl\nagent: agent.py:main\n")
+    with pytest.raises(UserError) as e:
+        load_config(TrainConfig, config)
+    first, second = str(e.value).splitlines()[1:]
+    assert first == (
+        "  line 1: tasks: expected a mapping with keys source, train_size, val_size, seed, "
+        "holdout, private_fields, got 'data.jsonl'; write tasks.source: data.jsonl"
+    )
+    assert second.startswith("  line 2: agent: expected a mapping with keys mode, command, ")
+    assert second.endswith(", got 'agent.py:main'")  # no shorthand declared: no guess

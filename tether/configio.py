@@ -13,6 +13,10 @@ node marks) or the override that set it. One problem is one line::
 
     examples/calc/config.yaml:40: unknown config key 'trainer.lrr' (did you mean 'lr'?)
 
+A class may declare ``shorthand: ClassVar[str]``, the field that a scalar given for
+the whole section most likely meant (``model: Qwen/...`` → ``model.path``): the
+error says to write that field.
+
 A class may define ``resolve_file_paths(data, folder) -> data`` (a classmethod
 or staticmethod): it gets the mapping read from the file, before the
 overrides, and the file's folder, so that paths written in a file can be
@@ -61,11 +65,12 @@ def _suggest(key: str, options: list[str]) -> str:
 
 def _not_a_mapping(cls: type, value: Any, where: str) -> str:
     """``model: expected a mapping with keys path, device, ...; write model.path: X``: the
-    hint names the section's first field when it is a string and ``value`` is one."""
+    hint names the field a class declares as its ``shorthand`` (a ``ClassVar[str]``), the
+    one a scalar given for the whole section most likely meant."""
     names = [f.name for f in dataclasses.fields(cast(Any, cls)) if f.init]
     keys = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
-    first = typing.get_type_hints(cls).get(names[0]) if names else None
-    hint = f"; write {where}.{names[0]}: {value}" if first is str and isinstance(value, str) else ""
+    shorthand = getattr(cls, "shorthand", None)
+    hint = f"; write {where}.{shorthand}: {value}" if isinstance(shorthand, str) else ""
     return f"{where}: expected a mapping with keys {keys}, got {value!r}{hint}"
 
 

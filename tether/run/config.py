@@ -19,7 +19,7 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from tether.configio import build
 from tether.engine import BASE_ADAPTER, EngineConfig
@@ -76,6 +76,8 @@ RolloutDtype = Literal["float32", "bfloat16", "int8"]
 
 @dataclass
 class ModelConfig:
+    # `model: Qwen/...` in a config file: configio's error says to write model.path
+    shorthand: ClassVar[str] = "path"
     #: A model folder, a checkpoint folder (its model/), a run folder (its newest
     #: checkpoint's model/) or a hub id; "starter" builds (or reuses) tether's warmed-up
     #: starter model.
@@ -99,6 +101,8 @@ class ModelConfig:
 
 @dataclass
 class TasksConfig:
+    # `tasks: data.jsonl` in a config file: configio's error says to write tasks.source
+    shorthand: ClassVar[str] = "source"
     #: "calc" (generated arithmetic tasks) or a JSONL file with one task object per line
     #: and a "split" field ("train"/"val") on each; in a config file, relative to its folder.
     #: A file where no line has a "split" gets a seeded held-out share (holdout) as val.
