@@ -11,7 +11,7 @@ Each component keeps its own dataclass and validates itself in
 :func:`load_config` says where each one is: the file's line (from the YAML
 node marks) or the override that set it. One problem is one line::
 
-    examples/calc/config.yaml:40: unknown config key 'trainer.lrr' (did you mean 'lr'?)
+    examples/calc/config.yaml:36: unknown config key 'trainer.lrr' (did you mean 'lr'?)
 
 A class may declare ``shorthand: ClassVar[str]``, the field that a scalar given for
 the whole section most likely meant (``model: Qwen/...`` → ``model.path``): the
