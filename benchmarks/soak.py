@@ -13,6 +13,9 @@ updates). After every ``--every`` updates it samples:
 - ``tensorboard_mib``, ``checkpoints_mib``: those folders;
 - ``step_s``: seconds per update (the mean of the updates since the last sample).
 
+Like the ``tether`` command, it caps glibc's heap arenas first (``limit_arenas``);
+``--default-arenas`` keeps glibc's default, the baseline that grew (docs/memory.md).
+
 Then, for each, the least-squares slope per update over the samples after
 ``--warmup`` updates, with its standard error, and the first and last values. The
 targets (issue "Long runs stay healthy"): RSS ≤ 0.2 MiB per update over ≥ 300 updates,
@@ -20,7 +23,7 @@ and ``step_s`` at the end within 10% of the start.
 
     .venv/bin/python benchmarks/soak.py [--updates 300] [--mode sync|async] [--lora]
         [--every 10] [--warmup 20] [--eval-every 20] [--eval-tasks 100] [--eval-samples 4]
-        [--batch-groups 2] [--n 4] [--json FILE]
+        [--batch-groups 2] [--n 4] [--default-arenas] [--json FILE]
 """
 
 from __future__ import annotations
@@ -142,7 +145,8 @@ def report(rows: list[dict[str, float]], warmup: int) -> dict[str, dict[str, flo
 
 
 def print_report(summary: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
-    what = f"{args.mode}, {'LoRA r=16' if args.lora else 'full'}"
+    arenas = "glibc's default arenas" if args.default_arenas else "arenas capped"
+    what = f"{args.mode}, {'LoRA r=16' if args.lora else 'full'}, {arenas}"
     print(f"\n{args.updates} updates ({what}); growth per update after update {args.warmup}:")
     print(f"{'figure':<16} {'first':>10} {'last':>10} {'per update':>12} {'± stderr':>10}")
     for name, s in summary.items():
@@ -174,8 +178,13 @@ def main() -> None:
     p.add_argument("--batch-groups", type=int, default=2)
     p.add_argument("--n", type=int, default=4)
     p.add_argument("--checkpoint-every", type=int, default=50)
+    p.add_argument("--default-arenas", action="store_true", help="glibc's arenas (baseline)")
     p.add_argument("--json", type=Path, help="also write the samples and slopes here")
     args = p.parse_args()
+    if not args.default_arenas:
+        from tether._memory import limit_arenas
+
+        limit_arenas()  # as the tether command does, before any thread starts
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tether-soak-") as tmp:
         sampler = asyncio.run(soak(args, Path(tmp)))

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from tether import _exit
+from tether import _exit, _memory
 from tether.cli._interrupt import Interrupted, Interrupts
 from tether.errors import TetherError, UserError
 
@@ -125,6 +125,7 @@ RunArg = Annotated[
 def main() -> None:
     from tether.cli._progress import quiet_imports
 
+    _memory.limit_arenas()  # before any thread starts (tether/_memory.py)
     quiet_imports()  # before any command imports transformers (and so torchao)
     _exit.run(_main)  # leaves without the interpreter's slow teardown (tether/_exit.py)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import time
 from collections.abc import Callable
@@ -313,14 +314,20 @@ def replace_demo_run(run_dir: Path, console: Console) -> None:
 
 
 def memory_line(run: TrainingRun) -> str | None:
-    """Resident memory after the first and the last update (a self-check for leaks)."""
+    """Resident memory after the first and the last update, and its growth per update past
+    the warm-up as the run's memory check fitted it (a self-check for leaks; first to last
+    when the run was too short to have one)."""
     rows = [r for r in run.history if "rss_mb" in r.metrics]
     if len(rows) < 2:
         return None
     first, last = rows[0], rows[-1]
     rss0, rss1 = first.metrics["rss_mb"], last.metrics["rss_mb"]
-    per_step = (rss1 - rss0) / (len(rows) - 1)
+    fitted = run.memory.slope()
+    if not math.isnan(fitted):  # two updates or more past the warm-up
+        growth = f"{fitted:+.2f} MiB per update after the first {run.memory.warmup}"
+    else:
+        growth = f"{(rss1 - rss0) / (len(rows) - 1):+.2f} MiB per update"
     return (
         f"memory: {rss0:.0f} MiB after update {first.step}, {rss1:.0f} MiB after update "
-        f"{last.step} ({per_step:+.2f} MiB per update)"
+        f"{last.step} ({growth})"
     )

@@ -38,6 +38,7 @@ _EXPORTS = {
     "Grader": "._collect",
     "JudgeConfig": ".config",
     "LoraConfig": ".config",
+    "MemoryWatch": "._memwatch",
     "ModelConfig": ".config",
     "RankGroup": "._ranks",
     "Resumed": "._events",
@@ -87,6 +88,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._finish import RolloutOutcome as RolloutOutcome
     from ._grading import load_grader as load_grader
     from ._loop import TrainingRun as TrainingRun
+    from ._memwatch import MemoryWatch as MemoryWatch
     from ._ranks import RankGroup as RankGroup
     from ._ranks import rank_from_env as rank_from_env
     from ._ranks import serve_rank as serve_rank

@@ -138,8 +138,8 @@ class TrainingRun(PartsView):
         self._clean_steps = 0  # optimizer steps after the last finished update (see _rank_failed)
         self._collections = 0  # checked so far (the first one stops the run if all fail)
         self._said_no_val = False  # "no val tasks: the evals are skipped", said once
-        # memory still rising after the warm-up: one warning (_memwatch.py)
-        self._memory = MemoryWatch(cfg.trainer.memory_warn_mib, cfg.trainer.memory_warmup)
+        #: resident memory past the warm-up: its growth per update, one warning (_memwatch.py)
+        self.memory = MemoryWatch(cfg.trainer.memory_warn_mib, cfg.trainer.memory_warmup)
 
     # -- open and close ----------------------------------------------------------
 
@@ -347,7 +347,7 @@ class TrainingRun(PartsView):
         rss = resident_mb()
         if rss is not None:  # self-check: memory that grows step after step is a leak
             m["rss_mb"] = rss
-            if warning := self._memory.add(step, rss):
+            if warning := self.memory.add(step, rss):
                 log.warning("%s", warning)
         self.store.log_metrics(self.run_record.id, step, m)
         self.tracking.log_metrics(step, m)
