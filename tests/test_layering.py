@@ -3,7 +3,7 @@
 Every module under ``tether/`` is parsed with :mod:`ast` (function-level and
 ``TYPE_CHECKING`` imports count too) and each ``tether.*`` import is checked against
 :data:`KNOWS`, the "knows about" column of the components table in
-``/README.md`` ("Layout") and the design notes: arrows point down the table, never up.
+``docs/layout.md`` and the design notes: arrows point down the table, never up.
 A second rule: no package imports another package's ``_private`` module.
 """
 
@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted((ROOT / "tether").rglob("*.py"))
 
-# The components table (README "Layout"), as data: component -> the components it may import.
+# The components table (docs/layout.md), as data: component -> the components it may import.
 # Shared leaves: ``errors`` (the exception root), ``configio`` (config files), ``configdoc``
 # (the config reference: ``tether config``, docs/config.md), ``_hf`` (the one
 # transformers/peft compatibility module: torch/transformers/peft only), ``_memory``, ``_lazy``
@@ -147,8 +147,8 @@ def test_the_checks_catch_violations() -> None:
     assert component("tether.cli._views") == "cli"
 
 
-# A package's own tests may import its private modules; other tests may not (README,
-# "Layout"). A test file belongs to the package its name starts with (test_gateway_api.py:
+# A package's own tests may import its private modules; other tests may not
+# (docs/layout.md). A test file belongs to the package its name starts with (test_gateway_api.py:
 # gateway, test_cli_runs.py: cli) unless it is listed here.
 TEST_OWNERS = {
     "test_constraint": "engine",

@@ -13,7 +13,7 @@ model is warmed up on.
     1.0
 
 A task's answer is in its ``grader`` object: the grader gets it, the agent
-never does (it receives ``{"id", "question"}``; see the README's agent contract).
+never does (it receives ``{"id", "question"}``; see the agent contract, docs/quickstart-agent.md).
 """
 
 from __future__ import annotations
