@@ -209,6 +209,15 @@ def alternating_grader(task: dict, answer: str | None) -> float:
     return float(n % 2)
 
 
+#: ``tether train`` overrides for the smallest run of examples/calc/config.yaml: one eval
+#: of 2 tasks x 2 samples before a single update of 2 groups of 2.
+TINY_RUN = [
+    "tasks.train_size=8", "tasks.val_size=2", "rollout.n=2", "rollout.batch_groups=2",
+    "trainer.steps=1", "eval.tasks=2", "eval.samples=2", "eval.greedy=false",
+    "checkpoint.every=0",
+]  # fmt: skip
+
+
 def small_run(
     tmp_path: Path,
     name: str,

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import TINY_RUN
+
 ROOT = Path(__file__).resolve().parents[1]
 TETHER = [sys.executable, "-m", "tether.cli"]
 
@@ -29,19 +31,8 @@ sys.stderr.write("Error: Cannot find module 'openai'\\n")
 sys.exit(1)
 """
 
-# The smallest run: one eval of 2 tasks x 2 samples before the first update.
-TINY = [
-    "tasks.train_size=8",
-    "tasks.val_size=2",
-    "rollout.n=2",
-    "rollout.batch_groups=2",
-    "trainer.steps=1",
-    "eval.tasks=2",
-    "eval.samples=2",
-    "eval.greedy=false",
-    "checkpoint.every=0",
-    "tracking=[]",
-]
+# The smallest run (tests.helpers.TINY_RUN) with no tracking sink.
+TINY = [*TINY_RUN, "tracking=[]"]
 
 
 def _edit(text: str, old: str, new: str) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import TINY_RUN
 from tether.errors import UserError
 from tether.records import Call, RolloutStatus
 from tether.run import RolloutConfig, RolloutOutcome
@@ -45,15 +46,7 @@ def _train(tmp_path: Path, starter_dir: Path, *extra: str) -> subprocess.Complet
     overrides = [
         f"dir={tmp_path}",
         f"model.path={starter_dir}",
-        "tasks.train_size=8",
-        "tasks.val_size=2",
-        "rollout.n=2",
-        "rollout.batch_groups=2",
-        "trainer.steps=1",
-        "eval.tasks=2",
-        "eval.samples=2",
-        "eval.greedy=false",
-        "checkpoint.every=0",
+        *TINY_RUN,
         "agent.mode=process",
         "agent.concurrency=4",
         *extra,
