@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import small_run
-from tether.run._memwatch import MemoryWatch, growth_per_update
+from tether.run._memwatch import MemoryWatch
 
 
 def _slope_by_loop(xs: list[float], ys: list[float]) -> float:
@@ -35,7 +35,6 @@ def test_the_running_slope_equals_least_squares() -> None:
             xs.append(float(step))
             ys.append(mib)
     assert watch.slope() == pytest.approx(_slope_by_loop(xs, ys), rel=1e-9)
-    assert growth_per_update(xs, ys) == pytest.approx(_slope_by_loop(xs, ys), rel=1e-9)
     assert watch.slope() == pytest.approx(0.37, abs=0.02)
 
 

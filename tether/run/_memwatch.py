@@ -13,24 +13,10 @@ that finds what grows), once per run.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
-__all__ = ["MemoryWatch", "growth_per_update"]
+__all__ = ["MemoryWatch"]
 
 SOAK = "benchmarks/soak.py"
-
-
-def growth_per_update(steps: Sequence[float], mib: Sequence[float]) -> float:
-    """The least-squares slope of ``mib`` on ``steps`` (MiB per update); NaN under 2 points
-    or when every step is the same."""
-    n = len(steps)
-    if n < 2:
-        return math.nan
-    mean_x, mean_y = sum(steps) / n, sum(mib) / n
-    sxx = sum((x - mean_x) ** 2 for x in steps)
-    if sxx == 0:
-        return math.nan
-    return sum((x - mean_x) * (y - mean_y) for x, y in zip(steps, mib, strict=True)) / sxx
 
 
 class MemoryWatch:
