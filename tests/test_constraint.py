@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tether.engine import Constraint, SamplingParams, UnsupportedConstraint
-from tether.engine._constraint import GrammarBook
+from tether.engine._constraint import GrammarBook, masked_logits
 from tether.engine._sampling import sample_rows
 from tether.engine.testing import NullEngine, ScriptedEngine
 from tether.gateway import InvalidRequest, constraint_for
@@ -149,6 +149,48 @@ def test_forced_tool_grammars(book: GrammarBook, tokenizer: Any) -> None:
     )
     assert accepts(book, tokenizer, llama, call("calculator", {"expression": "1"}, "llama3_json"))
     assert not accepts(book, tokenizer, llama, call("calculator", {"expression": "1"}))
+
+
+def _allowed_after(book: GrammarBook, constraint: Constraint, ids: list[int]) -> torch.Tensor:
+    """Which tokens may follow ``ids`` under ``constraint`` ([V] bool), through the
+    engine's own masking (:func:`masked_logits`)."""
+    matcher = book.matcher(constraint)
+    assert all(matcher.accept_token(t) for t in ids)
+    masked = masked_logits(book, torch.zeros(1, book.vocab_size), [matcher])
+    return masked[0] > float("-inf")
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+def test_a_string_holds_neither_special_tokens_nor_surrogates(
+    book: GrammarBook, tokenizer: Any, bounded: bool
+) -> None:
+    """Inside a forced call's string the grammar allows no special token but the end of
+    turn's successor rules (an ``<|endoftext|>`` there ended the generation, cutting the
+    call: CI saw it) and no UTF-16 surrogate as bytes (ED A0 80: not UTF-8; each byte
+    decoded to U+FFFD and a maxLength-24 string came back 26 characters long)."""
+    schema = {"type": "string", "maxLength": 24} if bounded else {"type": "string"}
+    tool = {**CALC, "function": {**CALC["function"], "parameters": {
+        "type": "object", "properties": {"expression": schema}, "required": ["expression"],
+    }}}  # fmt: skip
+    forced = constraint_for(response_format=None, tools=[tool], tool_choice="required")
+    opened = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1'
+    ids = tokenizer.encode(opened, add_special_tokens=False)
+    allowed = _allowed_after(book, forced, ids)
+    assert allowed[tokenizer.encode("2", add_special_tokens=False)[0]]
+    for special in tokenizer.all_special_ids:
+        assert not allowed[special], tokenizer.convert_ids_to_tokens(special)
+    byte = {b: t for t, b in _byte_decoder(tokenizer).items()}
+    lead = tokenizer.convert_tokens_to_ids(byte[0xED])
+    after_lead = _allowed_after(book, forced, [*ids, lead])
+    assert after_lead[tokenizer.convert_tokens_to_ids(byte[0x9F])]  # ED 9F BF is U+D7FF
+    assert not after_lead[tokenizer.convert_tokens_to_ids(byte[0xA0])]  # ED A0 .. a surrogate
+
+
+def _byte_decoder(tokenizer: Any) -> dict[str, int]:
+    """The byte-level tokenizer's one-character tokens → the byte each stands for."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {char: b for b, char in bytes_to_unicode().items()}
 
 
 def test_strict_tools_under_auto_and_json_or_tools(book: GrammarBook, tokenizer: Any) -> None:

@@ -109,14 +109,19 @@ def json_schema_format(schema: dict[str, Any] | bool, *, strict: bool = True) ->
         )
     except Exception as exc:
         raise ConstraintError(_reason(exc)) from exc
-    # xgrammar 0.2.9 lets a length-bounded string hold raw control characters, which
-    # JSON forbids (json.loads and pydantic refuse them); allow what its plain strings do.
-    text = str(grammar).replace(_LOOSE_CHARS, _JSON_CHARS)
+    # xgrammar 0.2.9's string characters are too loose in two ways: a length-bounded
+    # string may hold raw control characters, which JSON forbids (json.loads and pydantic
+    # refuse them), and any string may hold a UTF-16 surrogate (U+D800-U+DFFF) as three
+    # bytes, which is not UTF-8: a byte-level model writes them, they decode to U+FFFD
+    # each, and a maxLength string grows past its bound. Both classes become JSON's.
+    text = str(grammar)
+    for loose in _LOOSE_CHARS:
+        text = text.replace(loose, _JSON_CHARS)
     return {"type": "grammar", "grammar": text}
 
 
-_LOOSE_CHARS = r"[^\"\\\r\n]"
-_JSON_CHARS = r"[^\0-\x1f\"\\]"
+_LOOSE_CHARS = (r"[^\"\\\r\n]", r"[^\0-\x1f\"\\\r\n]")  # length-bounded, plain strings
+_JSON_CHARS = r"[^\0-\x1f\"\\\uD800-\uDFFF]"
 
 
 class GrammarBook:
@@ -124,6 +129,9 @@ class GrammarBook:
 
     ``stop_token_id`` is the one token that may (and must) follow a complete
     grammar: the end-of-turn token the chat template puts after an assistant turn.
+    The tokenizer's other special tokens are never allowed: xgrammar reads them as
+    their text (``<|endoftext|>`` would be 13 characters of a JSON string) while the
+    engine stops at an end-of-sequence one, which cut a forced call short.
     Thread-safe; compilation runs outside the lock.
     """
 
@@ -135,6 +143,8 @@ class GrammarBook:
         self._xgr = xgr
         self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)
         self.vocab_size = vocab_size
+        special = {i for i in tokenizer.all_special_ids if 0 <= i < vocab_size}
+        self.never = sorted(special - {stop_token_id})  # see the class docstring
         self.size = size
         self.compiled = 0  # compilations done (cache misses)
         self._cache: OrderedDict[str, Any] = OrderedDict()
@@ -176,8 +186,14 @@ class GrammarBook:
         return self._xgr.allocate_token_bitmask(rows, self.vocab_size)
 
     def apply(self, logits: Any, bitmask: Any, indices: list[int]) -> None:
-        """Set the disallowed logits of rows ``indices`` to -inf, in place."""
+        """Set the disallowed logits of rows ``indices`` to -inf, in place (the special
+        tokens in :attr:`never` included)."""
         self._xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=indices)
+        if self.never:
+            import torch
+
+            rows = torch.tensor(indices, device=logits.device)[:, None]
+            logits[rows, torch.tensor(self.never, device=logits.device)] = float("-inf")
 
 
 def masked_logits(book: GrammarBook, logits: Any, matchers: list[Any]) -> Any:
