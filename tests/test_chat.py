@@ -1,4 +1,7 @@
-"""tether.chat: rendering, tool-call parsing and streaming, on a tiny ChatML tokenizer."""
+"""tether.chat: rendering and tool-call parsing, on a tiny ChatML tokenizer.
+
+Live streaming (``gateway/_sse.py``) is tested end to end in ``test_gateway_stream.py``.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +25,6 @@ from tether.chat import (
 from tether.chat._parsers import CallIds, random_call_id
 from tether.chat._prompt import turn_token
 from tether.chat._render import normalize_messages
-from tether.chat._stream import assemble_chunks, stream_chunks, usage_chunk
 from tether.chat.testing import tiny_chat_tokenizer
 
 PARAMS = {"type": "object", "properties": {"expression": {"type": "string"}}}
@@ -311,11 +313,6 @@ def test_any_text_parses_or_is_content(text: str, name: str) -> None:
         assert isinstance(json.loads(call["function"]["arguments"]), dict)
         call["function"]["arguments"].encode("utf-8")
     assert len({c["id"] for c in parsed.tool_calls}) == len(parsed.tool_calls)
-    reason = chat.finish_reason_for(parsed, "stop")
-    chunks = stream_chunks(parsed, completion_id="c", model="m", created=0, finish_reason=reason)
-    assert assemble_chunks(chunks) == [
-        {"index": 0, "message": parsed.to_message(), "finish_reason": reason}
-    ]
 
 
 @FAST
@@ -346,39 +343,6 @@ def test_round_trip_through_template(any_tok: PreTrainedTokenizerFast, calls, co
     if content == content.rstrip():  # the parsed message re-renders to what the model wrote
         again = render_text(any_tok, [*msgs, parsed.to_message()], add_generation_prompt=False)
         assert again == full
-
-
-# --- streaming ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "The answer is 7.",
-        "",
-        'Let me see.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "3 + 4"}}'
-        "\n</tool_call>",
-        '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n'
-        '<tool_call>\n{"name": "g", "arguments": {"x": 1}}\n</tool_call>',
-    ],
-)
-def test_stream_reassembles(tok: PreTrainedTokenizerFast, text: str) -> None:
-    parsed = get_parser("hermes").parse(text, new_id=CallIds())
-    pieces = [tok.decode([i]) for i in tok.encode(text, add_special_tokens=False)]
-    assert "".join(pieces) == text
-    reason = chat.finish_reason_for(parsed, "stop")
-    meta = {"completion_id": "chatcmpl-1", "model": "m", "created": 1}
-    chunks = stream_chunks(parsed, **meta, finish_reason=reason, choice_index=1, text_pieces=pieces)
-    assert all(c["object"] == "chat.completion.chunk" and c["id"] == "chatcmpl-1" for c in chunks)
-    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    last = chunks[-1]["choices"][0]
-    assert last == {"index": 1, "delta": {}, "logprobs": None, "finish_reason": reason}
-    if parsed.content and not parsed.tool_calls:
-        assert len(chunks) == len(pieces) + 2  # content follows the token boundaries
-    choices = assemble_chunks(chunks)
-    assert choices == [{"index": 1, "message": parsed.to_message(), "finish_reason": reason}]
-    usage = usage_chunk(**meta, usage={"total_tokens": 3})
-    assert usage["choices"] == [] and usage["usage"] == {"total_tokens": 3}
 
 
 # --- the starter tokenizer ---------------------------------------------------------------

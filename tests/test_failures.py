@@ -15,15 +15,19 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.helpers import TINY_RUN
+from tether.engine.testing import NullEngine
 from tether.errors import UserError
-from tether.records import Call, RolloutStatus
+from tether.records import Call, RolloutStatus, Task, usable_reward
 from tether.run import RolloutConfig, RolloutOutcome
 from tether.run._collect import is_success, read_grade
 from tether.run._failures import check_collection
+from tether.run._finish import finish_outcome
+from tether.runner import AttemptResult
 from tether.trainer.errors import AgentsFailing, TrainerError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,6 +203,31 @@ def test_grader_may_return_a_reward_or_reward_and_success() -> None:
 )
 def test_is_success(reward, flag, threshold, expected) -> None:
     assert is_success(reward, flag, threshold) is expected
+
+
+@pytest.mark.parametrize(
+    ("value", "usable"),
+    [(0.25, True), (3, True), (10**400, False), (10**5000, False), (float("inf"), False),
+     (float("nan"), False), (True, False), ("1.0", False)],
+    ids=["float", "int", "huge-int", "huger-int", "inf", "nan", "bool", "str"],
+)  # fmt: skip
+def test_one_usable_reward_rule_through_the_grader_and_the_store(
+    make_gateway: Any, value: Any, usable: bool
+) -> None:
+    """records.read_reward is the rule; the grader's path and the store's path both follow
+    it, and neither raises (10**400 once raised OverflowError, 10**5000 a repr() limit)."""
+    assert usable_reward(value) is usable
+    gw = make_gateway(NullEngine())
+    graded = gw.open_rollout({}, rollout_id="graded")
+    done = AttemptResult("graded", graded.attempt, RolloutStatus.SUCCEEDED, final_answer="7")
+    out = finish_outcome(gw, graded, Task(id="t", data={}), done, lambda task, answer: value, 0)
+    assert out.usable is usable and gw.store.get_rollout("graded").usable is usable
+    assert out.reward == (float(value) if usable else None)
+    stored = gw.open_rollout({}, rollout_id="stored")
+    row = gw.store.finish_rollout("stored", "succeeded", attempt=stored.attempt, reward=value)
+    assert row.usable is usable and row.reward == out.reward
+    if not usable:
+        assert "no usable reward" in (out.error or "") and "reward" in (row.error or "")
 
 
 def test_success_threshold_is_validated() -> None:

@@ -164,6 +164,8 @@ TEST_OWNERS = {
     "test_collect_failures": "run",
     "test_failures": "run",
     "test_report_plots": "cli",  # the reward curve of `tether demo` and `tether report`'s charts
+    "test_samples": "trainer",  # rollouts → samples, and logits → logprobs (trainer/_forward.py)
+    "test_lean_forward": "trainer",  # the chunked LM head and checkpointing (trainer/_forward.py)
 }
 # Tests that reach into another package's internals, each with why (and what would end it).
 TEST_CROSSINGS = {

@@ -18,12 +18,8 @@ import torch
 from tests.helpers import tiny_qwen2
 from tether.records import Call
 from tether.trainer import LoraConfig, PolicyTrainer, TrainerConfig
-from tether.trainer.samples import (
-    build_samples,
-    collate,
-    token_logprobs_and_entropy,
-    token_logprobs_from_hidden,
-)
+from tether.trainer._forward import token_logprobs_and_entropy, token_logprobs_from_hidden
+from tether.trainer.samples import build_samples, collate
 
 VOCAB = 300
 ATOL, RTOL = 1e-5, 1e-4

@@ -26,8 +26,8 @@ from tether.run import (
 )
 from tether.run._async import AsyncRollouts, Group
 from tether.run._collect import Collected, RolloutOutcome
+from tether.run._filter_groups import collect_with_signal
 from tether.run._learn import Learning, learn_metrics
-from tether.run._signal import collect_with_signal
 from tether.run._tasks import load_tasks, tasks_for_step
 from tether.store import Store
 from tether.tracking import export_attempts, step_samples

@@ -200,7 +200,7 @@ def test_inprocess_agent_must_be_async(tmp_path: Path) -> None:
 def test_worker_script_runs_without_tether_on_path(tmp_path: Path) -> None:
     """A pool worker needs only the standard library (tether may not be importable there)."""
     script(tmp_path, "m.py", "def main():\n    print('hi')\n")
-    worker = Path(tether.runner.__file__).with_name("_worker.py")
+    worker = Path(tether.runner.__file__).with_name("_pool_worker.py")
     request = json.dumps({"env": {"PATH": os.defpath}, "max_output_bytes": 1024})
     out = subprocess.run(
         [PY, "-S", "-u", str(worker), "m:main"],

@@ -8,16 +8,9 @@ import pytest
 import torch
 
 from tether.records import Call, CallStatus
+from tether.trainer._forward import token_entropy, token_logprobs, token_logprobs_and_entropy
 from tether.trainer.algorithms import aggregate, mismatch_metrics, ppo_clip_loss
-from tether.trainer.samples import (
-    Sample,
-    build_samples,
-    collate,
-    make_micro_batches,
-    token_entropy,
-    token_logprobs,
-    token_logprobs_and_entropy,
-)
+from tether.trainer.samples import Sample, build_samples, collate, make_micro_batches
 
 
 def call(seq, prompt, completion, logprobs=None, *, version=0, temperature=1.0, rid="r"):

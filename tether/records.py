@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 import re
 import time
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ __all__ = [
     "agent_task",
     "check_role_name",
     "check_transition",
+    "read_reward",
     "usable_reward",
 ]
 
@@ -118,9 +120,27 @@ class RewardSource(str, enum.Enum):
     ADMIN = "admin"
 
 
-def usable_reward(value: float | None) -> bool:
-    """A reward is a training signal only if it is a finite float."""
-    return isinstance(value, float | int) and not isinstance(value, bool) and math.isfinite(value)
+def read_reward(value: object) -> tuple[float | None, str | None]:
+    """A reward as given → ``(its float64, None)`` when it is a training signal, else
+    ``(None, why not)``. The one rule, never raising: a finite real number is a signal;
+    a bool, a non-number (``None``, ``"1.0"``), NaN, ±inf, or an int beyond float64
+    (``10**400``) is not, and is never turned into a number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None, f"reward {value!r:.200} is not a number"
+    try:
+        as_float = float(value)
+    except (OverflowError, TypeError, ValueError):
+        # named by its size, not printed: repr() of an int past 4300 digits raises
+        what = f"an int of {value.bit_length()} bits" if isinstance(value, int) else "a number"
+        return None, f"reward ({what}) does not fit a float64"
+    if not math.isfinite(as_float):
+        return None, f"reward {as_float!r} is not finite"
+    return as_float, None
+
+
+def usable_reward(value: object) -> bool:
+    """Whether a reward is a training signal (:func:`read_reward`'s rule)."""
+    return read_reward(value)[0] is not None
 
 
 def _now() -> float:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether.gateway import Gateway, OpenedRollout
-from tether.records import Call, RewardSource, RolloutStatus, Task
+from tether.records import Call, RewardSource, RolloutStatus, Task, read_reward
 from tether.run._grading import (
     AnyGrader,
     Grade,
@@ -39,7 +39,6 @@ from tether.run._grading import (
     GroupGrade,
     GroupGrader,
     call_grader,
-    clean_reward,
     group_verdicts,
     is_success,
     record_turn_rewards,
@@ -136,7 +135,7 @@ def finish_outcome(
                 exit_code=result.exit_code, output_tail=result.output_tail,
             )  # fmt: skip
             raise
-        reward = clean_reward(raw)
+        reward, _ = read_reward(raw)
     error = result.error
     if fault is not None:
         error = fault.line

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-import math
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -51,7 +50,6 @@ __all__ = [
     "GroupGrade",
     "GroupGrader",
     "call_grader",
-    "clean_reward",
     "grader_fault",
     "group_verdicts",
     "is_success",
@@ -236,17 +234,6 @@ def is_success(reward: float | None, flag: bool | None, threshold: float | None)
     if flag is not None:
         return flag
     return reward > 0 if threshold is None else reward >= threshold
-
-
-def clean_reward(value: Any) -> float | None:
-    """A finite float, or None (missing, NaN, inf, a bool, not a number)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:  # an int beyond float64 (e.g. 10**400)
-        return None
-    return value if math.isfinite(value) else None
 
 
 def record_turn_rewards(gw: Gateway, opened: OpenedRollout, turns: Mapping[int, Any]) -> None:

@@ -7,7 +7,7 @@ makes its rollout unusable too); the kept groups' rewards become advantages
 :mod:`tether.trainer.credit`), and every rollout's calls become samples
 (prefix-merged, see :mod:`tether.trainer.samples`). With ``rollout.filter_groups``
 only the first ``batch_groups`` kept groups that carry signal are trained
-(``_signal.py`` sampled more of them). The update is skipped when nothing is
+(``_filter_groups.py`` sampled more of them). The update is skipped when nothing is
 left to learn from (no kept group, every kept group with zero reward variance,
 or no sample).
 """

@@ -79,12 +79,12 @@ from tether.run._events import (
     ignore,
 )
 from tether.run._failures import check_collection
+from tether.run._filter_groups import collect_with_signal, extra_tasks
 from tether.run._learn import Learning, learn_metrics
 from tether.run._memwatch import MemoryWatch
 from tether.run._parts import PartsView, RunParts, open_parts
 from tether.run._rundir import ResumePoint, past_metrics, resume_point
 from tether.run._setup import async_rollouts, engine_weights
-from tether.run._signal import collect_with_signal, extra_tasks
 from tether.run._tasks import tasks_for_step
 from tether.run._watch import watched
 from tether.run.config import TrainConfig

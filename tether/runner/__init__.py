@@ -43,14 +43,14 @@ _EXPORTS = {
     "ProcessRunner": "._process",
     "RayConfig": "._remote_config",
     "Runner": "._base",
-    "RunnerBase": "._template",
+    "RunnerBase": "._runner_base",
     "RunnerConfig": "._config",
     "RunnerConfigError": "._base",
     "RunnerError": "._base",
     "WorkerError": "._base",
     "agent_env": "._base",
     "kill_live_groups": "._child",
-    "load_callable": "._worker",
+    "load_callable": "._pool_worker",
     "make_runner": "._factory",
 }
 __all__ = list(_EXPORTS)
@@ -72,8 +72,8 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._factory import make_runner as make_runner
     from ._inprocess import InProcessRunner as InProcessRunner
     from ._pool import PoolRunner as PoolRunner
+    from ._pool_worker import load_callable as load_callable
     from ._process import ProcessRunner as ProcessRunner
     from ._remote_config import KubernetesConfig as KubernetesConfig
     from ._remote_config import RayConfig as RayConfig
-    from ._template import RunnerBase as RunnerBase
-    from ._worker import load_callable as load_callable
+    from ._runner_base import RunnerBase as RunnerBase

@@ -51,6 +51,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ._pool_worker import group_members
 from ._reap import (
     attempt_processes,
     become_subreaper,
@@ -59,7 +60,6 @@ from ._reap import (
     signal_all,
     sweep_zombies,
 )
-from ._worker import group_members
 
 __all__ = ["Child", "Limits", "kill_live_groups", "signal_group"]
 

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._base import CONTRACT_VARS, FORBIDDEN_VARS, RunnerConfigError
+from ._pool_worker import parse_agent_spec
 from ._remote_config import KubernetesConfig, RayConfig
-from ._worker import parse_agent_spec
 
 __all__ = ["MODES", "RUNNERS", "RunnerConfig"]
 

@@ -41,8 +41,8 @@ from ._base import (
     result_for,
     timeout_of,
 )
-from ._template import RunnerBase
-from ._worker import load_callable
+from ._pool_worker import load_callable
+from ._runner_base import RunnerBase
 
 if TYPE_CHECKING:
     from ._config import RunnerConfig

@@ -1,10 +1,10 @@
 """Pool mode: warm worker processes that import the agent once and run many rollouts.
 
-Each worker is ``python -u tether/runner/_worker.py AGENT`` in its own process
+Each worker is ``python -u tether/runner/_pool_worker.py AGENT`` in its own process
 group, started with the agent environment minus the rollout variables (so no
 secret of the trainer ever reaches it). Per rollout the worker sets
 ``os.environ`` to the rollout's :func:`agent_env`, points fds 1 and 2 at a
-capture pipe, and calls ``main()``; the protocol is in :mod:`._worker`.
+capture pipe, and calls ``main()``; the protocol is in :mod:`._pool_worker`.
 
 A worker whose rollout times out is stopped like a process-mode agent (SIGTERM
 to its group, ``grace_s``, SIGKILL) and a fresh one takes its place on the next
@@ -50,17 +50,17 @@ from ._base import (
     unreachable_gateway,
 )
 from ._child import Child, Limits, signal_group
-from ._template import RunnerBase
+from ._runner_base import RunnerBase
 
 if TYPE_CHECKING:
     from ._config import RunnerConfig
 
 __all__ = ["PoolRunner"]
 
-WORKER_SCRIPT = str(Path(__file__).with_name("_worker.py"))
+WORKER_SCRIPT = str(Path(__file__).with_name("_pool_worker.py"))
 
 
-class _Worker:
+class _WorkerHandle:
     """The parent's handle on one worker process; its replies arrive one JSON object a line."""
 
     def __init__(self, limit: int) -> None:
@@ -70,7 +70,7 @@ class _Worker:
         self._limit = limit
 
     @classmethod
-    async def start(cls, argv: list[str], limit: int, **kwargs: Any) -> _Worker:
+    async def start(cls, argv: list[str], limit: int, **kwargs: Any) -> _WorkerHandle:
         worker = cls(limit)
         worker.child = await Child.start(
             argv, on_stdout=worker._on_stdout, stdin_pipe=True, **kwargs
@@ -143,10 +143,10 @@ class PoolRunner(RunnerBase):
             raise RunnerConfigError("agent (None) is required in pool mode")
         super().__init__(config, limit=min(config.concurrency, config.pool_size))
         # A worker, or None for a free slot where one may be started. LIFO: reuse first.
-        self._tokens: asyncio.LifoQueue[_Worker | None] = asyncio.LifoQueue()
+        self._tokens: asyncio.LifoQueue[_WorkerHandle | None] = asyncio.LifoQueue()
         for _ in range(config.pool_size):
             self._tokens.put_nowait(None)
-        self._busy: set[_Worker] = set()
+        self._busy: set[_WorkerHandle] = set()
         self._pgids: set[int] = set()
         self._load_error: str | None = None
         self._finalizer = weakref.finalize(self, _kill_groups, self._pgids)
@@ -166,17 +166,17 @@ class PoolRunner(RunnerBase):
             *(self._spawn() for t in tokens if t is None), return_exceptions=True
         )
         for token in [t for t in tokens if t is not None] + list(spawned):
-            await self._give_back(token if isinstance(token, _Worker) else None)
+            await self._give_back(token if isinstance(token, _WorkerHandle) else None)
         for outcome in spawned:
             if isinstance(outcome, BaseException):
                 raise outcome
 
-    async def _spawn(self) -> _Worker:
+    async def _spawn(self) -> _WorkerHandle:
         if self._load_error is not None:
             raise AgentLoadError(self._load_error)
         argv = [sys.executable, "-u", WORKER_SCRIPT, str(self.config.agent)]
         try:
-            worker = await _Worker.start(
+            worker = await _WorkerHandle.start(
                 argv,
                 self._line_limit,
                 env=self._env,
@@ -203,13 +203,13 @@ class PoolRunner(RunnerBase):
             raise AgentLoadError(self._load_error)
         return worker
 
-    async def _discard(self, worker: _Worker) -> None:
+    async def _discard(self, worker: _WorkerHandle) -> None:
         """Stop a worker and its whole group; it is gone from the pool afterwards."""
         assert worker.child is not None
         await worker.child.stop(self.config.grace_s)
         self._pgids.discard(worker.pid)
 
-    async def _give_back(self, worker: _Worker | None) -> None:
+    async def _give_back(self, worker: _WorkerHandle | None) -> None:
         if worker is not None and self._closed:
             await self._discard(worker)
             worker = None
@@ -250,7 +250,7 @@ class PoolRunner(RunnerBase):
         return result
 
     async def _run_on(
-        self, worker: _Worker, launch: Launch, env: dict[str, str]
+        self, worker: _WorkerHandle, launch: Launch, env: dict[str, str]
     ) -> tuple[AttemptResult, bool]:
         """One rollout on ``worker``; the flag says whether the worker can be reused."""
         cfg = self.config
@@ -319,7 +319,7 @@ class PoolRunner(RunnerBase):
             infra="gateway_unreachable" if unreachable else None,
         ), True
 
-    async def _stop_timed_out(self, worker: _Worker) -> dict[str, Any]:
+    async def _stop_timed_out(self, worker: _WorkerHandle) -> dict[str, Any]:
         """Stop a worker past its deadline; return what it reported on SIGTERM, if anything."""
         await self._discard(worker)
         try:

@@ -28,8 +28,8 @@ from ._base import (
     unreachable_gateway,
 )
 from ._child import Child, Limits
-from ._template import RunnerBase
-from ._worker import Tail
+from ._pool_worker import Tail
+from ._runner_base import RunnerBase
 
 if TYPE_CHECKING:
     from ._config import RunnerConfig

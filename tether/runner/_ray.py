@@ -45,7 +45,7 @@ from ._base import (
     result_for,
     timeout_of,
 )
-from ._template import RunnerBase
+from ._runner_base import RunnerBase
 
 if TYPE_CHECKING:
     from ._config import RunnerConfig

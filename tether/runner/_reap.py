@@ -15,7 +15,7 @@ On Linux three things bring those back under control:
    daemon whose parent already exited), with its descendants. They get the
    group's SIGTERM and SIGKILL. Other attempts' processes are never matched:
    they are not in this tree and carry another rollout id. Pool workers are
-   subreapers themselves (:mod:`._worker`), so a rollout's escapees stay their
+   subreapers themselves (:mod:`._pool_worker`), so a rollout's escapees stay their
    descendants and are killed by the worker when the rollout ends.
 3. **tether waits for what it adopted.** Killed processes that are its children
    now are waited for (``waitpid`` on their pid, never ``-1``, so the exit

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 import sys
 from array import array
 from collections.abc import Sequence
 from typing import Any
 
+from tether.records import read_reward
 from tether.store._errors import InvalidRecord
 
 __all__ = [
@@ -95,20 +95,19 @@ def load_json(text: str | None) -> Any:
 def reward_column(value: object) -> tuple[float | None, str | None, str | None]:
     """A reward as given → ``(REAL column value, the value as text, why it is unusable)``.
 
-    A finite real number becomes a float64: ``(value, None, None)``. Anything
-    else (NaN, ±inf, a bool, a string, None) becomes ``(None, text, reason)``: it
-    is stored as NULL, the rollout stays unusable, and the reason is kept. It
-    never becomes ``0.0``.
+    A training signal (:func:`tether.records.read_reward`) becomes a float64:
+    ``(value, None, None)``. Anything else (NaN, ±inf, a bool, a string, None, an
+    int beyond float64) becomes ``(None, text, reason)``: it is stored as NULL, the
+    rollout stays unusable, and the reason is kept. It never becomes ``0.0``.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return None, repr(value)[:200], f"reward {value!r:.200} is not a number"
-    try:
-        as_float = float(value)
-    except (OverflowError, TypeError, ValueError):
-        return None, repr(value)[:200], f"reward {value!r:.200} does not fit a float64"
-    if not math.isfinite(as_float):
-        return None, repr(as_float), f"reward {as_float!r} is not finite"
-    return as_float, None, None
+    as_float, why = read_reward(value)
+    if why is None:
+        return as_float, None, None
+    if isinstance(value, float):
+        return None, repr(float(value)), why  # "nan", "inf", "-inf"
+    if isinstance(value, int) and not isinstance(value, bool):  # beyond float64; repr() of
+        return None, f"int of {value.bit_length()} bits", why  # 10**5000 would raise
+    return None, repr(value)[:200], why
 
 
 def reward_value(stored: float | None, given: str | None) -> float:

@@ -195,9 +195,9 @@ class PolicyTrainer:
     def _forward_logprobs(
         self, model: torch.nn.Module, batch: dict[str, torch.Tensor], *, entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Token logprobs ``[B, L]`` aligned with ``input_ids`` (see samples.token_logprobs),
+        """Token logprobs ``[B, L]`` aligned with ``input_ids`` (see _forward.token_logprobs),
         and with ``entropy`` the next-token entropies ``[B, L]`` from the same logits
-        (samples.token_logprobs_and_entropy: one pass over the logits, no gradient on the
+        (_forward.token_logprobs_and_entropy: one pass over the logits, no gradient on the
         entropy, no second forward), else None.
 
         Rows of an agent's batch share a long prompt (system prompt + tools).

@@ -23,19 +23,18 @@ does not break the main conversation's merging (:mod:`tether.trainer.segments`).
 **Alignment convention.** Every per-token tensor is ``[B, L]``, aligned with
 ``input_ids``: column ``t`` is about token ``t``. ``loss_mask[b, t] = 1`` when
 token ``t`` is a completion token; ``old_logprobs[b, t]`` is the engine's
-logprob of token ``t``; :func:`token_logprobs` puts the trainer's logprob of
-token ``t`` — computed from the logits at position ``t − 1`` — in column ``t``,
+logprob of token ``t``; :func:`tether.trainer._forward.token_logprobs` puts the
+trainer's logprob of token ``t`` — computed from the logits at position ``t − 1`` — in column ``t``,
 and 0 in column 0 (never a completion token: a prompt is never empty).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from tether.records import Call, CallStatus
 from tether.trainer.segments import call_segments
@@ -46,10 +45,6 @@ __all__ = [
     "build_samples",
     "collate",
     "make_micro_batches",
-    "token_entropy",
-    "token_logprobs",
-    "token_logprobs_and_entropy",
-    "token_logprobs_from_hidden",
     "weigh_roles",
 ]
 
@@ -263,146 +258,3 @@ def _advantages(samples: Sequence[Sample], length: int) -> Tensor:
         per_token = s.token_advantages or [s.advantage] * len(s)
         out[row, : len(s)] = torch.tensor(per_token, dtype=torch.float32)
     return out
-
-
-def _scaled_rows(
-    logits: Tensor, temperature: Tensor | float, chunk_rows: int
-) -> Iterator[tuple[int, int, Tensor, Tensor]]:
-    """``(start, stop, z, lse)`` per chunk of rows: ``z = logits[start:stop, :-1] / T`` in
-    fp32 (float64 if the logits are) and ``lse = logsumexp(z)`` ``[rows, L-1, 1]``. One
-    chunk at a time, so the full fp32 ``[B, L, V]`` never exists at once."""
-    b = logits.shape[0]
-    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    temps = torch.as_tensor(temperature, dtype=dtype, device=logits.device).expand(b)
-    for start in range(0, b, chunk_rows):
-        stop = min(start + chunk_rows, b)
-        z = logits[start:stop, :-1].to(dtype) / temps[start:stop, None, None]
-        yield start, stop, z, torch.logsumexp(z, dim=-1, keepdim=True)
-
-
-def _aligned(rows: list[Tensor], logits: Tensor) -> Tensor:
-    """Per-row ``[rows, L-1]`` results → ``[B, L]`` with a zero column 0 (token 0 has no
-    previous position)."""
-    b, length, _ = logits.shape
-    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    shifted = torch.cat(rows, dim=0) if rows else logits.new_zeros((0, length - 1), dtype=dtype)
-    return torch.cat([shifted.new_zeros((b, 1)), shifted], dim=1)
-
-
-def token_logprobs(
-    logits: Tensor, input_ids: Tensor, temperature: Tensor | float = 1.0, chunk_rows: int = 1
-) -> Tensor:
-    """Log-probability of each token under ``log_softmax(logits / T)``, in fp32.
-
-    ``logits`` ``[B, L, V]`` (any float dtype, as the model returns them),
-    ``input_ids`` ``[B, L]``, ``temperature`` a float or ``[B]``. Returns ``[B, L]``
-    float32 (float64 if the logits are): column ``t`` is token ``t``'s logprob from
-    the logits at ``t − 1``; column 0 is 0. Computed ``chunk_rows`` rows at a time
-    as ``logit[token] − logsumexp(logits)``, so the full fp32 ``[B, L, V]``
-    log-softmax never exists at once. Differentiable.
-    """
-    return token_logprobs_and_entropy(logits, input_ids, temperature, chunk_rows, entropy=False)[0]
-
-
-@torch.no_grad()
-def token_entropy(logits: Tensor, temperature: Tensor | float = 1.0, chunk_rows: int = 1) -> Tensor:
-    """Entropy (nats) of the next-token distribution ``softmax(logits / T)``, in fp32.
-
-    The distribution at temperature ``T`` is the one the engine sampled from (the
-    one :func:`token_logprobs` scores), not the raw ``softmax(logits)``. Aligned as
-    :func:`token_logprobs`: ``[B, L]``, column ``t`` is the entropy of the
-    distribution token ``t`` was drawn from (the logits at ``t − 1``), column 0
-    is 0. Computed ``chunk_rows`` rows at a time as ``logsumexp(z) − Σ softmax(z)·z``
-    (``z = logits / T``), so like :func:`token_logprobs` the fp32 ``[B, L, V]``
-    never exists at once; no gradient.
-    """
-    rows = [_entropy(z, lse) for _, _, z, lse in _scaled_rows(logits, temperature, chunk_rows)]
-    return _aligned(rows, logits)
-
-
-def token_logprobs_and_entropy(
-    logits: Tensor,
-    input_ids: Tensor,
-    temperature: Tensor | float = 1.0,
-    chunk_rows: int = 1,
-    *,
-    entropy: bool = True,
-) -> tuple[Tensor, Tensor | None]:
-    """:func:`token_logprobs` and (with ``entropy``) :func:`token_entropy` from one pass:
-    each chunk's scaled logits and logsumexp are computed once and serve both."""
-    targets = input_ids[:, 1:].unsqueeze(-1)
-    logps, ents = [], []
-    for start, stop, z, lse in _scaled_rows(logits, temperature, chunk_rows):
-        logps.append(z.gather(-1, targets[start:stop]).squeeze(-1) - lse[..., 0])
-        if entropy:
-            with torch.no_grad():
-                ents.append(_entropy(z.detach(), lse.detach()))
-    return _aligned(logps, logits), _aligned(ents, logits) if entropy else None
-
-
-def _entropy(z: Tensor, lse: Tensor) -> Tensor:
-    """``logsumexp(z) − Σ softmax(z)·z`` over the last axis (``lse`` keeps its last dim)."""
-    return lse[..., 0] - ((z - lse).exp() * z).sum(-1)
-
-
-def token_logprobs_from_hidden(
-    hidden: Tensor,
-    head: Callable[[Tensor], Tensor],
-    input_ids: Tensor,
-    temperature: Tensor | float = 1.0,
-    chunk_tokens: int = 128,
-    *,
-    entropy: bool = True,
-) -> tuple[Tensor, Tensor | None]:
-    """:func:`token_logprobs_and_entropy` of ``head(hidden)``, without the full logits.
-
-    ``hidden`` ``[B, L, H]`` are the decoder's last hidden states, ``head`` the LM
-    head (``[N, H] → [N, V]``, e.g. ``model.get_output_embeddings()``, LoRA-wrapped
-    or not), ``input_ids`` ``[B, L]``, ``temperature`` a float or ``[B]``. Returns
-    the same ``[B, L]`` logprobs (and entropies) as
-    ``token_logprobs_and_entropy(head(hidden), ...)``, aligned the same way.
-
-    The head runs on ``chunk_tokens`` positions at a time. With gradients, each
-    chunk is checkpointed (``torch.utils.checkpoint``, non-reentrant): the
-    forward keeps only the chunk's hidden states, and the backward recomputes
-    that chunk's logits, so at most one chunk's ``[chunk_tokens, V]`` logits
-    and their gradient exist at once, never ``[B, L, V]``. The price is one more
-    head matmul per chunk in the backward. The entropy has no gradient.
-    """
-    if chunk_tokens <= 0:
-        raise ValueError(f"chunk_tokens ({chunk_tokens}) must be positive")
-    b, length, width = hidden.shape
-    dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-    h = hidden[:, :-1].reshape(-1, width)
-    targets = input_ids[:, 1:].reshape(-1, 1)
-    temps = torch.as_tensor(temperature, dtype=dtype, device=hidden.device).expand(b)
-    temps = temps[:, None].expand(b, length - 1).reshape(-1, 1)
-
-    def chunk(h: Tensor, targets: Tensor, temps: Tensor) -> tuple[Tensor, Tensor]:
-        logits = head(h)
-        # in place where the head's output is ours alone: one [chunk, V] tensor, not two
-        z = logits.div_(temps) if logits.dtype == dtype else logits.to(dtype) / temps
-        lse = torch.logsumexp(z, dim=-1, keepdim=True)
-        logp = z.gather(-1, targets)[:, 0] - lse[:, 0]
-        if not entropy:
-            return logp, logp.new_zeros(())
-        with torch.no_grad():  # lse − Σ p·z with one [chunk, V] temporary
-            p = (z.detach() - lse.detach()).exp_()
-            return logp, lse.detach()[:, 0] - p.mul_(z.detach()).sum(-1)
-
-    grad = torch.is_grad_enabled() and (
-        hidden.requires_grad or any(p.requires_grad for p in getattr(head, "parameters", list)())
-    )
-    logps, ents = [], []
-    for start in range(0, h.shape[0], chunk_tokens):
-        part = slice(start, start + chunk_tokens)
-        args = (h[part], targets[part], temps[part])
-        lp, ent = checkpoint(chunk, *args, use_reentrant=False) if grad else chunk(*args)
-        logps.append(lp)
-        ents.append(ent)
-
-    def aligned(parts: list[Tensor]) -> Tensor:
-        flat = torch.cat(parts) if parts else h.new_zeros((0,), dtype=dtype)
-        return torch.cat([flat.new_zeros((b, 1)), flat.reshape(b, length - 1)], dim=1)
-
-    return aligned(logps), aligned(ents) if entropy else None

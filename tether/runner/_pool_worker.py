@@ -1,7 +1,7 @@
 """The agent side of pool mode, plus the helpers the parent shares with it.
 
 This module imports only the standard library, so that a pool worker can run
-it as a script (``python -u .../_worker.py SPEC``) whether or not tether is
+it as a script (``python -u .../_pool_worker.py SPEC``) whether or not tether is
 importable from the agent's working directory.
 
 Worker protocol, one JSON object per line:
@@ -224,7 +224,7 @@ def _become_subreaper() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-class _Worker:
+class _AgentHost:
     """Runs the agent's ``main`` once per request, in this process."""
 
     def __init__(self, commands: BinaryIO, replies: BinaryIO, devnull: int) -> None:
@@ -320,7 +320,7 @@ def _serve(spec: str) -> int:
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    worker = _Worker(commands, replies, devnull)
+    worker = _AgentHost(commands, replies, devnull)
     _become_subreaper()
     sys.argv = [parse_agent_spec(spec)[0]]  # as if started as that file/module, no arguments
     try:
