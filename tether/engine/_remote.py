@@ -19,7 +19,7 @@ a :class:`~tether.engine._server_api.ServerAPI` that speaks one server's routes
   ``EngineFailed`` with the server's message;
 - **a weight push** (:meth:`RemoteEngine.update_weights`): hold new calls, pause every
   reachable replica (``pause_mode``: ``wait`` lets calls in flight finish first), push
-  by ``transport`` (``_push.py``: a safetensors folder, a LoRA adapter folder, or a
+  by ``transport`` (``_weight_transports.py``: a safetensors folder, a LoRA adapter folder, or a
   broadcast), check that every replica reports the new version, flush the prefix
   caches, and only then resume them all and admit calls again.
 """
