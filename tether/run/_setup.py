@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tether.configio import dump
+from tether.engine import Engine
 from tether.errors import Interrupted
 from tether.gateway import GatewayConfig, admin_key_file, is_loopback
 from tether.records import RunStatus
@@ -140,12 +141,12 @@ def _keeps_signal(how: Learning) -> Callable[[list[RolloutOutcome]], bool]:
     return lambda group: not trainable(group, how.credit) or has_signal(group, how)
 
 
-def engine_weights(trainer: Any, engine: Any) -> dict[str, Any]:
+def engine_weights(trainer: Any, engine: Engine) -> dict[str, Any]:
     """What ``engine.update_weights`` takes from ``trainer``: the LoRA adapter's weights
     for a remote engine that loads adapters (``wants_adapter``), every adapter's by name
     for an embedded engine serving per-role adapters, else the full weights."""
-    if getattr(engine, "adapters", None):
+    if engine.adapters:
         return trainer.adapters_state_dict()
-    if getattr(engine, "wants_adapter", False):
+    if engine.wants_adapter:
         return trainer.adapter_state_dict()
     return trainer.state_dict()
