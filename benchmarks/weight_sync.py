@@ -65,7 +65,7 @@ def model_folder(shape: str, root: Path) -> tuple[Path, Any]:
     """A random model of ``shape`` with the starter's tokenizer (a server needs one), its
     weights written by the trainer's own ``save_full`` (a tied model's ``lm_head.weight``
     in the file, as every disk push writes it)."""
-    from tether.engine._push import save_full
+    from tether.engine._weight_transports import save_full
     from tether.starter import build_starter
 
     model = random_model(shape, "cpu")
@@ -160,7 +160,7 @@ def timed_api(seconds: list[float]) -> Any:
 
 def trainer_side(transport: str, state: dict, config: dict, folder: Path, tmp: Path) -> float:
     """Seconds of the trainer's own part: writing the folder (disk, lora)."""
-    from tether.engine._push import save_adapter, save_full
+    from tether.engine._weight_transports import save_adapter, save_full
 
     t0 = time.perf_counter()
     if transport == "disk":

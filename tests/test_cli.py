@@ -73,10 +73,17 @@ def test_serve_then_call_with_openai_then_list_and_show(
     assert "token text not shown" not in shown.stdout
 
 
-def test_non_loopback_bind_without_key_is_refused_in_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["serve", "train"])
+def test_non_loopback_bind_without_key_is_refused_in_one_line(command: str, tmp_path: Path) -> None:
+    """One rule for every command (tether.gateway.resolve_admin_key): a run used to make a
+    key nobody was told about; now it refuses, like serve, before loading the model."""
     env = {k: v for k, v in os.environ.items() if k != "TETHER_ADMIN_KEY"}
+    args = {
+        "serve": ["--host", "0.0.0.0", "--store", str(tmp_path / "s.sqlite")],
+        "train": ["examples/calc/config.yaml", "gateway.host=0.0.0.0", f"dir={tmp_path}"],
+    }[command]
     r = subprocess.run(
-        [*TETHER, "serve", "--host", "0.0.0.0", "--store", str(tmp_path / "s.sqlite")],
+        [*TETHER, command, *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -85,6 +92,7 @@ def test_non_loopback_bind_without_key_is_refused_in_one_line(tmp_path: Path) ->
     assert r.returncode == 2
     lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and "TETHER_ADMIN_KEY" in lines[0], r.stderr
+    assert "loading the model" not in r.stdout + r.stderr
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """``tether serve``'s keys as a user meets them: the admin key file kept across restarts,
 record mode enabled by ``--record-key`` / ``TETHER_RECORD_KEYS``, and ``tether train``
-using ``TETHER_ADMIN_KEY`` for its own gateway."""
+using ``TETHER_ADMIN_KEY`` for its own gateway, over the config's key."""
 
 from __future__ import annotations
 
@@ -86,6 +86,9 @@ def test_a_short_record_key_is_refused_in_one_line(tmp_path: Path) -> None:
 def test_train_gateway_takes_the_admin_key_from_the_environment(
     starter_dir: Path, tmp_path: Path, monkeypatch
 ) -> None:
+    """As ``tether serve`` does: TETHER_ADMIN_KEY wins over the config's gateway.admin_key
+    (a run used to let the config win)."""
+    from tether.gateway import GatewayConfig
     from tether.run import EvalConfig, RolloutConfig, TasksConfig, TrainConfig, TrainingRun
     from tether.runner import RunnerConfig
 
@@ -93,13 +96,14 @@ def test_train_gateway_takes_the_admin_key_from_the_environment(
     cfg = TrainConfig(
         name="adminkey",
         dir=str(tmp_path),
+        gateway=GatewayConfig(admin_key="config-key-0123456789"),
         tasks=TasksConfig(source="calc", train_size=4, val_size=2),
         agent=RunnerConfig(mode="inprocess", agent="tether.starter.calc:agent"),
         rollout=RolloutConfig(n=2, batch_groups=1),
         eval=EvalConfig(tasks=1, samples=1, greedy=False),
     )
 
-    async def go() -> tuple[int, int]:
+    async def go() -> tuple[int, int, int]:
         async with TrainingRun(cfg, model_path=starter_dir) as run:
             url = run.server.url
             ok = await asyncio.to_thread(
@@ -110,6 +114,11 @@ def test_train_gateway_takes_the_admin_key_from_the_environment(
             bad = await asyncio.to_thread(
                 httpx.get, f"{url}/admin/state", headers={"Authorization": "Bearer other"}
             )
-        return ok.status_code, bad.status_code
+            config = await asyncio.to_thread(
+                httpx.get,
+                f"{url}/admin/state",
+                headers={"Authorization": "Bearer config-key-0123456789"},
+            )
+        return ok.status_code, bad.status_code, config.status_code
 
-    assert asyncio.run(go()) == (200, 401)
+    assert asyncio.run(go()) == (200, 401, 401)

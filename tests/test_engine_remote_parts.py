@@ -1,5 +1,5 @@
 """The remote engine's parts that need no server: replicas, weight folders, the broadcast
-group, the config (``tether/engine/_replicas.py``, ``_push.py``, ``_config.py``)."""
+group, the config (``tether/engine/_replicas.py``, ``_weight_transports.py``, ``_config.py``)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,14 @@ import torch
 import torch.distributed as dist
 
 from tether.engine import EngineConfig, EngineFailed
-from tether.engine._push import BroadcastGroup, prune, save_adapter, save_full, tensor_metas
 from tether.engine._replicas import ReplicaSet
+from tether.engine._weight_transports import (
+    BroadcastGroup,
+    prune,
+    save_adapter,
+    save_full,
+    tensor_metas,
+)
 from tether.errors import UserError
 
 URLS = ["http://a:8000", "http://b:8000", "http://c:8000/"]

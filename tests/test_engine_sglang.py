@@ -29,12 +29,12 @@ from tether.engine import (
     json_schema_format,
 )
 from tether.engine._protocol import GenerateResult
-from tether.engine._push import BroadcastGroup, save_full, tensor_metas
 from tether.engine._remote import RemoteEngine
 from tether.engine._sglang import SGLangServer
 from tether.engine._sglang_wire import request_bodies
 from tether.engine._stream import TokenDelta
 from tether.engine._transformers import TransformersEngine
+from tether.engine._weight_transports import BroadcastGroup, save_full, tensor_metas
 
 LONG = SamplingParams(max_tokens=1000, temperature=1.0, ignore_eos=True)
 FLAGS = ("--enable-deterministic-inference", "--enable-lora", "--weight-version", "0")

@@ -33,11 +33,11 @@ from tests.remote_servers import REAL, fake_server, real_server, server_args
 from tether.engine import Constraint, EngineFailed, SamplingParams, UnsupportedParams
 from tether.engine._constraint import json_schema_format
 from tether.engine._protocol import GenerateResult
-from tether.engine._push import save_full
 from tether.engine._server_api import TensorMeta
 from tether.engine._stream import TokenDelta
 from tether.engine._transformers import TransformersEngine
 from tether.engine._vllm import VLLMServer, completion_body
+from tether.engine._weight_transports import save_full
 
 DEV_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
 PROMPT = "<|im_start|>user\nwhat is 12 + 30?<|im_end|>\n<|im_start|>assistant\n"

@@ -11,6 +11,7 @@ import json
 import logging
 import re
 import socket
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,7 +20,7 @@ import uvicorn
 
 from tether.engine.testing import NullEngine
 from tether.errors import UserError
-from tether.gateway import GatewayConfig, create_app
+from tether.gateway import GatewayConfig, create_app, resolve_admin_key
 from tether.records import RolloutStatus
 
 from .conftest import ADMIN_KEY
@@ -56,16 +57,40 @@ def _snapshot(gw: Any) -> list[tuple]:
 # -- 1. closed by default --------------------------------------------------------------
 
 
-def test_default_bind_is_loopback_and_open_bind_needs_a_key() -> None:
+def test_default_bind_is_loopback_and_open_bind_needs_a_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TETHER_ADMIN_KEY", raising=False)
     assert GatewayConfig().host == "127.0.0.1"
-    for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
-        GatewayConfig(host=host).check_bind()
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):  # tether keeps a key file
+        key = resolve_admin_key(host, tmp_path)
+        assert key.path == tmp_path / "admin_key" and key.how == f"cat {key.path}"
+        assert key.value == key.path.read_text().strip() and len(key.value) >= 32
     for host in ("0.0.0.0", "::", "192.168.1.5", "gateway.example.com"):
         with pytest.raises(UserError) as err:
-            GatewayConfig(host=host).check_bind()
+            resolve_admin_key(host, tmp_path / host)
         message = str(err.value)
         assert "\n" not in message and "TETHER_ADMIN_KEY" in message and host in message
-        GatewayConfig(host=host, admin_key="k" * 32).check_bind()
+        assert not (tmp_path / host).exists()  # no key invented that nobody is told about
+        given = resolve_admin_key(host, tmp_path, "k" * 32)
+        assert (given.value, given.how, given.path) == (
+            "k" * 32,
+            "gateway.admin_key of the config",
+            None,
+        )
+
+
+def test_the_environments_admin_key_wins_over_the_configs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/serve.md, docs/dashboard.md: TETHER_ADMIN_KEY, else gateway.admin_key, else the
+    file; the same for tether train, serve and dashboard."""
+    monkeypatch.setenv("TETHER_ADMIN_KEY", "e" * 32)
+    for host in ("127.0.0.1", "0.0.0.0"):
+        key = resolve_admin_key(host, tmp_path, "c" * 32)
+        assert (key.value, key.how, key.path) == ("e" * 32, "$TETHER_ADMIN_KEY", None)
+    assert "e" * 32 not in repr(key)
+    assert not (tmp_path / "admin_key").exists()
 
 
 def _every_route(app: Any) -> list[tuple[str, str]]:

@@ -7,12 +7,12 @@
 
 The admin key is ``TETHER_ADMIN_KEY``, else (on loopback) the key file next to the
 runs or the store: ``runs/admin_key`` (the one ``tether train`` uses) or
-``.tether/admin_key`` (``tether serve``'s), made once, mode 600.
+``.tether/admin_key`` (``tether serve``'s), made once, mode 600
+(:func:`tether.gateway.resolve_admin_key`, the rule of every command).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -22,22 +22,6 @@ from rich.console import Console
 from tether.errors import UserError
 
 __all__ = ["run_dashboard", "tokenizer_finder"]
-
-
-def _admin_key(folder: Path, host: str) -> tuple[str, str]:
-    """(key, how to read it)."""
-    from tether.gateway import admin_key_file, is_loopback
-
-    key = os.environ.get("TETHER_ADMIN_KEY")
-    if key:
-        return key, "$TETHER_ADMIN_KEY"
-    if not is_loopback(host):
-        raise UserError(
-            f"refusing to bind {host} without an admin key: set TETHER_ADMIN_KEY "
-            "(e.g. export TETHER_ADMIN_KEY=$(openssl rand -hex 32)) or bind 127.0.0.1"
-        )
-    path = folder / "admin_key"
-    return admin_key_file(path), f"cat {path}"
 
 
 def _model_folder(run: Any) -> Path | None:
@@ -87,25 +71,25 @@ def run_dashboard(
 ) -> None:
     """Serve the dashboard until stopped (Ctrl-C)."""
     from tether.dashboard import PREFIX, Catalog, create_server_app
-    from tether.gateway import make_server
+    from tether.gateway import make_server, resolve_admin_key
 
     if store is not None:
         if not store.is_file():
             raise UserError(f"no trace store at {store}: pass --store FILE, or --dir with runs")
         catalog = Catalog.of_file(store)
-        key, how = _admin_key(store.parent, host)
+        key = resolve_admin_key(host, store.parent)
         what = f"store {store}"
     else:
         catalog = Catalog(runs_dir=runs_dir)
-        key, how = _admin_key(runs_dir, host)
+        key = resolve_admin_key(host, runs_dir)
         what = f"every run under {runs_dir}/" + ("" if runs_dir.is_dir() else " (none yet)")
     shown = f"[{host}]" if ":" in host else host
     console.print(f"tether dashboard on http://{shown}:{port}{PREFIX}/  ({what})", soft_wrap=True)
-    console.print(f"log in with the admin key: {how}", soft_wrap=True, highlight=False)
+    console.print(f"log in with the admin key: {key.how}", soft_wrap=True, highlight=False)
     from tether.trainer import algorithms, build_samples  # torch now, not on the first page
 
     del algorithms, build_samples
-    app = create_server_app(catalog, key, tokenizer_finder())
+    app = create_server_app(catalog, key.value, tokenizer_finder())
     try:
         make_server(app, host, port, log_level="warning").run()
     finally:

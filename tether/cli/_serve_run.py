@@ -14,7 +14,6 @@ A flag given on the command line wins over the file and the overrides.
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from rich.console import Console
 from tether.configio import load_config
 from tether.engine import EngineConfig
 from tether.errors import UserError
-from tether.gateway import DEFAULT_PORT, GatewayConfig, admin_key_file, is_loopback
+from tether.gateway import DEFAULT_PORT, GatewayConfig, resolve_admin_key
 from tether.records import RunStatus
 
 __all__ = ["ServeConfig", "run_serve", "serve_config"]
@@ -93,11 +92,14 @@ def run_serve(cfg: ServeConfig, console: Console) -> None:
 
     host = cfg.gateway.host
     port = DEFAULT_PORT if cfg.gateway.port is None else cfg.gateway.port
-    key, key_path = _admin_key(Path(cfg.store), host, cfg.gateway.admin_key)
+    # the one rule (docs/serve.md); off loopback without a key: refused, before the model loads
+    key = resolve_admin_key(host, Path(cfg.store).parent, cfg.gateway.admin_key)
     gcfg = dataclasses.replace(
-        cfg.gateway, port=port, admin_key=key, record_keys=_record_keys(cfg.gateway.record_keys)
+        cfg.gateway,
+        port=port,
+        admin_key=key.value,
+        record_keys=_record_keys(cfg.gateway.record_keys),
     )
-    gcfg.check_bind()
     sock = bind_socket(host, port)  # before the model loads: a port in use is one line now
     port = gcfg.port = sock.getsockname()[1]  # --port 0: the port the OS chose
     loading = LoadingApp()
@@ -106,7 +108,7 @@ def run_serve(cfg: ServeConfig, console: Console) -> None:
         f"tether gateway on [bold]http://{host}:{port}[/]: loading the model "
         "(GET /healthz answers 503 until it is ready)"
     )
-    opened = _Opened(cfg, gcfg, key_path, console)
+    opened = _Opened(cfg, gcfg, key.path, console)
     threading.Thread(
         target=opened.load, args=(loading, server), name="tether-serve-load", daemon=True
     ).start()
@@ -177,7 +179,7 @@ class _Opened:
         app = create_app(gw)
         self._catalog = Catalog.of_file(store, key="serve")
         admin_key = gcfg.admin_key
-        assert admin_key, "serve made or read the admin key first (_admin_key)"
+        assert admin_key, "serve made or read the admin key first (resolve_admin_key)"
         mount_dashboard(app, self._catalog, admin_key, tokenizers=lambda _k, _r: tokenizer)
         console.print(
             f"dashboard: http://{host}:{port}{PREFIX}/  (log in with the admin key)",
@@ -199,26 +201,6 @@ class _Opened:
                 self._db.close()
             if self._catalog is not None:
                 self._catalog.close()
-
-
-def _admin_key(store: Path, host: str, configured: str | None) -> tuple[str, Path | None]:
-    """TETHER_ADMIN_KEY, else ``gateway.admin_key``, else on loopback the key in
-    ``admin_key`` next to the store.
-
-    The file is made once (mode 600) and reused at every later start, so the key
-    stays the same across restarts of the same store; a file others can read is refused.
-    """
-    key = os.environ.get("TETHER_ADMIN_KEY")
-    if key or configured:
-        return key or str(configured), None
-
-    if not is_loopback(host):
-        raise UserError(
-            f"refusing to bind {host} without an admin key: set TETHER_ADMIN_KEY "
-            "(e.g. export TETHER_ADMIN_KEY=$(openssl rand -hex 32)) or bind 127.0.0.1"
-        )
-    path = store.parent / "admin_key"
-    return admin_key_file(path), path
 
 
 def _record_keys(given: list[str] | tuple[str, ...]) -> tuple[str, ...]:

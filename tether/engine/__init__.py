@@ -12,8 +12,8 @@
   :class:`EngineConfig` (the run config's ``engine:``) and :func:`connect_engine` build it,
   :func:`server_api` is the adapter of one kind of server (docs/engines.md)
 - :class:`TokenDelta` — what ``Engine.generate_stream`` yields per sampled token
-  (then the :class:`GenerateResult`); :func:`engine_stream` streams any engine
-  (one without ``generate_stream`` through ``generate``)
+  (then the :class:`GenerateResult`); :func:`stream_via_generate` streams through
+  ``generate`` (the protocol's default ``generate_stream``)
 - :func:`rollout_copy` — the engine's own int8 (torchao weight-only) or bf16 copy
   of a model (``rollout_dtype``), :func:`weight_bytes` its size (lazy: torch)
 - :class:`AdmissionGate` — pause, drain and resume generations (the engines'
@@ -60,10 +60,10 @@ _EXPORTS = {
     "UnsupportedParams": "._protocol",
     "connect_engine": "._connect",
     "end_of_turn_ids": "._turns",
-    "engine_stream": "._stream",
     "json_schema_format": "._constraint",
     "rollout_copy": "._rollout_copy",
     "server_api": "._connect",
+    "stream_via_generate": "._stream",
     "weight_bytes": "._rollout_copy",
 }
 __all__ = list(_EXPORTS)
@@ -96,7 +96,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._rollout_copy import rollout_copy as rollout_copy
     from ._rollout_copy import weight_bytes as weight_bytes
     from ._stream import TokenDelta as TokenDelta
-    from ._stream import engine_stream as engine_stream
+    from ._stream import stream_via_generate as stream_via_generate
     from ._transformers import TransformersEngine as TransformersEngine
     from ._turns import end_of_turn_ids as end_of_turn_ids
     from ._worker import EngineStats as EngineStats

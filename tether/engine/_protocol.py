@@ -1,10 +1,12 @@
 """The engine contract: token ids in, token ids and logprobs out.
 
 The gateway owns tokenization; an engine never sees text except to check
-stop strings. Every engine implements :class:`Engine`: today the embedded
-transformers engine and the fake engines for tests (:mod:`tether.engine.testing`).
-and the remote engine over vLLM or SGLang servers (:class:`~tether.engine.RemoteEngine`,
-docs/engines.md).
+stop strings. Every engine subclasses :class:`Engine`: the embedded transformers
+engine, the remote engine over vLLM or SGLang servers
+(:class:`~tether.engine.RemoteEngine`, docs/engines.md) and the fake engines for
+tests (:mod:`tether.engine.testing`). What an engine can do (a context length,
+grammars, named adapters, the weights it takes, streaming) is declared there with a
+default, and callers read it plainly.
 """
 
 from __future__ import annotations
@@ -185,17 +187,37 @@ class GenerateResult:
 
 @runtime_checkable
 class Engine(Protocol):
-    """An inference engine. All methods are safe to call concurrently."""
+    """An inference engine. All methods are safe to call concurrently.
+
+    Besides the calls, an engine declares what it can do; tether's engines subclass
+    :class:`Engine` and inherit the defaults below (a plain model's engine that serves
+    no grammar, no named adapter, full weights, streams through :meth:`generate`), and
+    override what they offer. Callers read these, never probe for them.
+    """
+
+    #: The most tokens (prompt + completion) the model takes, or None when unknown.
+    max_positions: int | None = None
+    #: Whether the engine honours ``SamplingParams.constraint`` (a grammar); the gateway
+    #: refuses a constrained request before the call when it does not.
+    supports_constraints: bool = False
+    #: The LoRA adapters served by name (``SamplingParams.adapter``, agent roles); empty
+    #: for a plain model. When not empty, :meth:`update_weights` takes
+    #: ``{adapter name: its peft state dict}``.
+    adapters: frozenset[str] = frozenset()
+    #: Whether :meth:`update_weights` takes the LoRA adapter's weights (a remote engine on
+    #: the ``lora`` transport) rather than the full merged weights.
+    wants_adapter: bool = False
 
     @property
     def policy_version(self) -> int:
         """Version of the weights now served; starts at 0, +1 per update."""
         ...
 
-    @property
-    def max_positions(self) -> int | None:
-        """The most tokens (prompt + completion) the model takes, or None when unknown."""
-        ...
+    def check_params(self, params: SamplingParams) -> None:
+        """Raise :class:`UnsupportedParams` for sampling parameters the engine cannot serve
+        with exact logprobs (vLLM's ``top_p``); the gateway asks before the call is admitted
+        and answers 400. By default every ``params`` is served."""
+        return None
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
         """Sample ``params.n`` completions of ``prompt_ids``.
@@ -211,8 +233,12 @@ class Engine(Protocol):
         sampled token as it is sampled, then the :class:`GenerateResult`.
 
         Closing the iterator early cancels the request (see ``tether.engine._stream``).
+        By default :meth:`generate`'s tokens all come at the end
+        (:func:`~tether.engine.stream_via_generate`).
         """
-        ...
+        from tether.engine._stream import stream_via_generate  # _stream imports this module
+
+        return stream_via_generate(self, prompt_ids, params)
 
     async def pause(self) -> None:
         """Stop starting new generations; returns when none is in flight."""

@@ -19,7 +19,7 @@ a :class:`~tether.engine._server_api.ServerAPI` that speaks one server's routes
   ``EngineFailed`` with the server's message;
 - **a weight push** (:meth:`RemoteEngine.update_weights`): hold new calls, pause every
   reachable replica (``pause_mode``: ``wait`` lets calls in flight finish first), push
-  by ``transport`` (``_push.py``: a safetensors folder, a LoRA adapter folder, or a
+  by ``transport`` (``_weight_transports.py``: a safetensors folder, a LoRA adapter folder, or a
   broadcast), check that every replica reports the new version, flush the prefix
   caches, and only then resume them all and admit calls again.
 """
@@ -39,6 +39,7 @@ import httpx
 
 from tether.engine._gate import AdmissionGate
 from tether.engine._protocol import (
+    Engine,
     EngineError,
     EngineFailed,
     EngineTimeout,
@@ -65,7 +66,7 @@ HEALTH_TIMEOUT_S = 10.0
 LOST_AFTER_S = 30.0
 
 
-class RemoteEngine:
+class RemoteEngine(Engine):
     """Serve through inference servers (see the module docstring); build it with
     :meth:`connect`, which checks every replica first.
 
@@ -108,6 +109,8 @@ class RemoteEngine:
                 "yet; use engine.transport=lora (docs/engines.md)"
             )
         self.api, self.replicas, self.transport = api, ReplicaSet(urls), transport
+        # update_weights takes the LoRA adapter's weights (lora), not the full merged ones
+        self.wants_adapter = transport == "lora"
         self.shown = api.shown
         self._pusher = WeightPusher(
             api,
@@ -135,7 +138,7 @@ class RemoteEngine:
         self._version = 0
         self._health: asyncio.Task[None] | None = None
         self.model: str | None = None
-        self.max_positions: int | None = None
+        self.max_positions = None
 
     @classmethod
     async def connect(cls, api: ServerAPI, urls: list[str], **kwargs: Any) -> RemoteEngine:
@@ -147,12 +150,6 @@ class RemoteEngine:
             await engine.close()
             raise
         return engine
-
-    @property
-    def wants_adapter(self) -> bool:
-        """Whether :meth:`update_weights` takes the LoRA adapter's weights (``lora``)
-        rather than the full merged weights."""
-        return self.transport == "lora"
 
     @property
     def adapter(self) -> str | None:

@@ -30,9 +30,15 @@ from typing import Any
 import httpx
 
 from tether.engine._protocol import EngineFailed
-from tether.engine._push import BroadcastGroup, prune, save_adapter, save_full, tensor_metas
 from tether.engine._replicas import Replica
 from tether.engine._server_api import ServerAPI, Transport
+from tether.engine._weight_transports import (
+    BroadcastGroup,
+    prune,
+    save_adapter,
+    save_full,
+    tensor_metas,
+)
 
 __all__ = ["ADAPTER", "WeightPusher"]
 

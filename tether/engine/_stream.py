@@ -9,8 +9,8 @@ iterator early (``aclose()``, or cancelling the task iterating it) cancels
 the request: the engine stops generating it.
 
 :func:`stream_via_generate` builds such an iterator from ``generate`` alone
-(all tokens at once, when the call is done); the fake engines use it, and
-the gateway falls back to it for an engine without ``generate_stream``.
+(all tokens at once, when the call is done): the protocol's default
+``generate_stream``, which the fake engines keep.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 from tether.engine._protocol import GenerateResult, SamplingParams
 
-__all__ = ["TokenDelta", "TokenFeed", "engine_stream", "stream_via_generate"]
+__all__ = ["TokenDelta", "TokenFeed", "stream_via_generate"]
 
 
 @dataclass(frozen=True)
@@ -63,16 +63,6 @@ async def stream_via_generate(
     for delta in deltas_of(result):
         yield delta
     yield result
-
-
-def engine_stream(
-    engine: Any, prompt_ids: list[int], params: SamplingParams
-) -> AsyncGenerator[TokenDelta | GenerateResult, None]:
-    """``engine.generate_stream(...)``, or :func:`stream_via_generate` for an engine without it."""
-    method = getattr(engine, "generate_stream", None)
-    if method is None:
-        return stream_via_generate(engine, prompt_ids, params)
-    return method(prompt_ids, params)
 
 
 class TokenFeed:

@@ -23,7 +23,7 @@ import torch
 
 from tether.engine._constraint import GrammarBook
 from tether.engine._gate import AdmissionGate
-from tether.engine._protocol import BASE_ADAPTER, GenerateResult, Outage, SamplingParams
+from tether.engine._protocol import BASE_ADAPTER, Engine, GenerateResult, Outage, SamplingParams
 from tether.engine._rollout_copy import rollout_copy
 from tether.engine._stream import TokenDelta, TokenFeed
 from tether.engine._turns import end_of_turn_ids
@@ -35,7 +35,7 @@ __all__ = ["TransformersEngine"]
 _END = object()  # queued after a streamed request's last token
 
 
-class TransformersEngine:
+class TransformersEngine(Engine):
     """Serve a ``transformers`` causal LM; see the module docstring.
 
     ``max_batch_size`` bounds the rows decoded together (a request with
@@ -81,8 +81,8 @@ class TransformersEngine:
         if max_batch_size < 1:
             raise UserError(f"max_batch_size ({max_batch_size}) must be >= 1")
         model = model.to(device=device, dtype=dtype) if dtype else model.to(device)
-        #: the LoRA adapters served by name (a peft model's); empty: a plain model
-        self.adapters: frozenset[str] = frozenset(getattr(model, "peft_config", None) or ())
+        # the LoRA adapters served by name (a peft model's); empty: a plain model
+        self.adapters = frozenset(getattr(model, "peft_config", None) or ())
         if self.adapters and rollout_dtype:
             raise UserError("rollout_dtype needs a plain model, not one serving LoRA adapters")
         self._rollout_dtype = rollout_dtype
@@ -99,7 +99,7 @@ class TransformersEngine:
                 f"{self._vocab} rows (vocab_size): use the model's own tokenizer, or a model "
                 f"with vocab_size >= {len(tokenizer)}"
             )
-        self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
+        self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
         self._max_len = self.max_positions or 1 << 30
         self._eos = frozenset(end_of_turn_ids(tokenizer, self.model))
         rng = torch.Generator()

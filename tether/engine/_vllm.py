@@ -36,7 +36,7 @@ tether asks every worker to ``reload_weights(weights_path=FOLDER)`` through the 
 ``/collective_rpc`` route (vLLM's layer-wise in-place reload). The folder must hold every
 parameter under its own name, tied ones included: vLLM's CPU build pre-packs the LM
 head, and a reload whose checkpoint lacks ``lm_head.weight`` (as ``save_pretrained``
-writes a tied model) leaves the head on the old weights. ``_push.save_full`` writes it.
+writes a tied model) leaves the head on the old weights. ``_weight_transports.save_full`` writes it.
 """
 
 from __future__ import annotations

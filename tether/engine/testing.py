@@ -17,7 +17,8 @@ generations, ``generate`` calls made while paused wait for ``resume()``.
 ``close`` makes every later or waiting call fail with ``EngineFailed``.
 A fake cannot honour a grammar: a call with ``SamplingParams.constraint``
 raises :class:`~tether.engine.UnsupportedConstraint` (``supports_constraints``
-is False, which the gateway checks first).
+is False, the protocol's default, which the gateway checks first). The fakes
+stream through ``generate`` (the protocol's default ``generate_stream``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from tether.engine._constraint import UnsupportedConstraint
 from tether.engine._gate import AdmissionGate
 from tether.engine._protocol import (
     Completion,
+    Engine,
     EngineError,
     EngineFailed,
     GenerateResult,
@@ -52,16 +54,13 @@ def refuse_constraint(engine: Any, params: SamplingParams) -> None:
         )
 
 
-class FakeEngine:
+class FakeEngine(Engine):
     """Shared machinery of the fakes; subclasses implement :meth:`_complete`.
 
     ``calls`` holds ``(prompt_ids, params)`` of every admitted generate call;
     ``weights`` holds the state dicts given to :meth:`update_weights`.
     ``delay_s`` makes every call take that long (an awaited sleep).
     """
-
-    supports_constraints = False
-    max_positions: int | None = None  # no model, no limit
 
     def __init__(self, *, logprob: float = -0.5, tokenizer: Any = None, delay_s: float = 0.0):
         self.logprob = float(logprob)
@@ -100,12 +99,6 @@ class FakeEngine:
                 for i in range(params.n)
             ]
             return GenerateResult(completions, version, {"engine": type(self).__name__})
-
-    def generate_stream(
-        self, prompt_ids: list[int], params: SamplingParams
-    ) -> AsyncGenerator[TokenDelta | GenerateResult, None]:
-        """:meth:`generate`, then its tokens as deltas and the result (all at the end)."""
-        return stream_via_generate(self, prompt_ids, params)
 
     def _complete(self, prompt_ids: list[int], params: SamplingParams, index: int) -> list[int]:
         raise NotImplementedError
@@ -268,7 +261,7 @@ class FaultyEngine(FakeEngine):
 
     def __init__(
         self,
-        inner: FakeEngine | Any | None = None,
+        inner: Engine | None = None,
         *,
         fault: FaultMode | None = "raise",
         delay_s: float = 0.0,
@@ -277,7 +270,7 @@ class FaultyEngine(FakeEngine):
     ):
         super().__init__()
         self.inner = inner if inner is not None else NullEngine()
-        self.max_positions = getattr(self.inner, "max_positions", None)
+        self.max_positions = self.inner.max_positions
         self.fault = fault
         self.fault_delay_s = float(delay_s)
         self.on_calls = None if on_calls is None else set(on_calls)

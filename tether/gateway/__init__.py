@@ -26,6 +26,7 @@ from tether._lazy import lazy_exports
 #: The package's face: each name and the module it lives in, imported on first use
 #: (GatewayConfig and Gateway without FastAPI or uvicorn).
 _EXPORTS = {
+    "AdminKey": "._keyfile",
     "BackgroundServer": "._server",
     "Conflict": "._exceptions",
     "ContextLengthExceeded": "._exceptions",
@@ -42,12 +43,12 @@ _EXPORTS = {
     "OpenedRollout": "._core",
     "Unauthenticated": "._exceptions",
     "UnknownRollout": "._exceptions",
-    "admin_key_file": "._keyfile",
     "bind_socket": "._server",
     "constraint_for": "._constrain",
     "create_app": "._app",
     "is_loopback": "._config",
     "make_server": "._server",
+    "resolve_admin_key": "._keyfile",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
@@ -69,7 +70,8 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._exceptions import ModelLoading as ModelLoading
     from ._exceptions import Unauthenticated as Unauthenticated
     from ._exceptions import UnknownRollout as UnknownRollout
-    from ._keyfile import admin_key_file as admin_key_file
+    from ._keyfile import AdminKey as AdminKey
+    from ._keyfile import resolve_admin_key as resolve_admin_key
     from ._loading import LoadingApp as LoadingApp
     from ._server import BackgroundServer as BackgroundServer
     from ._server import LoopServer as LoopServer

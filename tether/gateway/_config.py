@@ -39,8 +39,8 @@ class GatewayConfig:
     #: None: DEFAULT_PORT (8321) for ``tether serve``, any free port for a training run's
     #: gateway (so a run never collides with a server, or another run, by default).
     port: int | None = None
-    #: Key of the admin routes (create rollouts, read traces); TETHER_ADMIN_KEY can give it
-    #: instead. Unset on loopback: tether makes one and keeps it in a file (mode 600).
+    #: Key of the admin routes (create rollouts, read traces); TETHER_ADMIN_KEY, when set,
+    #: wins over it. Neither on loopback: tether makes one and keeps it in a file (mode 600).
     admin_key: str | None = field(default=None, repr=False)
     #: Keys that may use record mode (POST /v1/chat/completions without a rollout), each
     #: at least 16 characters.
@@ -131,14 +131,6 @@ class GatewayConfig:
                 f"unknown role {role!r}: this run serves {served}; add it to the config's roles"
             )
         return role
-
-    def check_bind(self) -> None:
-        """Refuse to listen beyond loopback without an admin key."""
-        if not is_loopback(self.host) and not self.admin_key:
-            raise UserError(
-                f"refusing to bind {self.host} without an admin key: set TETHER_ADMIN_KEY "
-                "(e.g. export TETHER_ADMIN_KEY=$(openssl rand -hex 32)) or bind 127.0.0.1"
-            )
 
     @property
     def base_url(self) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 from tether.engine import (
     Constraint,
     ConstraintError,
+    Engine,
     MissingStructuredExtra,
     SamplingParams,
     UnsupportedParams,
@@ -292,22 +293,22 @@ def constraint_for(
         raise _bad(str(exc), "response_format" if response_format else "tool_choice") from None
 
 
-def constrain(engine: Any, params: SamplingParams, constraint: Constraint | None) -> SamplingParams:
+def constrain(
+    engine: Engine, params: SamplingParams, constraint: Constraint | None
+) -> SamplingParams:
     """``params`` with ``constraint``; 400 when the engine cannot honour one, or cannot
     serve the sampling parameters with exact logprobs (its ``check_params``: vLLM's top_p).
 
     ``strict`` tools under ``tool_choice: "auto"`` only tighten what the request already
     allows, so on such an engine (the scripted test engines) they stay render-only.
     """
-    check = getattr(engine, "check_params", None)
-    if check is not None:
-        try:
-            check(params)
-        except UnsupportedParams as exc:
-            raise InvalidRequest(str(exc), param=exc.param) from exc
+    try:
+        engine.check_params(params)
+    except UnsupportedParams as exc:
+        raise InvalidRequest(str(exc), param=exc.param) from exc
     if constraint is None:
         return params
-    supported = getattr(engine, "supports_constraints", False)
+    supported = engine.supports_constraints
     if not supported and constraint.label == "strict_tools":
         return params
     if not supported:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from tether.engine import SamplingParams
+from tether.engine import Engine, SamplingParams
 
 from ._config import GatewayConfig
 from ._exceptions import ContextLengthExceeded, InvalidRequest
@@ -21,11 +21,11 @@ __all__ = ["UNSET_LENGTH", "check_messages", "context_limit", "fit_context", "sa
 UNSET_LENGTH = 10**9
 
 
-def context_limit(tokenizer: Any, engine: Any, configured: int | None) -> int | None:
+def context_limit(tokenizer: Any, engine: Engine, configured: int | None) -> int | None:
     """The model's context in tokens: the smallest of the tokenizer's ``model_max_length``
     (unless unset), the engine's ``max_positions`` and ``gateway.max_context``; None if
     none is known."""
-    limits = [configured, getattr(engine, "max_positions", None)]
+    limits = [configured, engine.max_positions]
     tok = getattr(tokenizer, "model_max_length", None)
     if isinstance(tok, int | float) and tok <= UNSET_LENGTH:
         limits.append(int(tok))

@@ -33,7 +33,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from tether.chat import LiveText
-from tether.engine import EngineFailed, GenerateResult, TokenDelta, engine_stream
+from tether.engine import EngineFailed, GenerateResult, TokenDelta
 from tether.records import CallStatus
 
 from ._deltas import Done, TextDelta, ToolCallDelta
@@ -79,7 +79,7 @@ async def stream_call(
 
     async with calls.admitted(ctx, lambda error: calls.recorder.failure(ctx, t0, error)):
         deadline = time.monotonic() + calls.config.engine_timeout_s
-        stream = engine_stream(calls.engine, list(ctx.prompt_ids), params)
+        stream = calls.engine.generate_stream(list(ctx.prompt_ids), params)
         result: GenerateResult | None = None
         try:
             while result is None:

@@ -28,7 +28,14 @@ import torch
 
 from tether.dashboard import Catalog
 from tether.engine import Engine, TransformersEngine
-from tether.gateway import Gateway, GatewayConfig, LoopServer, create_app
+from tether.gateway import (
+    AdminKey,
+    Gateway,
+    GatewayConfig,
+    LoopServer,
+    create_app,
+    resolve_admin_key,
+)
 from tether.records import Run, Task
 from tether.run._events import RunEvent, Status
 from tether.run._grading import AnyGrader
@@ -197,7 +204,9 @@ async def open_parts(
     resume: ResumePoint | None,
 ) -> RunParts:
     """Build the run's parts (their closes on ``stack``); ``engine`` replaces the embedded one."""
-    grader = await open_grader(cfg.rollout)  # first: a judge that cannot be reached stops it
+    # first: off loopback without a key, or a key file others can read, stops it at once
+    admin_key = resolve_admin_key(cfg.gateway.host, Path(cfg.dir), cfg.gateway.admin_key)
+    grader = await open_grader(cfg.rollout)  # a judge that cannot be reached stops it
     ranks = None
     if command == "train" and (cfg.trainer.processes > 1 or world_from_env() > 1):
         say(Status("starting the training processes"))
@@ -208,7 +217,9 @@ async def open_parts(
     push: bool | None = None if resume is not None else command == "eval"
     model = await _model(cfg, stack, say, ranks, model_path, engine, push=push)
     records = _records(cfg, stack, say, command, resume)
-    serving = await _serve(cfg, stack, say, model["engine"], model["tokenizer"], records["store"])
+    serving = await _serve(
+        cfg, stack, say, model["engine"], model["tokenizer"], records["store"], admin_key
+    )
     parts = RunParts(ranks=ranks, grader=grader, **model, **records, **serving)
     trainer = parts.trainer
     _close(stack, trainer.stop)  # first at teardown: an update on its thread ends soon
@@ -358,22 +369,26 @@ def _records(
 
 
 async def _serve(
-    cfg: TrainConfig, stack: AsyncExitStack, say: Say, engine: Engine, tokenizer: Any, store: Store
+    cfg: TrainConfig,
+    stack: AsyncExitStack,
+    say: Say,
+    engine: Engine,
+    tokenizer: Any,
+    store: Store,
+    admin_key: AdminKey,
 ) -> dict[str, Any]:
     """The gateway, its dashboard and its server, and the runner that starts the agents."""
-    gcfg = gateway_config(cfg)
-    gcfg.check_bind()
+    gcfg = gateway_config(cfg, admin_key.value)
     say(Status("starting the gateway and the agent runner"))
     gateway = Gateway(engine, tokenizer, store, gcfg, seed=cfg.trainer.seed)
     app = create_app(gateway)
-    assert gcfg.admin_key, "gateway_config always sets an admin key"
-    ui = mount_ui(app, Path(cfg.dir) / cfg.name, cfg.name, gcfg.admin_key, tokenizer)
+    ui = mount_ui(app, Path(cfg.dir) / cfg.name, cfg.name, admin_key.value, tokenizer)
     _close(stack, ui.close)
     server = await LoopServer(app, gcfg.host, gcfg.port or 0).start()
     _close(stack, server.stop)
     if not gcfg.public_url:  # port 0: the URL is known once the server listens
         gcfg = gateway.config = dataclasses.replace(gcfg, public_url=server.url)
-    say(Status(ui_line(cfg, server.url)))
+    say(Status(ui_line(server.url, admin_key.how)))
     runner = make_runner(cfg.agent)
     _close(stack, runner.close)
     # rollouts wait as "queued" until the runner starts their agent

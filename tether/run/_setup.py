@@ -1,8 +1,8 @@
 """What a training run derives from its config before it starts, async mode's
 rollouts (``_async.py``) built from the run's parts, and how the run ended.
 
-A run never changes its config: the values it settles at start-up (the admin
-key it makes, the server's URL, async mode's hold timeout, the ``extra``
+A run never changes its config: the values it settles at start-up (its admin
+key, the server's URL, async mode's hold timeout, the ``extra``
 notes of its store record) are new objects kept on the run.
 """
 
@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
-import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tether.configio import dump
+from tether.engine import Engine
 from tether.errors import Interrupted
-from tether.gateway import GatewayConfig, admin_key_file, is_loopback
+from tether.gateway import GatewayConfig
 from tether.records import RunStatus
 from tether.run._async import AsyncRollouts, Learn
 from tether.run._finish import RolloutOutcome
@@ -31,7 +30,6 @@ if TYPE_CHECKING:
     from tether.run._parts import RunParts
 
 __all__ = [
-    "admin_key_path",
     "async_rollouts",
     "end_status",
     "engine_weights",
@@ -54,25 +52,10 @@ def record_config(cfg: TrainConfig, command: str, resume: ResumePoint | None) ->
     return record
 
 
-def admin_key_path(cfg: TrainConfig) -> Path | None:
-    """Where the run's admin key is kept when the operator gives none: ``{dir}/admin_key``
-    (mode 600, shared by every run under ``dir`` and by ``tether dashboard --dir``) on a
-    loopback bind; None when the key comes from the operator, or off loopback."""
-    given = cfg.gateway.admin_key or os.environ.get("TETHER_ADMIN_KEY")
-    return None if given or not is_loopback(cfg.gateway.host) else Path(cfg.dir) / "admin_key"
-
-
-def gateway_config(cfg: TrainConfig) -> GatewayConfig:
-    """The run's gateway config: an admin key (the operator's; else on loopback the one in
-    :func:`admin_key_path`, made once; else a fresh one), and in async mode
-    ``trainer.hold_timeout_s`` as the admission timeout."""
-    gcfg = cfg.gateway
-    if not gcfg.admin_key:  # the operator's key reaches the admin API of the run's gateway
-        path = admin_key_path(cfg)
-        key = os.environ.get("TETHER_ADMIN_KEY") or (
-            admin_key_file(path) if path is not None else secrets.token_urlsafe(32)
-        )
-        gcfg = dataclasses.replace(gcfg, admin_key=key)
+def gateway_config(cfg: TrainConfig, admin_key: str) -> GatewayConfig:
+    """The run's gateway config: ``admin_key`` (:func:`tether.gateway.resolve_admin_key`
+    decided it), and in async mode ``trainer.hold_timeout_s`` as the admission timeout."""
+    gcfg = dataclasses.replace(cfg.gateway, admin_key=admin_key)
     hold = cfg.trainer.hold_timeout_s
     if cfg.trainer.mode == "async" and hold is not None:
         gcfg = dataclasses.replace(gcfg, admission_timeout_s=hold)
@@ -140,12 +123,12 @@ def _keeps_signal(how: Learning) -> Callable[[list[RolloutOutcome]], bool]:
     return lambda group: not trainable(group, how.credit) or has_signal(group, how)
 
 
-def engine_weights(trainer: Any, engine: Any) -> dict[str, Any]:
+def engine_weights(trainer: Any, engine: Engine) -> dict[str, Any]:
     """What ``engine.update_weights`` takes from ``trainer``: the LoRA adapter's weights
     for a remote engine that loads adapters (``wants_adapter``), every adapter's by name
     for an embedded engine serving per-role adapters, else the full weights."""
-    if getattr(engine, "adapters", None):
+    if engine.adapters:
         return trainer.adapters_state_dict()
-    if getattr(engine, "wants_adapter", False):
+    if engine.wants_adapter:
         return trainer.adapter_state_dict()
     return trainer.state_dict()

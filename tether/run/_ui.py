@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from tether.dashboard import PREFIX, Catalog, mount_dashboard
-from tether.run._setup import admin_key_path
-from tether.run.config import TrainConfig
 
 __all__ = ["mount_ui", "ui_line"]
 
@@ -21,15 +18,7 @@ def mount_ui(app: Any, run_dir: Path, name: str, admin_key: str, tokenizer: Any)
     return catalog
 
 
-def ui_line(cfg: TrainConfig, url: str) -> str:
-    """``dashboard: URL  (log in with the admin key: HOW)``."""
-    path = admin_key_path(cfg)
-    if path is not None:
-        how = f"cat {path}"
-    elif os.environ.get("TETHER_ADMIN_KEY"):
-        how = "$TETHER_ADMIN_KEY"
-    elif cfg.gateway.admin_key:
-        how = "gateway.admin_key of the config"
-    else:
-        how = "none was given: set TETHER_ADMIN_KEY to log in"
+def ui_line(url: str, how: str) -> str:
+    """``dashboard: URL  (log in with the admin key: HOW)``; ``how`` from
+    :class:`~tether.gateway.AdminKey`."""
     return f"dashboard: {url.rstrip('/')}{PREFIX}/  (log in with the admin key: {how})"
