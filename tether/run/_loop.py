@@ -61,7 +61,7 @@ import torch
 
 from tether._memory import resident_mb, trim_heap
 from tether.engine import Engine
-from tether.records import Checkpoint, Task
+from tether.records import Checkpoint, Phase, Task
 from tether.run._async import AsyncRollouts
 from tether.run._collect import Collected, RolloutOutcome, collect_groups
 from tether.run._diagnostics import no_signal_line
@@ -289,7 +289,8 @@ class TrainingRun(PartsView):
                 cfg.rollout.n,
                 grader=parts.grader,
                 run_id=parts.run_record.id,
-                tag=f"s{step}",
+                phase=Phase.TRAIN,
+                step=step,
                 success_threshold=cfg.rollout.success_threshold,
                 first_group=first_group,
             )
