@@ -7,8 +7,8 @@
   rollout attempt, to JSONL or Parquet (docs/export.md);
 - :class:`RunCredit` / :func:`run_credit` / :func:`group_credit` (``_groups.py``): how a
   run's updates credited their groups, and one group's advantages as an update trained
-  them (the dashboard shows these); :func:`place`: where a rollout sits (an update, an
-  eval at a step, greedy or sampled), read from its group id;
+  them (the dashboard shows these); :func:`place_kind`: a rollout's stored place
+  (``records.Place``) in one word, as export and the dashboard name it;
 - :func:`step_samples` (``_steps.py``): the training samples of one update,
   rebuilt from the stored calls with the trainer's own functions;
 - :func:`write_report` (``_report.py``): a self-contained HTML page of the curves
@@ -31,7 +31,6 @@ _EXPORTS = {
     "CALL_FIELDS": "._export",
     "EXPORT_FORMATS": "._export",
     "ROW_FIELDS": "._export",
-    "Place": "._groups",
     "RunCredit": "._groups",
     "StepSamples": "._steps",
     "Tracking": "._hub",
@@ -40,7 +39,7 @@ _EXPORTS = {
     "group_credit": "._groups",
     "normalize_tracking": ".config",
     "open_tracking": "._hub",
-    "place": "._groups",
+    "place_kind": "._groups",
     "run_credit": "._groups",
     "run_tensorboard": "._tensorboard",
     "sample_rows": "._hub",
@@ -58,10 +57,9 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._export import ROW_FIELDS as ROW_FIELDS
     from ._export import export_attempts as export_attempts
     from ._export import write_rows as write_rows
-    from ._groups import Place as Place
     from ._groups import RunCredit as RunCredit
     from ._groups import group_credit as group_credit
-    from ._groups import place as place
+    from ._groups import place_kind as place_kind
     from ._groups import run_credit as run_credit
     from ._hub import Tracking as Tracking
     from ._hub import open_tracking as open_tracking
