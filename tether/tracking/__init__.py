@@ -1,7 +1,7 @@
 """Watching a run: its metrics to TensorBoard, W&B or MLflow; its store exported and reported.
 
 - :class:`TrackingConfig` (``config.py``): the run config's ``tracking`` section;
-- :func:`open_tracking` / :class:`Tracking` (``_hub.py``): the sinks of one run
+- :func:`open_tracking` / :class:`Tracking` (``_fanout.py``): the sinks of one run
   (``_sinks.py``), each of which may fail without stopping the run;
 - :func:`export_attempts` / :func:`write_rows` (``_export.py``): one row per
   rollout attempt, to JSONL or Parquet (docs/export.md);
@@ -33,16 +33,16 @@ _EXPORTS = {
     "ROW_FIELDS": "._export",
     "RunCredit": "._groups",
     "StepSamples": "._steps",
-    "Tracking": "._hub",
+    "Tracking": "._fanout",
     "TrackingConfig": ".config",
     "export_attempts": "._export",
     "group_credit": "._groups",
     "normalize_tracking": ".config",
-    "open_tracking": "._hub",
+    "open_tracking": "._fanout",
     "place_kind": "._groups",
     "run_credit": "._groups",
     "run_tensorboard": "._tensorboard",
-    "sample_rows": "._hub",
+    "sample_rows": "._fanout",
     "step_samples": "._steps",
     "training_sample_rows": "._steps",
     "write_report": "._report",
@@ -57,13 +57,13 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._export import ROW_FIELDS as ROW_FIELDS
     from ._export import export_attempts as export_attempts
     from ._export import write_rows as write_rows
+    from ._fanout import Tracking as Tracking
+    from ._fanout import open_tracking as open_tracking
+    from ._fanout import sample_rows as sample_rows
     from ._groups import RunCredit as RunCredit
     from ._groups import group_credit as group_credit
     from ._groups import place_kind as place_kind
     from ._groups import run_credit as run_credit
-    from ._hub import Tracking as Tracking
-    from ._hub import open_tracking as open_tracking
-    from ._hub import sample_rows as sample_rows
     from ._report import write_report as write_report
     from ._steps import StepSamples as StepSamples
     from ._steps import step_samples as step_samples
