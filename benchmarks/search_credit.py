@@ -63,11 +63,11 @@ def searched_first(run_dir: Path, step: int) -> float:
     """The share of the greedy eval's rollouts at ``step`` whose first call searched (the
     habit RL has to break is answering without a search)."""
     from tether.store import Store
-    from tether.tracking import place
+    from tether.tracking import place_kind
 
     with Store(run_dir / "traces.sqlite") as store:
-        places = {r.id: place(r) for r in store.list_rollouts()}
-        at = [i for i, p in places.items() if (p.kind, p.step) == ("eval_greedy", step)]
+        found = store.list_rollouts()
+        at = [r.id for r in found if place_kind(r) == "eval_greedy" and r.place.step == step]
         first = [store.calls(i)[:1] for i in at]
     return sum(bool(c and (c[0].response or {}).get("tool_calls")) for c in first) / len(at)
 

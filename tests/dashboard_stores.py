@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tether.records import Call, CallStatus, Rollout, RunStatus
+from tether.records import Call, CallStatus, Phase, Place, Rollout, RunStatus
 from tether.store import Store
 
 KEY = "dash-admin-key-0123456789"
@@ -32,12 +32,20 @@ def add_rollout(
     calls: list[dict[str, Any]] = (),  # type: ignore[assignment]
     status: str = "succeeded",
     task_id: str = "t1",
+    place: Place | None = None,
 ) -> None:
-    s.create_rollout(Rollout(id=rid, run_id=run_id, group_id=group, task_id=task_id, task={}))
+    s.create_rollout(
+        Rollout(id=rid, run_id=run_id, group_id=group, task_id=task_id, task={}, place=place)
+    )
     a = s.start_attempt(rid)
     for c in calls:
         s.record_call(Call(rollout_id=rid, seq=0, attempt=a, policy_version=0, **c))
     s.finish_rollout(rid, status, attempt=a, reward=reward, reward_source="grader")
+
+
+def _train(step: int, index: int) -> Place:
+    """Group 0 of update ``step``, member ``index``."""
+    return Place(Phase.TRAIN, step, 0, index)
 
 
 def call(prompt: list[int], completion: list[int], **kw: Any) -> dict[str, Any]:
@@ -58,9 +66,9 @@ def runs_dir(tmp_path: Path) -> Path:
             s.log_metrics(run.id, step, {"reward_mean": 0.25 * step, "loss": 1.0, "rss_mb": 9.0})
         s.log_metrics(run.id, 0, {"eval/sampled_success": 0.5, "eval/greedy_success": 0.25})
         s.log_metrics(run.id, 1, {"groups_dropped": 1.0, "loss": math.nan})
-        add_rollout(s, "good-1-s0-g0-0", run.id, "good-1-s0-g0", reward=1.0,
+        add_rollout(s, "good-1-s0-g0-0", run.id, "good-1-s0-g0", reward=1.0, place=_train(0, 0),
                  calls=[call([1, 2, 3], [4, 5])])  # fmt: skip
-        add_rollout(s, "good-1-s0-g0-1", run.id, "good-1-s0-g0", reward=0.0,
+        add_rollout(s, "good-1-s0-g0-1", run.id, "good-1-s0-g0", reward=0.0, place=_train(0, 1),
                  calls=[call([1, 2, 3], [6]), call([1, 2, 3, 6, 9], [7, 8])])  # fmt: skip
         long_line = "y" * 50_000
         hostile = {
@@ -69,13 +77,15 @@ def runs_dir(tmp_path: Path) -> Path:
             "response": {"choices": [{"message": {"role": "assistant", "content": HOSTILE,
                          "tool_calls": [{"function": {"name": HOSTILE, "arguments": HOSTILE}}]}}]},
         }  # fmt: skip
-        add_rollout(s, "good-1-s1-g0-0", run.id, "good-1-s1-g0", reward=1.0,
+        add_rollout(s, "good-1-s1-g0-0", run.id, "good-1-s1-g0", reward=1.0, place=_train(1, 0),
                  calls=[call([1, 2], [3], **hostile)])  # fmt: skip
-        add_rollout(s, "good-1-s1-g0-1", run.id, "good-1-s1-g0", reward=None, status="failed")
-        add_rollout(s, "good-1-s2-g0-0", run.id, "good-1-s2-g0", reward=0.5,
+        add_rollout(s, "good-1-s1-g0-1", run.id, "good-1-s1-g0", reward=None, status="failed",
+                    place=_train(1, 1))  # fmt: skip
+        add_rollout(s, "good-1-s2-g0-0", run.id, "good-1-s2-g0", reward=0.5, place=_train(2, 0),
                  calls=[call([1], [2], status=CallStatus.FAILED, error="engine: " + HOSTILE)])  # fmt: skip
         for i in range(2):  # an eval's group: never trained on, so no advantage
             add_rollout(s, f"good-1-eval0-s-g0-{i}", run.id, "good-1-eval0-s-g0", reward=float(i),
+                        place=Place(Phase.EVAL, 0, 0, i),
                      calls=[call([1, 2], [3])])  # fmt: skip
         from tether.records import Checkpoint
 

@@ -18,7 +18,7 @@ from tether.engine import Completion, GenerateResult, SamplingParams
 from tether.engine.testing import FakeEngine
 from tether.errors import UserError
 from tether.gateway import Gateway, GatewayConfig, LoopServer, create_app
-from tether.records import Call, RolloutStatus, Split, Task
+from tether.records import Call, Phase, RolloutStatus, Split, Task
 from tether.run import (
     EvalConfig,
     RolloutConfig,
@@ -237,6 +237,19 @@ def test_async_steps_hold_drain_and_train_each_group_once(tokenizer: Any, store:
     # Groups still running at the end were cancelled, not left running.
     for status in (RolloutStatus.RUNNING, RolloutStatus.QUEUED):
         assert store.list_rollouts(run_id=RUN, status=status) == []
+    # Each rollout stores its place: async, its group, its index, and the update it was
+    # opened for (the policy version then + 1: the first four opened before any update, the
+    # later ones as the updates went by).
+    places = {r.id: r.place for r in store.list_rollouts(run_id=RUN)}
+    steps = {}
+    for batch in fates.trained:
+        for g in batch:
+            for k, o in enumerate(g.outcomes):
+                p = places[o.rollout_id]
+                assert p is not None and (p.phase, p.group, p.index) == (Phase.ASYNC, g.index, k)
+                steps[g.index] = p.step
+    by_group = [steps[i] for i in sorted(steps)]
+    assert by_group[:4] == [1] * 4 and by_group == sorted(by_group) and by_group[-1] > 1
 
 
 def _call(seq: int, version: int) -> Call:

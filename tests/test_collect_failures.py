@@ -15,7 +15,7 @@ import pytest
 
 from tether.engine.testing import FakeEngine
 from tether.errors import UserError
-from tether.records import RolloutStatus, Split, Task
+from tether.records import Phase, Place, RolloutStatus, Split, Task
 from tether.run import collect_groups
 from tether.run._async import AsyncRollouts
 from tether.runner import AttemptResult, Launch
@@ -59,12 +59,21 @@ async def test_a_malformed_grade_ends_every_rollout_of_the_batch(make_gateway: A
     gw.store.create_run({}, run_id=RUN)
     with pytest.raises(UserError, match=r"rollout\.grader returned"):
         await collect_groups(
-            gw, ScriptedRunner(gw), _tasks(3), 2, grader=_malformed, run_id=RUN, tag="s0"
+            gw,
+            ScriptedRunner(gw),
+            _tasks(3),
+            2,
+            grader=_malformed,
+            run_id=RUN,
+            phase=Phase.TRAIN,
+            step=0,
         )
     assert _left_open(gw.store) == []
     statuses = {r.id: r.status for r in gw.store.list_rollouts(run_id=RUN)}
     assert statuses[f"{RUN}-s0-g0-0"] is RolloutStatus.FAILED  # its grade was the bug
     assert statuses[f"{RUN}-s0-g2-1"] is RolloutStatus.SUCCEEDED  # graded before the raise
+    # each rollout stores its place (update 0, group 2, member 1), not read from its id
+    assert gw.store.get_rollout(f"{RUN}-s0-g2-1").place == Place(Phase.TRAIN, 0, 2, 1)
 
 
 async def test_a_runner_raising_cancels_the_rollouts_still_running(make_gateway: Any) -> None:
@@ -73,7 +82,10 @@ async def test_a_runner_raising_cancels_the_rollouts_still_running(make_gateway:
     runner = ScriptedRunner(gw, first="raise", wait=True)
     with pytest.raises(RuntimeError, match="lost its worker pool"):
         await asyncio.wait_for(
-            collect_groups(gw, runner, _tasks(2), 2, grader=None, run_id=RUN, tag="s0"), 10
+            collect_groups(
+                gw, runner, _tasks(2), 2, grader=None, run_id=RUN, phase=Phase.TRAIN, step=0
+            ),
+            10,
         )
     assert _left_open(gw.store) == []
     statuses = {r.status for r in gw.store.list_rollouts(run_id=RUN)}

@@ -25,7 +25,7 @@ from tests.dashboard_stores import (
     visible,
 )
 from tether.dashboard import Catalog, create_server_app
-from tether.records import Call, Reward, RewardSource, Rollout
+from tether.records import Call, Phase, Place, Reward, RewardSource, Rollout
 from tether.store import Store, StoreError
 
 # -- the pages ------------------------------------------------------------------------------
@@ -191,9 +191,11 @@ def _many(path: Path, n: int = 60) -> list[Rollout]:
         s.create_run({}, "r")
         for i in range(n):
             rid, step = f"r-s{i % 7}-g{i % 3}-{i}", i % 7
+            phase = Phase.EVAL if i % 5 == 3 else Phase.TRAIN  # evals at step 3 too (i = 3, 38)
             s.create_rollout(
-                Rollout(id=rid, run_id="r", group_id=f"r-s{step}-g{i % 3}", task_id=f"t{i % 5}")
-            )
+                Rollout(id=rid, run_id="r", group_id=f"r-s{step}-g{i % 3}", task_id=f"t{i % 5}",
+                        place=Place(phase, step, i % 3, i))
+            )  # fmt: skip
             a = s.start_attempt(rid)
             for _ in range(rng.randrange(3)):
                 s.record_call(Call(rid, 0, [1], [2, 3], [-0.1, -0.2], 0, attempt=a))
@@ -211,8 +213,9 @@ def test_rollout_pages_filter_sort_and_paginate_like_a_reference(tmp_path: Path)
             ({}, lambda r: True, lambda r: 0),
             ({"status": "succeeded", "sort": "reward"}, lambda r: r.status.value == "succeeded",
              lambda r: (r.reward is None, r.reward or 0)),
-            ({"group_prefix": "r-s3-g", "sort": "calls", "descending": True},
-             lambda r: r.group_id.startswith("r-s3-g"), lambda r: -calls[r.id]),
+            ({"phase": "train", "step": 3, "sort": "calls", "descending": True},
+             lambda r: (r.place.phase, r.place.step) == (Phase.TRAIN, 3), lambda r: -calls[r.id]),
+            ({"phase": "eval"}, lambda r: r.place.phase is Phase.EVAL, lambda r: 0),
             ({"task_id": "t2", "reward_min": 0.5}, lambda r: r.task_id == "t2"
              and r.reward is not None and r.reward >= 0.5, lambda r: 0),
         ]  # fmt: skip

@@ -16,7 +16,7 @@ from tests.test_credit_state import ref_state_credit
 from tether.dashboard import Catalog, create_server_app
 from tether.dashboard._render import _num
 from tether.dashboard._views import advantages
-from tether.records import Call, Reward, RewardSource, Rollout, RolloutStatus
+from tether.records import Call, Phase, Place, Reward, RewardSource, Rollout, RolloutStatus
 from tether.store import Store
 from tether.tracking import RunCredit, export_attempts
 from tether.trainer import RolloutRewards, assign_credit
@@ -78,7 +78,10 @@ def _state_store(path: Path) -> list[list[RolloutRewards]]:
             for i, (reward, prompts, turns) in enumerate(members):
                 gid = f"st-1-s1-g{g}"
                 rid = f"{gid}-{i}"
-                db.create_rollout(Rollout(id=rid, run_id="st-1", group_id=gid, task_id=f"t{g}"))
+                db.create_rollout(
+                    Rollout(id=rid, run_id="st-1", group_id=gid, task_id=f"t{g}",
+                            place=Place(Phase.TRAIN, 1, g, i))
+                )  # fmt: skip
                 attempt = db.start_attempt(rid)
                 for seq, prompt in enumerate(prompts):
                     db.record_call(Call(rid, seq, prompt, [3 + seq], [-0.5], 0, attempt=attempt))
@@ -132,7 +135,10 @@ def _roles_store(path: Path) -> list[list[RolloutRewards]]:
             for i, (reward, roles) in enumerate(members):
                 gid = f"ro-1-s1-g{g}"
                 rid = f"{gid}-{i}"
-                db.create_rollout(Rollout(id=rid, run_id="ro-1", group_id=gid, task_id=f"t{g}"))
+                db.create_rollout(
+                    Rollout(id=rid, run_id="ro-1", group_id=gid, task_id=f"t{g}",
+                            place=Place(Phase.TRAIN, 1, g, i))
+                )  # fmt: skip
                 attempt = db.start_attempt(rid)
                 for seq, role in enumerate(roles):
                     db.record_call(

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tether.records import Phase, Place, Rollout
 from tether.run import StepReport, TrainConfig, TrainingRun
-from tether.run._diagnostics import no_signal_line
+from tether.run._diagnostics import first_rollout, no_signal_line
+from tether.store import Store
 from tether.trainer.errors import NoLearningSignal, PolicyCollapsed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,6 +67,28 @@ def test_no_signal_line_of_a_varying_but_never_positive_reward() -> None:
     line = no_signal_line(steps, None)
     assert line.startswith("the reward has stayed at or below 0 since the first step (2 steps)")
     assert "first rollout" not in line and "no update changed" not in line
+
+
+def test_the_rollout_named_is_a_train_one_even_when_the_run_name_holds_eval(
+    tmp_path: Path,
+) -> None:
+    """A run named "calc-eval" (every id holds "-eval"): the first train rollout is named,
+    not the eval's that finished before it; its phase is stored, not read from its id."""
+    with Store(tmp_path / "s.db") as store:
+        store.create_run({}, run_id="calc-eval-1")
+        places = {
+            "calc-eval-1-eval0-s-g0-0": Place(Phase.EVAL, 0, 0, 0),
+            "calc-eval-1-s1-g0-0": Place(Phase.TRAIN, 1, 0, 0),
+        }
+        assert first_rollout(store, "calc-eval-1") is None  # nothing finished yet
+        for rid, place in places.items():
+            store.create_rollout(Rollout(id=rid, run_id="calc-eval-1", place=place))
+            store.finish_rollout(rid, "succeeded", attempt=store.start_attempt(rid), reward=0.0)
+        assert first_rollout(store, "calc-eval-1") == "calc-eval-1-s1-g0-0"
+        store.create_run({}, run_id="only-evals")
+        store.create_rollout(Rollout(id="e", run_id="only-evals", place=Place(Phase.EVAL, 0)))
+        store.finish_rollout("e", "succeeded", attempt=store.start_attempt("e"), reward=0.0)
+        assert first_rollout(store, "only-evals") == "e"  # no train rollout: the eval's
 
 
 def test_a_run_whose_grader_always_gives_0_stops_naming_a_rollout(

@@ -18,7 +18,7 @@ import pytest
 from tests.helpers import ADMIN_KEY, alive, launch, script
 from tether.engine.testing import NullEngine
 from tether.gateway import Gateway, GatewayConfig, LoopServer, create_app
-from tether.records import RolloutStatus, Task
+from tether.records import Phase, RolloutStatus, Task
 from tether.run import RetryPolicy, collect_groups
 from tether.runner import (
     Attempt,
@@ -283,7 +283,14 @@ async def test_killed_attempt_is_retried_and_its_late_write_refused(
     )
     run = gw.store.create_run({}, run_id="run1")
     collected = await collect_groups(
-        gw, runner, [Task("t0", {"q": "2+2"})], 2, grader=lambda t, a: 1.0, run_id=run.id, tag="s0"
+        gw,
+        runner,
+        [Task("t0", {"q": "2+2"})],
+        2,
+        grader=lambda t, a: 1.0,
+        run_id=run.id,
+        phase=Phase.TRAIN,
+        step=0,
     )
     await runner.close()
     assert len(collected.outcomes) == 2  # one outcome per rollout, none lost or doubled
@@ -327,7 +334,14 @@ async def test_agent_failures_are_not_retried_unless_configured(
             )
         )
         collected = await collect_groups(
-            gw, runner, [Task("t0", {})], 2, grader=None, run_id=run.id, tag=f"{attempts}"
+            gw,
+            runner,
+            [Task("t0", {})],
+            2,
+            grader=None,
+            run_id=run.id,
+            phase=Phase.TRAIN,
+            step=attempts,
         )
         assert [o.attempt for o in collected.outcomes] == [attempts, attempts]
         assert all(o.status is RolloutStatus.FAILED for o in collected.outcomes)

@@ -17,7 +17,7 @@ from tether.configio import build
 from tether.engine.testing import NullEngine
 from tether.errors import UserError
 from tether.gateway import Gateway, GatewayConfig
-from tether.records import RolloutStatus, Task
+from tether.records import Phase, RolloutStatus, Task
 from tether.run import collect_groups
 from tether.runner import (
     KubernetesConfig,
@@ -248,7 +248,14 @@ async def test_evicted_attempt_is_retried_as_a_new_job(
     run = store.create_run({}, run_id="k8s1")
     runner = make_runner(runner_config(k8s))
     collected = await collect_groups(
-        gw, runner, [Task("t0", {"q": "1"})], 2, grader=lambda t, a: 1.0, run_id=run.id, tag="s0"
+        gw,
+        runner,
+        [Task("t0", {"q": "1"})],
+        2,
+        grader=lambda t, a: 1.0,
+        run_id=run.id,
+        phase=Phase.TRAIN,
+        step=0,
     )
     await runner.close()
     assert [(o.status, o.attempt) for o in collected.outcomes] == [

@@ -18,7 +18,7 @@ from tether.configio import build
 from tether.engine.testing import NullEngine
 from tether.errors import UserError
 from tether.gateway import Gateway, GatewayConfig, LoopServer, create_app
-from tether.records import RolloutStatus, Task
+from tether.records import Phase, RolloutStatus, Task
 from tether.run import collect_groups
 from tether.runner import Launch, RunnerConfig, RunnerConfigError, make_runner
 
@@ -93,7 +93,9 @@ async def test_async_agent_and_command_run_as_ray_tasks(
         RunnerConfig(runner="ray", mode="inprocess", agent=f"{agent}:agent", max_attempts=2)
     )
     task = Task("t0", {"id": "t0", "q": "2+2", "marker_dir": str(tmp_path)})
-    collected = await collect_groups(gw, runner, [task], 2, grader=None, run_id=run.id, tag="a")
+    collected = await collect_groups(
+        gw, runner, [task], 2, grader=None, run_id=run.id, phase=Phase.TRAIN, step=0
+    )
     assert [o.status for o in collected.outcomes] == [RolloutStatus.SUCCEEDED] * 2
     assert all(o.reward == 1.0 and o.attempt == 1 and len(o.calls) == 1 for o in collected.outcomes)
     await runner.close()
@@ -123,7 +125,7 @@ async def test_killed_ray_worker_is_retried_not_lost_or_doubled(
     )
     task = Task("t1", {"id": "t1", "q": "3+1", "marker_dir": str(tmp_path), "die_once": True})
     collecting = asyncio.ensure_future(
-        collect_groups(gw, runner, [task], 1, grader=None, run_id=run.id, tag="k")
+        collect_groups(gw, runner, [task], 1, grader=None, run_id=run.id, phase=Phase.TRAIN, step=1)
     )
     marker = tmp_path / "t1"
     while not (marker.exists() and marker.read_text()):

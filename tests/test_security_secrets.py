@@ -23,7 +23,7 @@ import uvicorn
 
 from tether.engine.testing import FaultyEngine, NullEngine
 from tether.gateway import LoopServer, create_app
-from tether.records import RolloutStatus, Split, Task
+from tether.records import Phase, RolloutStatus, Split, Task
 from tether.run import collect_groups
 from tether.runner import Launch, RunnerConfig, agent_env, make_runner
 from tether.trainer.samples import build_samples
@@ -348,7 +348,9 @@ async def test_bad_grades_are_counted_and_excluded(make_gateway: Any, tmp_path: 
     runner = make_runner(RunnerConfig(mode="inprocess", agent=f"{agent}:agent"))
     tasks = [Task(id=f"t{i}", data={"i": i}, split=Split.TRAIN) for i in range(len(GRADES))]
     try:
-        got = await collect_groups(gw, runner, tasks, 1, grader=grade, run_id=run.id, tag="s0")
+        got = await collect_groups(
+            gw, runner, tasks, 1, grader=grade, run_id=run.id, phase=Phase.TRAIN, step=0
+        )
     finally:
         await runner.close()
         await server.stop()

@@ -12,7 +12,7 @@ from contextlib import closing
 
 import pytest
 
-from tether.records import Call, Rollout, Task
+from tether.records import Call, Phase, Place, Rollout, Task
 from tether.store import AlreadyExists, Store, StoreError, _migrations
 
 SCHEMA = {
@@ -20,7 +20,8 @@ SCHEMA = {
     "tasks": ["id", "run_id", "split", "data"],
     "rollouts": ["id", "run_id", "task_id", "group_id", "task", "status", "attempt",
                  "token_hash", "reward", "reward_source", "final_answer", "error",
-                 "created_at", "finished_at", "started_at"],
+                 "created_at", "finished_at", "started_at", "phase", "step", "group_index",
+                 "member_index", "greedy"],
     "calls": ["rollout_id", "attempt", "seq", "prompt_ids", "completion_ids", "logprobs",
               "n_prompt", "n_completion", "policy_version", "request", "response",
               "finish_reason", "temperature", "status", "error", "latency_s", "created_at",
@@ -36,7 +37,7 @@ INDEXES = {
     "tasks": {"tasks_run_split": 0, "tasks_run_id": 1},
     "runs": {"sqlite_autoindex_runs_1": 1},
     "rollouts": {"rollouts_run_status": 0, "rollouts_group": 0, "rollouts_status": 0,
-                 "sqlite_autoindex_rollouts_1": 1},
+                 "rollouts_run_phase_step": 0, "sqlite_autoindex_rollouts_1": 1},
     "calls": {"sqlite_autoindex_calls_1": 1},
     "rewards": {"rewards_rollout": 0, "rewards_final": 1},
     "metrics": {"metrics_run_name_step": 0},
@@ -53,6 +54,18 @@ _CALL_BEFORE_9 = (
     "VALUES (?, 1, 0, X'01000000', X'02000000', X'000000bf', 1, 1, 0, '{}', '{}', 'stop', "
     "1.0, 'ok', NULL, 0, 0, NULL)"
 )
+
+
+def _rollout_before_10(
+    store: Store, rid: str, run_id: str | None = None, group_id: str | None = None
+) -> None:
+    """A queued rollout as tether wrote it before migration 10 (no place columns)."""
+    with store._db.write() as conn:
+        conn.execute(
+            "INSERT INTO rollouts (id, run_id, group_id, status, attempt, created_at) "
+            "VALUES (?, ?, ?, 'queued', 0, 0)",
+            (rid, run_id, group_id),
+        )  # fmt: skip
 
 
 def test_schema_after_migrating(tmp_path):
@@ -101,7 +114,7 @@ def test_migration_2_adds_attempts_to_an_existing_file(tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:1])
         with Store(path) as old:
-            old.create_rollout(Rollout(id="r-old"))
+            _rollout_before_10(old, "r-old")
             assert old.schema_version() == 1
     with Store(path) as store:
         assert store._db.migrations_run == len(_migrations.MIGRATIONS) - 1
@@ -139,7 +152,7 @@ def test_migration_4_marks_constrained_calls_and_keeps_old_ones(tmp_path, monkey
     with monkeypatch.context() as m:
         m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:3])
         with Store(path) as old:
-            old.create_rollout(Rollout(id="r1"))
+            _rollout_before_10(old, "r1")
     with closing(sqlite3.connect(path)) as conn, conn:  # a call as tether before 4 wrote it
         conn.execute("UPDATE rollouts SET status = 'running', attempt = 1 WHERE id = 'r1'")
         conn.execute(
@@ -171,7 +184,7 @@ def test_migration_5_adds_attempt_start_times_and_keeps_old_rows(tmp_path, monke
     with monkeypatch.context() as m:
         m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:4])
         with Store(path) as old:
-            old.create_rollout(Rollout(id="r1"))
+            _rollout_before_10(old, "r1")
     with closing(sqlite3.connect(path)) as conn, conn:  # an attempt as tether before 5 ran it
         conn.execute("UPDATE rollouts SET status = 'failed', attempt = 1 WHERE id = 'r1'")
         conn.execute(
@@ -198,7 +211,7 @@ def test_migration_6_adds_the_grader_error_and_keeps_old_attempts(tmp_path, monk
     with monkeypatch.context() as m:
         m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:5])
         with Store(path) as old:
-            old.create_rollout(Rollout(id="r1"))
+            _rollout_before_10(old, "r1")
     with closing(sqlite3.connect(path)) as conn, conn:  # an attempt as tether before 6 ended it
         conn.execute("UPDATE rollouts SET status = 'failed', attempt = 1 WHERE id = 'r1'")
         conn.execute(
@@ -225,7 +238,7 @@ def test_migration_8_adds_the_grade_detail_and_keeps_old_attempts(tmp_path, monk
     with monkeypatch.context() as m:
         m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:7])
         with Store(path) as old:
-            old.create_rollout(Rollout(id="r1"))
+            _rollout_before_10(old, "r1")
     with closing(sqlite3.connect(path)) as conn, conn:  # an attempt as tether before 8 ended it
         conn.execute("UPDATE rollouts SET status = 'failed', attempt = 1 WHERE id = 'r1'")
         conn.execute(
@@ -257,6 +270,8 @@ def test_migration_7_numbers_train_steps_from_one(tmp_path, monkeypatch):
         with Store(path) as old:
             with closing(sqlite3.connect(path)) as conn, conn:  # what this tether's
                 conn.execute("ALTER TABLE attempts ADD COLUMN grade_detail TEXT")  # writes need
+                for column in ("phase", "step", "group_index", "member_index", "greedy"):
+                    conn.execute(f"ALTER TABLE rollouts ADD COLUMN {column}")
             old.create_run({}, run_id="r")
             old.log_metrics("r", 0, {"eval/sampled_success": 0.25})
             old.log_metrics("r", 0, {"reward_mean": 0.5})  # update 1
@@ -266,13 +281,13 @@ def test_migration_7_numbers_train_steps_from_one(tmp_path, monkeypatch):
             ids = ["r-s0-g0-0", "r-s0-g0-1", "r-s1-g0-0", "r-eval0-s-g0-0", "r-a-g3-0", "x"]
             for rid in ids:
                 gid = rid.rsplit("-", 1)[0] if rid != "x" else None
-                old.create_rollout(Rollout(id=rid, run_id="r", group_id=gid))
+                _rollout_before_10(old, rid, "r", gid)
                 attempt = old.start_attempt(rid)
                 with old._db.write() as conn:  # a call as tether before migration 9 wrote it
                     conn.execute(_CALL_BEFORE_9, (rid,))
                 old.finish_rollout(rid, "succeeded", attempt=attempt, reward=float(len(rid)))
     with Store(path) as store:
-        assert store._db.migrations_run == 3  # 7, 8 finding its column, and 9
+        assert store._db.migrations_run == 4  # 7, 8 and 10 finding their columns, 9
         got = [(m.step, m.name, m.value) for m in store.metrics("r")]
         assert sorted(got) == [
             (0, "eval/sampled_success", 0.25),
@@ -298,6 +313,9 @@ def test_migration_7_numbers_train_steps_from_one(tmp_path, monkeypatch):
         assert store.get_rollout("r-s2-g0-0").group_id == "r-s2-g0"
         assert store.get_rollout("r-eval0-s-g0-0").group_id == "r-eval0-s-g0"
         assert store.get_rollout("r-a-g3-0").group_id == "r-a-g3"
+        # migration 10 then read each place from the renumbered ids
+        assert store.get_rollout("r-s2-g0-0").place == Place(Phase.TRAIN, 2, 0, 0)
+        assert store.get_rollout("r-s1-g0-1").place == Place(Phase.TRAIN, 1, 0, 1)
         with store._db.read() as conn:
             assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
 
@@ -309,12 +327,12 @@ def test_migration_9_records_call_roles_and_keeps_old_calls(tmp_path, monkeypatc
     with monkeypatch.context() as m:
         m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:8])
         with Store(path) as old:
-            old.create_rollout(Rollout(id="r1"))
+            _rollout_before_10(old, "r1")
             old.start_attempt("r1")
             with old._db.write() as conn:
                 conn.execute(_CALL_BEFORE_9, ("r1",))
     with Store(path) as store:
-        assert store._db.migrations_run == 1
+        assert store._db.migrations_run == 2  # 9 and 10
         store.record_call(
             Call(rollout_id="r1", seq=-1, prompt_ids=[1], completion_ids=[3], logprobs=[-0.5],
                  policy_version=0, role="critic")
@@ -324,3 +342,37 @@ def test_migration_9_records_call_roles_and_keeps_old_calls(tmp_path, monkeypatc
             (None, [2], [-0.5]),
             ("critic", [3], [-0.5]),
         ]
+
+
+def test_migration_10_stores_each_rollouts_place_read_once_from_its_old_ids(tmp_path, monkeypatch):
+    """A file made before migration 10: each rollout the training loop opened gets its
+    phase, step, group and index from the ids the loop minted then (a run whose name holds
+    "-eval" included); rollouts opened outside the loop get no place; new rollouts store
+    the place they are given."""
+    path = tmp_path / "v9.db"
+    ids = {  # rollout id -> its place
+        "calc-eval-s3-g1-2": Place(Phase.TRAIN, 3, 1, 2),
+        "calc-eval-eval0-s-g4-0": Place(Phase.EVAL, 0, 4, 0),
+        "calc-eval-eval5-g-g0-0": Place(Phase.EVAL, 5, 0, 0, greedy=True),
+        "calc-eval-a-g7-1": Place(Phase.ASYNC, None, 7, 1),
+        "calc-eval-s1-g0-x": Place(Phase.TRAIN, 1, 0, None),  # a group, an odd member name
+        "calc-eval-s1-g0z-0": None,  # not a group id the loop minted
+        "other-s1-g0-0": None,  # another run's name
+        "r-admin": None,  # opened through the admin API: no group
+    }
+    with monkeypatch.context() as m:
+        m.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:9])
+        with Store(path) as old:
+            old.create_run({}, run_id="calc-eval")
+            for rid in ids:
+                gid = rid.rsplit("-", 1)[0] if rid != "r-admin" else None
+                _rollout_before_10(old, rid, "calc-eval", gid)
+    with Store(path) as store:
+        assert store._db.migrations_run == 1
+        assert {rid: store.get_rollout(rid).place for rid in ids} == ids
+        where = Place(Phase.ASYNC, 2, 3, 1)
+        store.create_rollout(Rollout(id="new", run_id="calc-eval", place=where))
+        assert store.get_rollout("new").place == where
+        assert store.list_rollouts(run_id="calc-eval")[-1].place == where
+    with closing(sqlite3.connect(path)) as conn:  # a re-run finds the columns: a no-op
+        _migrations._m010_rollout_place(conn)

@@ -30,7 +30,7 @@ from tether.run import TrackingConfig, TrainConfig
 from tether.tracking import Tracking, open_tracking
 from tether.tracking._sinks import MlflowSink, flatten_config, metric_tag
 
-SINK_LOGGER = "tether.tracking._hub"
+SINK_LOGGER = "tether.tracking._fanout"
 
 
 def test_tensorboard_event_files_hold_every_stored_metric(tracked: Tracked) -> None:

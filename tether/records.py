@@ -7,6 +7,7 @@ nothing else of tether. See docs/design.md, "Records".
 - :class:`Task`       one input of a data set (JSON), split ``train``/``val``
 - :class:`Rollout`    one execution of the agent on one task; ``group_id`` ties
                       the ``n`` rollouts of one task in one step
+- :class:`Place`      where a rollout sits in its run: phase, step, group, index
 - :class:`Call`       one model call of a rollout, ``seq`` gap-free from 0
 - :class:`Reward`     a float64 reward with its source
 - :class:`AttemptEnd` how one attempt of a rollout ended: status, error, output tail
@@ -31,6 +32,8 @@ __all__ = [
     "Checkpoint",
     "IllegalTransition",
     "Metric",
+    "Phase",
+    "Place",
     "Reward",
     "RewardSource",
     "Rollout",
@@ -183,6 +186,34 @@ class Task:
         return agent_task(self.data, self.private)
 
 
+class Phase(str, enum.Enum):
+    """What a rollout was opened for: ``train`` (a sync update's group), ``async`` (async
+    mode's scheduler: the update that takes it is decided later) or ``eval``."""
+
+    TRAIN = "train"
+    ASYNC = "async"
+    EVAL = "eval"
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a rollout sits in its run, as the code that opened it said (stored in columns;
+    its id is opaque and never read for this).
+
+    ``step``: for ``train``, the update the group feeds (from 1); for ``eval``, the step the
+    eval ran at (0 before training, N after update N); for ``async``, the update it was
+    opened for (the engine's policy version at opening + 1: the update it feeds if no
+    other group is ahead of it). ``group``: the group's number in its collection;
+    ``index``: the rollout's number in its group (None where a store written before
+    tether kept places did not say). ``greedy``: an eval's greedy pass (temperature 0)."""
+
+    phase: Phase
+    step: int | None = None
+    group: int | None = None
+    index: int | None = None
+    greedy: bool = False
+
+
 @dataclass
 class Rollout:
     id: str
@@ -201,6 +232,9 @@ class Rollout:
     #: when the current attempt's agent started (None while queued, and in stores from
     #: before tether recorded it); ``created_at`` is the batch's, shared by its rollouts
     started_at: float | None = None
+    #: where it sits in its run; None for one opened outside the training loop (the admin
+    #: API, ``tether serve``, record mode)
+    place: Place | None = None
 
     @property
     def usable(self) -> bool:

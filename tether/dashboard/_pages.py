@@ -14,11 +14,10 @@ from tether.dashboard._views import (
     advantages,
     chart_layout,
     events,
-    group_phase,
     judgement,
     message_text,
     outcome,
-    phase_prefix,
+    rollout_phase,
     run_header,
     sparkline,
 )
@@ -178,7 +177,7 @@ def _page_groups(store: Store, run: Run, found: list[Any], how: RunCredit) -> di
     for r, _, _ in found:
         if r.group_id and r.group_id not in groups:
             members = store.list_rollouts(group_id=r.group_id)
-            trained = not group_phase(run.id, r.group_id)[0].startswith("eval")
+            trained = not rollout_phase(r)[0].startswith("eval")
             adv = (  # evals teach nothing
                 advantages(members, how, store) if trained else None
             )
@@ -199,7 +198,7 @@ def _rows(store: Store, run: Run, found: list[Any], groups: dict[str, Any]) -> l
     rows = []
     for r, n_calls, n_tokens in found:
         adv = (groups.get(r.group_id or "") or {}).get("adv")
-        ph, st = group_phase(run.id, r.group_id)
+        ph, st = rollout_phase(r)
         rows.append(
             {
                 "r": r,
@@ -222,7 +221,8 @@ def rollouts_page(catalog: Catalog, key: str, run_id: str, query: dict[str, str]
     page, per, sort, descending = f["page"], f["per"], f["sort"], f["descending"]
     total, found = store.rollout_page(
         run.id,
-        group_prefix=phase_prefix(run.id, f["phase"], f["step"]) if f["phase"] else None,
+        phase=f["phase"] or None,
+        step=f["step"],
         task_id=query.get("task") or None,
         status=f["status"],
         reward_min=_number(query, "rmin", float),
@@ -384,7 +384,7 @@ def rollout_page(
             }
         )
     members = store.list_rollouts(group_id=r.group_id) if r.group_id else [r]
-    phase, step = group_phase(r.run_id, r.group_id)
+    phase, step = rollout_phase(r)
     evaluated = phase.startswith("eval")  # an eval's rollouts are never trained on
     adv_map = None if evaluated else advantages(members, _credit(run), store)
     adv = None if adv_map is None else adv_map.get(r.id)

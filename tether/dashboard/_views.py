@@ -1,32 +1,30 @@
 """What each page shows, read from one store: plain dicts for the templates.
 
-Run naming follows the training loop: a step's groups are ``{run}-s{step}-g{k}``, an
-eval's ``{run}-eval{step}-s-g{k}`` (sampled) and ``{run}-eval{step}-g-g{k}`` (greedy),
-async mode's ``{run}-a-g{k}``. Steps are the run's one numbering: update N at step N
-(from 1), the evals at step 0 (before training) and N (after update N); so the reward
-chart runs 1..N and the held-out chart 0..N.
+A rollout's phase and step are its stored place (``records.Place``), never read from its
+ids. Steps are the run's one numbering: update N at step N (from 1), the evals at step 0
+(before training) and N (after update N); so the reward chart runs 1..N and the held-out
+chart 0..N.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
 from typing import Any
 
 from tether.records import AttemptEnd, Rollout, Run
 from tether.store import Store
-from tether.tracking import RunCredit, group_credit
+from tether.tracking import RunCredit, group_credit, place_kind
 
 __all__ = [
     "CHARTS",
     "advantages",
     "chart_layout",
     "events",
-    "group_phase",
     "judgement",
     "message_text",
     "outcome",
+    "rollout_phase",
     "run_header",
     "sparkline",
 ]
@@ -58,7 +56,6 @@ _HIDDEN = {
     "micro_batches",
 }
 MAX_TEXT = 20_000  # characters of one message shown; the rest is counted
-_GROUP = re.compile(r"-(s|eval)(\d+)(?:-(s|g))?-g\d+$")
 
 
 def chart_layout() -> dict[str, Any]:
@@ -71,30 +68,10 @@ def chart_layout() -> dict[str, Any]:
     }
 
 
-def group_phase(run_id: str | None, group_id: str | None) -> tuple[str, int | None]:
-    """``(phase, step)`` of a group: ``train``, ``eval sampled``, ``eval greedy``,
-    ``async`` (step unknown) or ``other``."""
-    if not group_id:
-        return "other", None
-    tail = group_id.removeprefix(f"{run_id}-") if run_id else group_id
-    m = _GROUP.search("-" + tail)
-    if m is None:
-        return ("async", None) if tail.startswith("a-g") else ("other", None)
-    if m.group(1) == "s":
-        return "train", int(m.group(2))
-    return ("eval sampled" if m.group(3) == "s" else "eval greedy"), int(m.group(2))
-
-
-def phase_prefix(run_id: str, phase: str, step: int | None) -> str | None:
-    """The group-id prefix of a phase (and step) of the run, for filtering; None = any."""
-    at = "" if step is None else str(step)
-    if phase == "train":
-        return f"{run_id}-s{at}" + ("-g" if step is not None else "")
-    if phase == "eval":
-        return f"{run_id}-eval{at}" + ("-" if step is not None else "")
-    if phase == "async":
-        return f"{run_id}-a-g"
-    return None
+def rollout_phase(r: Rollout) -> tuple[str, int | None]:
+    """``(phase, step)`` of a rollout as a page shows it: ``train``, ``eval sampled``,
+    ``eval greedy``, ``async`` or ``other`` (opened outside the training loop)."""
+    return place_kind(r).replace("_", " "), None if r.place is None else r.place.step
 
 
 def run_header(store: Store, run: Run) -> dict[str, Any]:

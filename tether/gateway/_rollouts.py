@@ -15,7 +15,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tether.engine import SamplingParams
-from tether.records import Call, Reward, RewardSource, Rollout, RolloutStatus, agent_task
+from tether.records import (
+    Call,
+    Place,
+    Reward,
+    RewardSource,
+    Rollout,
+    RolloutStatus,
+    agent_task,
+)
 from tether.store import Store
 
 from ._auth import Keys, check_rollout_id, check_rollout_token, hash_token, new_token
@@ -119,8 +127,12 @@ class RolloutLifecycle:
         task_id: str | None = None,
         sampling: dict[str, float] | None = None,
         queued: bool = False,
+        place: Place | None = None,
     ) -> OpenedRollout:
         """Create a rollout, start its first attempt and mint its token.
+
+        ``place``: where the training loop puts it in its run (phase, step, group, index),
+        stored with it; None for a rollout opened outside the loop.
 
         ``sampling`` overrides what the agent asks for (``temperature``,
         ``top_p``) on every call of this rollout: the trainer uses it to
@@ -139,6 +151,7 @@ class RolloutLifecycle:
                 task_id=task_id,
                 group_id=group_id,
                 task=agent_task(task or {}),  # as the agent reads it: no "grader" field
+                place=place,
             )
         )
         if sampling:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether.gateway import Gateway, OpenedRollout
-from tether.records import RolloutStatus, Task
+from tether.records import Phase, Place, RolloutStatus, Task
 from tether.run._collect import RetryPolicy, cancel_opened, gather_ended, run_attempts
 from tether.run._finish import RolloutOutcome, end_quietly, finish_groups, finish_outcome
 from tether.run._grading import AnyGrader, GroupGrader
@@ -136,7 +136,7 @@ class AsyncRollouts:
         gid = f"{self.run_id}-{self.tag}-g{index}"
         try:
             task = self.task_at(index)
-            opened = self._open(gid, task)
+            opened = self._open(gid, index, task)
             # the first rollout to raise cancels its siblings: they end before the group does
             if isinstance(self.grader, GroupGrader):  # the judge: the whole group at once
                 outcomes = await self._judged(index, task, opened)
@@ -154,9 +154,12 @@ class AsyncRollouts:
             self._changed.set()
         self.fill()
 
-    def _open(self, gid: str, task: Task) -> list[OpenedRollout]:
-        """The group's ``n`` rollouts, queued; all cancelled again when one cannot be opened."""
+    def _open(self, gid: str, index: int, task: Task) -> list[OpenedRollout]:
+        """The group's ``n`` rollouts, queued; all cancelled again when one cannot be opened.
+        Their place's step is the update they are opened for: the policy version now + 1
+        (the update they feed unless other groups are ahead of them or they are dropped)."""
         opened: list[OpenedRollout] = []
+        step = self.version() + 1
         try:
             for k in range(self.n):
                 opened.append(
@@ -167,6 +170,7 @@ class AsyncRollouts:
                         group_id=gid,
                         task_id=task.id,
                         queued=True,  # running once the runner starts its agent
+                        place=Place(Phase.ASYNC, step, index, k),
                     )
                 )
         except BaseException:

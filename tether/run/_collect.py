@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tether.gateway import Gateway, OpenedRollout
-from tether.records import RolloutStatus, Task
+from tether.records import Phase, Place, RolloutStatus, Task
 from tether.run._finish import (
     RolloutOutcome,
     end_quietly,
@@ -57,6 +57,7 @@ __all__ = [
     "finish_groups",
     "finish_outcome",
     "gather_ended",
+    "group_tag",
     "is_success",
     "load_grader",
     "read_grade",
@@ -174,7 +175,9 @@ async def collect_groups(
     *,
     grader: AnyGrader | None,
     run_id: str,
-    tag: str,
+    phase: Phase,
+    step: int,
+    greedy: bool = False,
     sampling: dict[str, float] | None = None,
     retry: RetryPolicy | None = None,
     success_threshold: float | None = None,
@@ -182,13 +185,17 @@ async def collect_groups(
 ) -> Collected:
     """Run ``n`` rollouts of every task (one group per task), grade them, return their calls.
 
-    ``retry`` defaults to :meth:`RetryPolicy.of` the runner. Groups are numbered from
-    ``first_group`` (a later collection of the same ``tag`` continues the numbering).
+    Each rollout is stored with its :class:`~tether.records.Place`: ``phase`` and ``step``
+    (a sync update's, or the step an eval runs at), ``greedy`` (an eval's greedy pass), its
+    group's number and its own in the group. ``retry`` defaults to :meth:`RetryPolicy.of`
+    the runner. Groups are numbered from ``first_group`` (a later collection of the same
+    phase and step continues the numbering).
     """
     t0 = time.perf_counter()
     policy = retry or RetryPolicy.of(runner)
     opened: list[tuple[int, Task, OpenedRollout]] = []
     try:
+        tag = group_tag(phase, step, greedy)
         for g, task in enumerate(tasks, start=first_group):
             for i in range(n):
                 o = gw.open_rollout(
@@ -199,6 +206,7 @@ async def collect_groups(
                     task_id=task.id,
                     sampling=sampling,
                     queued=True,  # running once the runner starts its agent
+                    place=Place(phase, step, g, i, greedy),
                 )
                 opened.append((g, task, o))
     except BaseException:
@@ -211,6 +219,16 @@ async def collect_groups(
     outcomes = await finish_groups(gw, graded, grader, success_threshold)
     tokens = sum(len(c.completion_ids) for o in outcomes for c in o.calls)
     return Collected(outcomes, time.perf_counter() - t0, tokens)
+
+
+def group_tag(phase: Phase, step: int, greedy: bool = False) -> str:
+    """The middle of the ids a collection mints (``{run}-{tag}-g{k}``, rollouts
+    ``{group}-{i}``): ``s{step}`` for an update, ``eval{step}-s`` / ``eval{step}-g`` for an
+    eval's sampled / greedy pass. Names only: what a rollout is for is its stored place, and
+    its name seeds its sampling (the gateway's ``derived_seed``), so it never changes."""
+    if phase is Phase.EVAL:
+        return f"eval{step}-{'g' if greedy else 's'}"
+    return f"s{step}"
 
 
 async def gather_ended(aws: list[Coroutine[Any, Any, T]]) -> list[T]:

@@ -5,7 +5,7 @@ The trainer adds its own (``entropy``, ``clip_frac_low``/``clip_frac_high``,
 ``approx_kl``, ``kl_ref``: see :meth:`tether.trainer.PolicyTrainer.update`);
 together they are stored per step and the step line shows the most telling.
 
-:func:`no_signal_line` says why a run whose reward never rose stops
+:func:`no_signal_line` (naming :func:`first_rollout`) says why a run whose reward never rose stops
 (``trainer.collapse_patience``): not a collapse of a policy that never changed,
 but a grader or agent that gives every rollout the same reward.
 """
@@ -15,9 +15,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from tether.records import Phase
+from tether.store import Store
 from tether.trainer.samples import Sample
 
-__all__ = ["batch_diagnostics", "no_signal_line"]
+__all__ = ["batch_diagnostics", "first_rollout", "no_signal_line"]
 
 
 def batch_diagnostics(
@@ -83,3 +85,11 @@ def no_signal_line(steps: Sequence[dict[str, float]], rollout_id: str | None) ->
         f"{what}: nothing to learn from — check the grader and the agent{look}; "
         "trainer.collapse_patience=0 trains on regardless"
     )
+
+
+def first_rollout(store: Store, run_id: str) -> str | None:
+    """The run's first finished rollout that is not an eval's (by its stored phase), to
+    look at; an eval's when it has no other; None when none finished."""
+    done = store.list_rollouts(run_id=run_id, status="succeeded")
+    train = [r for r in done if r.place is None or r.place.phase is not Phase.EVAL]
+    return (train or done)[0].id if (train or done) else None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether.gateway import Gateway
-from tether.records import Task
+from tether.records import Phase, Task
 from tether.run._collect import RolloutOutcome, collect_groups
 from tether.run._grading import AnyGrader
 from tether.run.config import EvalConfig
@@ -137,14 +137,16 @@ async def collect_eval(
         runner,
         tasks,
         e.samples,
-        tag=f"eval{step}-s",
+        phase=Phase.EVAL,
+        step=step,
         sampling={"temperature": e.temperature},
         **common,
     )
     greedy = None
     if e.greedy:
         g = await collect_groups(
-            gateway, runner, tasks, 1, tag=f"eval{step}-g", sampling={"temperature": 0.0}, **common
-        )
+            gateway, runner, tasks, 1, phase=Phase.EVAL, step=step, greedy=True,
+            sampling={"temperature": 0.0}, **common,
+        )  # fmt: skip
         greedy = list(g.outcomes)
     return EvalRollouts(list(sampled.outcomes), greedy)

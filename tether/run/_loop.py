@@ -61,10 +61,10 @@ import torch
 
 from tether._memory import resident_mb, trim_heap
 from tether.engine import Engine
-from tether.records import Checkpoint, Task
+from tether.records import Checkpoint, Phase, Task
 from tether.run._async import AsyncRollouts
 from tether.run._collect import Collected, RolloutOutcome, collect_groups
-from tether.run._diagnostics import no_signal_line
+from tether.run._diagnostics import first_rollout, no_signal_line
 from tether.run._evaluate import EvalResult, StepReport, collect_eval, success_rate
 from tether.run._events import (
     CheckpointSaved,
@@ -289,7 +289,8 @@ class TrainingRun(PartsView):
                 cfg.rollout.n,
                 grader=parts.grader,
                 run_id=parts.run_record.id,
-                tag=f"s{step}",
+                phase=Phase.TRAIN,
+                step=step,
                 success_threshold=cfg.rollout.success_threshold,
                 first_group=first_group,
             )
@@ -373,10 +374,7 @@ class TrainingRun(PartsView):
         raise NoLearningSignal(no_signal_line([r.metrics for r in recent], self._first_rollout()))
 
     def _first_rollout(self) -> str | None:
-        """The run's first finished train rollout (its evals' skipped), to look at."""
-        done = self.store.list_rollouts(run_id=self.run_record.id, status="succeeded")
-        train = [r for r in done if "-eval" not in r.id]
-        return (train or done)[0].id if (train or done) else None
+        return first_rollout(self.store, self.run_record.id)
 
     # -- async mode (tether/run/_async.py) ----------------------------------------
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tether.records import AttemptEnd, Checkpoint, Metric, Rollout, RolloutStatus
+from tether.records import AttemptEnd, Checkpoint, Metric, Phase, Rollout, RolloutStatus
 from tether.store import _rows as rows
 from tether.store._db import Database
 from tether.store._errors import InvalidRecord
@@ -31,10 +31,6 @@ ROLLOUT_SORTS = {
     # a key: the direction is added after each ", "-separated part
     "duration": "r.finished_at IS NULL, r.finished_at - IFNULL(r.started_at,r.created_at)",
 }
-
-
-def _like_prefix(prefix: str) -> str:
-    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 class Browse:
@@ -105,7 +101,8 @@ class Browse:
         self,
         run_id: str | None,
         *,
-        group_prefix: str | None = None,
+        phase: Phase | str | None = None,
+        step: int | None = None,
         task_id: str | None = None,
         status: RolloutStatus | str | None = None,
         reward_min: float | None = None,
@@ -118,16 +115,19 @@ class Browse:
         """One page of a run's rollouts: ``(how many match, [(rollout, calls, completion
         tokens), ...])``, counting the calls of each rollout's current attempt.
 
-        Filters: ``group_prefix`` (the group id starts with it), ``task_id``, ``status``,
+        Filters: ``phase`` and ``step`` (the rollout's stored place), ``task_id``, ``status``,
         the reward range (a rollout without a usable reward matches no range). ``sort``
         is a key of :data:`ROLLOUT_SORTS`; ties keep creation order (either direction).
         """
         if sort not in ROLLOUT_SORTS:
             raise InvalidRecord(f"sort ({sort!r}) must be one of {', '.join(ROLLOUT_SORTS)}")
         where, params = ["r.run_id IS ?"], list[Any]([run_id])
-        if group_prefix:
-            where.append("r.group_id LIKE ? ESCAPE '\\'")
-            params.append(_like_prefix(group_prefix))
+        if phase is not None:
+            where.append("r.phase = ?")
+            params.append(Phase(phase).value)
+        if step is not None:
+            where.append("r.step = ?")
+            params.append(int(step))
         if task_id is not None:
             where.append("r.task_id = ?")
             params.append(task_id)

@@ -247,6 +247,67 @@ def _m009_call_role(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE calls ADD COLUMN role TEXT")
 
 
+#: The group ids the training loop minted before places were stored: ``{run}-{tag}-g{k}``
+#: with the tag ``s{step}`` (a sync update), ``eval{step}-s`` / ``eval{step}-g`` (an eval's
+#: sampled / greedy pass) or ``a`` (async mode); rollouts ``{group}-{i}``. Read here only,
+#: once, to fill the place columns of rows written then.
+_OLD_GROUP = re.compile(r"(?:s(?P<step>\d+)|eval(?P<eval>\d+)-(?P<how>[sg])|a)-g(?P<group>\d+)")
+
+
+def _old_place(
+    rollout_id: str, run_id: str | None, group_id: str | None
+) -> tuple[str, int | None, int, int | None, int] | None:
+    """``(phase, step, group, index, greedy)`` of a rollout from its old ids; None if the
+    training loop did not open it."""
+    if not run_id or not group_id or not group_id.startswith(f"{run_id}-"):
+        return None
+    m = _OLD_GROUP.fullmatch(group_id[len(run_id) + 1 :])
+    if m is None:
+        return None
+    tail = rollout_id[len(group_id) + 1 :] if rollout_id.startswith(f"{group_id}-") else ""
+    index = int(tail) if tail.isdigit() else None
+    if m["step"] is not None:
+        return "train", int(m["step"]), int(m["group"]), index, 0
+    if m["eval"] is not None:
+        return "eval", int(m["eval"]), int(m["group"]), index, int(m["how"] == "g")
+    return "async", None, int(m["group"]), index, 0
+
+
+def _m010_rollout_place(conn: sqlite3.Connection) -> None:
+    """A rollout's place in its run as columns (``records.Place``): ``phase`` (train,
+    async, eval; NULL for a rollout opened outside the training loop), ``step``,
+    ``group_index``, ``member_index`` and ``greedy`` (0/1). Rows written before are filled
+    from the ids the loop minted then (the one place an id is read); an async row's step
+    was not kept and stays NULL."""
+    have = {r[1] for r in conn.execute("PRAGMA table_info(rollouts)")}
+    for column in (
+        "phase TEXT",
+        "step INTEGER",
+        "group_index INTEGER",
+        "member_index INTEGER",
+        "greedy INTEGER NOT NULL DEFAULT 0",
+    ):
+        if column.split()[0] not in have:
+            conn.execute(f"ALTER TABLE rollouts ADD COLUMN {column}")
+    conn.execute(
+        "CREATE INDEX IF NOT EXISTS rollouts_run_phase_step ON rollouts(run_id, phase, step)"
+    )
+    if conn.execute("SELECT 1 FROM rollouts").fetchone() is None:
+        return  # a new file (nothing to fill, nothing for PRAGMA optimize to analyze)
+    rows = conn.execute(
+        "SELECT id, run_id, group_id FROM rollouts "
+        "WHERE run_id IS NOT NULL AND group_id IS NOT NULL AND phase IS NULL"
+    ).fetchall()
+    for rid, run_id, gid in rows:
+        found = _old_place(rid, run_id, gid)
+        if found is not None:
+            conn.execute(
+                "UPDATE rollouts SET phase = ?, step = ?, group_index = ?, member_index = ?, "
+                "greedy = ? WHERE id = ?",
+                (*found, rid),
+            )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _m001_initial,
     _m002_attempts,
@@ -257,6 +318,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _m007_steps_from_one,
     _m008_grade_detail,
     _m009_call_role,
+    _m010_rollout_place,
 ]
 
 

@@ -16,6 +16,8 @@ from tether.records import (
     CallStatus,
     Checkpoint,
     Metric,
+    Phase,
+    Place,
     Reward,
     RewardSource,
     Rollout,
@@ -40,6 +42,7 @@ __all__ = [
     "call_from_row",
     "checkpoint_from_row",
     "metric_from_row",
+    "place_columns",
     "reward_from_row",
     "rollout_from_row",
     "run_from_row",
@@ -53,7 +56,8 @@ RUN_COLUMNS = "id, config, status, created_at"
 TASK_COLUMNS = "id, data, split, run_id"
 ROLLOUT_COLUMNS = (
     "id, run_id, task_id, group_id, task, status, attempt, reward, reward_source, "
-    "final_answer, error, created_at, finished_at, started_at"
+    "final_answer, error, created_at, finished_at, started_at, "
+    "phase, step, group_index, member_index, greedy"
 )
 CALL_COLUMNS = (
     "rollout_id, seq, prompt_ids, completion_ids, logprobs, policy_version, attempt, "
@@ -93,7 +97,19 @@ def rollout_from_row(row: Row) -> Rollout:
         created_at=row[11],
         finished_at=row[12],
         started_at=row[13],
+        place=None
+        if row[14] is None
+        else Place(Phase(row[14]), row[15], row[16], row[17], bool(row[18])),
     )
+
+
+def place_columns(
+    place: Place | None,
+) -> tuple[str | None, int | None, int | None, int | None, int]:
+    """A rollout's place → its columns ``phase, step, group_index, member_index, greedy``."""
+    if place is None:
+        return None, None, None, None, 0
+    return place.phase.value, place.step, place.group, place.index, int(place.greedy)
 
 
 def attempt_from_row(row: Row) -> AttemptEnd:

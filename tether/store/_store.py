@@ -155,9 +155,10 @@ class Store(RunLog, Browse):
             try:
                 cur = conn.execute(
                     "INSERT INTO rollouts (id, run_id, task_id, group_id, task, status, attempt, "
-                    "created_at) VALUES (?,?,?,?,?,?,0,?) ON CONFLICT(id) DO NOTHING",
+                    "created_at, phase, step, group_index, member_index, greedy) "
+                    "VALUES (?,?,?,?,?,?,0,?,?,?,?,?,?) ON CONFLICT(id) DO NOTHING",
                     (stored.id, stored.run_id, stored.task_id, stored.group_id, task, _QUEUED,
-                     stored.created_at),
+                     stored.created_at, *rows.place_columns(stored.place)),
                 )  # fmt: skip
             except sqlite3.IntegrityError:
                 raise NotFound(f"rollout {stored.id!r}: run {stored.run_id!r} not found") from None

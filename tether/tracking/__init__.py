@@ -1,14 +1,14 @@
 """Watching a run: its metrics to TensorBoard, W&B or MLflow; its store exported and reported.
 
 - :class:`TrackingConfig` (``config.py``): the run config's ``tracking`` section;
-- :func:`open_tracking` / :class:`Tracking` (``_hub.py``): the sinks of one run
+- :func:`open_tracking` / :class:`Tracking` (``_fanout.py``): the sinks of one run
   (``_sinks.py``), each of which may fail without stopping the run;
 - :func:`export_attempts` / :func:`write_rows` (``_export.py``): one row per
   rollout attempt, to JSONL or Parquet (docs/export.md);
 - :class:`RunCredit` / :func:`run_credit` / :func:`group_credit` (``_groups.py``): how a
   run's updates credited their groups, and one group's advantages as an update trained
-  them (the dashboard shows these); :func:`place`: where a rollout sits (an update, an
-  eval at a step, greedy or sampled), read from its group id;
+  them (the dashboard shows these); :func:`place_kind`: a rollout's stored place
+  (``records.Place``) in one word, as export and the dashboard name it;
 - :func:`step_samples` (``_steps.py``): the training samples of one update,
   rebuilt from the stored calls with the trainer's own functions;
 - :func:`write_report` (``_report.py``): a self-contained HTML page of the curves
@@ -31,19 +31,18 @@ _EXPORTS = {
     "CALL_FIELDS": "._export",
     "EXPORT_FORMATS": "._export",
     "ROW_FIELDS": "._export",
-    "Place": "._groups",
     "RunCredit": "._groups",
     "StepSamples": "._steps",
-    "Tracking": "._hub",
+    "Tracking": "._fanout",
     "TrackingConfig": ".config",
     "export_attempts": "._export",
     "group_credit": "._groups",
     "normalize_tracking": ".config",
-    "open_tracking": "._hub",
-    "place": "._groups",
+    "open_tracking": "._fanout",
+    "place_kind": "._groups",
     "run_credit": "._groups",
     "run_tensorboard": "._tensorboard",
-    "sample_rows": "._hub",
+    "sample_rows": "._fanout",
     "step_samples": "._steps",
     "training_sample_rows": "._steps",
     "write_report": "._report",
@@ -58,14 +57,13 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._export import ROW_FIELDS as ROW_FIELDS
     from ._export import export_attempts as export_attempts
     from ._export import write_rows as write_rows
-    from ._groups import Place as Place
+    from ._fanout import Tracking as Tracking
+    from ._fanout import open_tracking as open_tracking
+    from ._fanout import sample_rows as sample_rows
     from ._groups import RunCredit as RunCredit
     from ._groups import group_credit as group_credit
-    from ._groups import place as place
+    from ._groups import place_kind as place_kind
     from ._groups import run_credit as run_credit
-    from ._hub import Tracking as Tracking
-    from ._hub import open_tracking as open_tracking
-    from ._hub import sample_rows as sample_rows
     from ._report import write_report as write_report
     from ._steps import StepSamples as StepSamples
     from ._steps import step_samples as step_samples

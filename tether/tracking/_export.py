@@ -17,7 +17,7 @@ from typing import Any
 
 from tether.errors import UserError
 from tether.records import Call, Rollout
-from tether.tracking._groups import place, run_credit, step_groups, stored_rewards
+from tether.tracking._groups import place_kind, run_credit, step_groups, stored_rewards
 
 __all__ = [
     "CALL_FIELDS",
@@ -150,7 +150,7 @@ def _source(r: Rollout, stored: Any, final: bool) -> str | None:
 def _rollout_rows(
     store: Any, r: Rollout, advantage: float | dict[int, float] | None
 ) -> Iterator[dict[str, Any]]:
-    p = place(r)
+    p = r.place
     ends = {a.attempt: a for a in store.attempts(r.id)}
     rewards = store.rewards(r.id)
     task = r.task
@@ -175,10 +175,10 @@ def _rollout_rows(
             "attempt": attempt,
             "final_attempt": final,
             "group_id": r.group_id,
-            "group": p.group,
-            "index": p.index,
-            "kind": p.kind,
-            "step": p.step,
+            "group": None if p is None else p.group,
+            "index": None if p is None else p.index,
+            "kind": place_kind(r),
+            "step": None if p is None else p.step,
             "task_id": r.task_id,
             "task": json.dumps(task) if task is not None else None,
             "status": (r.status if final else end.status if end else r.status).value,

@@ -1,76 +1,51 @@
-"""Where a stored rollout belongs in its run: which update or eval, which group, its advantage.
+"""A stored run's updates: which groups each sync update trained, and their advantages.
 
-The training loop names groups ``{run_id}-{tag}-g{index}`` and rollouts
-``{group}-{i}`` (``tether/run/_collect.py``, ``_async.py``), with the tag
-``s{step}`` for sync mode's update ``step`` (from 1, the run's numbering; stores
-written before it counted from 0 are renumbered by the store's migration 7),
-``eval{step}-s`` / ``eval{step}-g`` for the sampled / greedy rollouts of the eval
-at ``step`` (0: before training, N: after update N), and ``a`` for async
-mode (whose groups are not tied to a step in the store). :func:`place` reads
-that back. :func:`step_groups` recomputes the groups and advantages of each sync
-update exactly as the loop did: the groups whose rollouts all have a usable
-reward (with ``rollout.filter_groups``, the first ``batch_groups`` of them that
-carry signal), in group order, through the trainer's ``assign_credit`` with the
-run's ``trainer.advantage``, ``credit``, ``gamma``, ``turn_grouping`` and
-``state_weight`` (each call's prompt state read from its stored prompt ids).
-:func:`group_credit` credits one group the same way, for the dashboard: one code path
-for what an update trained, what ``tether export`` writes and what the pages show.
+Where a rollout belongs is its stored :class:`~tether.records.Place` (phase, step, group,
+index), written by the code that opened it. :func:`step_groups` recomputes the groups
+and advantages of each sync update exactly as the loop did: the groups of the update's
+step whose rollouts all have a usable reward (with ``rollout.filter_groups``, the first
+``batch_groups`` of them that carry signal), in group order, through the trainer's
+``assign_credit`` with the run's ``trainer.advantage``, ``credit``, ``gamma``,
+``turn_grouping`` and ``state_weight`` (each call's prompt state read from its stored
+prompt ids). :func:`group_credit` credits one group the same way, for the dashboard: one
+code path for what an update trained, what ``tether export`` writes and what the pages
+show. :func:`place_kind` names a rollout's place in one word, as export and the dashboard
+show it.
 """
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from tether.records import Rollout
+from tether.records import Phase, Rollout
 
 if TYPE_CHECKING:
     from tether.store import Store
     from tether.trainer import RolloutRewards
 
 __all__ = [
-    "Place",
     "RunCredit",
     "StepGroups",
     "group_credit",
-    "place",
+    "place_kind",
     "run_credit",
     "step_groups",
     "stored_rewards",
 ]
 
-_TAG = re.compile(r"(?:s(?P<step>\d+)|eval(?P<eval>\d+)-(?P<how>[sg])|a)-g(?P<group>\d+)")
-_INDEX = re.compile(r"-(\d+)$")
 
-
-@dataclass(frozen=True)
-class Place:
-    kind: str  # "train", "eval_sampled", "eval_greedy", "async" (trained, step unknown), "other"
-    step: int | None  # the update (train) or the step the eval ran at; None when unknown
-    group: int | None  # the group's index within its collection
-    index: int | None  # the rollout's index within its group
-
-
-def place(rollout: Rollout) -> Place:
-    """Where ``rollout`` sits, read from its group id (``other``: opened through the admin
-    API, or by ``tether serve``)."""
-    prefix = f"{rollout.run_id}-" if rollout.run_id else ""
-    gid = rollout.group_id or ""
-    m = _TAG.fullmatch(gid[len(prefix) :]) if prefix and gid.startswith(prefix) else None
-    if m is None:
-        return Place("other", None, None, None)
-    found = _INDEX.search(rollout.id)
-    index = int(found.group(1)) if found and rollout.id.startswith(gid + "-") else None
-    group = int(m["group"])
-    if m["step"] is not None:
-        return Place("train", int(m["step"]), group, index)
-    if m["eval"] is not None:
-        kind = "eval_sampled" if m["how"] == "s" else "eval_greedy"
-        return Place(kind, int(m["eval"]), group, index)
-    return Place("async", None, group, index)
+def place_kind(rollout: Rollout) -> str:
+    """``train`` (a sync update), ``eval_sampled``, ``eval_greedy``, ``async`` or ``other``
+    (opened through the admin API, or by ``tether serve``), from the stored place."""
+    p = rollout.place
+    if p is None:
+        return "other"
+    if p.phase is Phase.EVAL:
+        return "eval_greedy" if p.greedy else "eval_sampled"
+    return p.phase.value
 
 
 @dataclass(frozen=True)
@@ -123,8 +98,8 @@ def step_groups(
         lambda: defaultdict(list)
     )
     for r in rollouts:
-        p = place(r)
-        if p.kind == "train" and p.step is not None and p.group is not None:
+        p = r.place
+        if p is not None and p.phase is Phase.TRAIN and p.step is not None and p.group is not None:
             by_step[p.step][p.group].append((p.index if p.index is not None else 0, r))
     out: dict[int, StepGroups] = {}
     for step, groups in sorted(by_step.items()):

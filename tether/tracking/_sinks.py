@@ -9,7 +9,7 @@ numbers (the run's one numbering: update N at step N from 1, evals at 0 and N)::
     close(failed)                       # failed: the run ended with an error
 
 A sink imports its package when it opens, so a missing package is an
-:class:`ImportError` there (:mod:`._hub` turns it into one line). Metric names
+:class:`ImportError` there (:mod:`._fanout` turns it into one line). Metric names
 are the store's; a name without a ``/`` gets ``train/`` in front
 (``reward_mean`` -> ``train/reward_mean``; ``eval/sampled_success`` stays), so
 the dashboards group train and eval curves (:func:`metric_tag`).
@@ -37,7 +37,7 @@ __all__ = [
     "metric_tag",
 ]
 
-#: The columns of a ``log_samples`` row (see :func:`tether.tracking._hub.sample_rows`).
+#: The columns of a ``log_samples`` row (see :func:`tether.tracking._fanout.sample_rows`).
 SAMPLE_COLUMNS = ("rollout", "reward", "success", "prompt", "completion", "answer")
 
 

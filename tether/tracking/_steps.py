@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether.errors import UserError
-from tether.tracking._groups import StepGroups, place, run_credit, step_groups, stored_rewards
+from tether.records import Phase
+from tether.tracking._groups import StepGroups, run_credit, step_groups, stored_rewards
 
 __all__ = ["StepSamples", "step_samples", "training_sample_rows"]
 
@@ -44,7 +45,7 @@ def _train_steps(store: Any, run_id: str) -> set[int]:
     return {
         p.step
         for r in store.list_rollouts(run_id=run_id)
-        if (p := place(r)).kind == "train" and p.step is not None
+        if (p := r.place) is not None and p.phase is Phase.TRAIN and p.step is not None
     }
 
 

@@ -1,4 +1,5 @@
-"""One run's sinks behind one object: a sink that fails never stops the run.
+"""One run's sinks behind one object (metrics fanned out to each): a sink that fails never
+stops the run.
 
 :func:`open_tracking` opens the sinks the config names. One that cannot
 start (its package is missing, its server is unreachable, it refuses the
