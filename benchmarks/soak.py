@@ -11,7 +11,11 @@ updates). After every ``--every`` updates it samples:
 - ``fds``, ``threads``: open file descriptors, threads;
 - ``store_mib``, ``wal_mib``: the trace store's SQLite file and its write-ahead log;
 - ``tensorboard_mib``, ``checkpoints_mib``: those folders;
-- ``step_s``: seconds per update (the mean of the updates since the last sample).
+- ``step_s``: seconds per update (the mean of the updates since the last sample), and
+  its two parts, ``rollout_s`` (collecting the groups) and ``update_s`` (the trainer);
+- ``tokens``: tokens the policy generated per update, and ``ms_per_token``: ``step_s``
+  over them. A policy that learns to write longer answers makes its updates slower
+  without anything in tether growing; ``ms_per_token`` tells the two apart.
 
 Like the ``tether`` command, it caps glibc's heap arenas first (``limit_arenas``);
 ``--default-arenas`` keeps glibc's default, the baseline that grew (docs/memory.md).
@@ -47,7 +51,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "calc" / "config.yaml"
 FIGURES = ("rss_mib", "objects", "fds", "threads", "store_mib", "wal_mib",
-           "tensorboard_mib", "checkpoints_mib", "step_s")  # fmt: skip
+           "tensorboard_mib", "checkpoints_mib", "step_s", "rollout_s", "update_s", "tokens",
+           "ms_per_token")  # fmt: skip
+TIMES = ("step_s", "rollout_s", "update_s", "tokens")  # per update, averaged over a sample
 
 
 def overrides(args: argparse.Namespace, out: Path) -> list[str]:
@@ -83,15 +89,20 @@ class Sampler:
         self.rows: list[dict[str, float]] = []
         self.types_first: Counter[str] | None = None
         self.types_last: Counter[str] = Counter()
-        self._steps: list[float] = []
+        self._steps: dict[str, list[float]] = {name: [] for name in TIMES}
 
     def on_event(self, event: Any) -> None:
         from tether.run._events import StepDone
 
         if not isinstance(event, StepDone):
             return
-        report = event.report
-        self._steps.append(report.metrics.get("step_s", math.nan))
+        report, m = event.report, event.report.metrics
+        tokens = m.get("gen_tokens_per_s", math.nan) * m.get("rollout_s", math.nan)
+        for name, value in zip(
+            TIMES, (m.get("step_s"), m.get("rollout_s"), m.get("update_s"), tokens), strict=True
+        ):
+            if value is not None and not math.isnan(value):  # no update_s: nothing trained
+                self._steps[name].append(value)
         if report.step % self.every == 0:
             self.sample(report.step, report.metrics.get("rss_mb", math.nan))
 
@@ -114,9 +125,11 @@ class Sampler:
             "wal_mib": file_mib(db.with_name(db.name + "-wal")),
             "tensorboard_mib": folder_mib(self.run_dir / "tensorboard"),
             "checkpoints_mib": folder_mib(self.run_dir / "checkpoints"),
-            "step_s": sum(self._steps) / max(len(self._steps), 1),
         }
-        self._steps = []
+        for name, values in self._steps.items():
+            row[name] = sum(values) / len(values) if values else math.nan
+            values.clear()
+        row["ms_per_token"] = 1000 * row["step_s"] / row["tokens"] if row["tokens"] else math.nan
         self.rows.append(row)
         print(" ".join(f"{k}={v:.6g}" for k, v in row.items()), flush=True)
 
@@ -137,7 +150,8 @@ def report(rows: list[dict[str, float]], warmup: int) -> dict[str, dict[str, flo
     kept = [r for r in rows if r["update"] >= warmup]
     out: dict[str, dict[str, float]] = {}
     for name in FIGURES:
-        xs, ys = [r["update"] for r in kept], [r[name] for r in kept]
+        pairs = [(r["update"], r[name]) for r in kept if not math.isnan(r[name])]
+        xs, ys = [x for x, _ in pairs], [y for _, y in pairs]
         b, se = slope(xs, ys)
         out[name] = {"first": ys[0] if ys else math.nan, "last": ys[-1] if ys else math.nan,
                      "per_update": b, "stderr": se}  # fmt: skip
@@ -152,6 +166,20 @@ def print_report(summary: dict[str, dict[str, float]], args: argparse.Namespace)
     for name, s in summary.items():
         print(f"{name:<16} {s['first']:>10.4g} {s['last']:>10.4g} "
               f"{s['per_update']:>12.4g} {s['stderr']:>10.2g}")  # fmt: skip
+
+
+def print_drift(rows: list[dict[str, float]], warmup: int, k: int = 3) -> None:
+    """Time per update at the start and the end: the mean of the first and the last ``k``
+    samples past the warm-up (one sample averages ``--every`` updates)."""
+    kept = [r for r in rows if r["update"] >= warmup]
+    if len(kept) < 2 * k:
+        return
+    for name in ("step_s", "rollout_s", "update_s", "tokens", "ms_per_token"):
+        values = [r[name] for r in kept if not math.isnan(r[name])]
+        if len(values) < 2 * k:
+            continue
+        first, last = sum(values[:k]) / k, sum(values[-k:]) / k
+        print(f"{name}: {first:.4g} at the start, {last:.4g} at the end ({last / first - 1:+.1%})")
 
 
 async def soak(args: argparse.Namespace, out: Path) -> Sampler:
@@ -190,6 +218,7 @@ def main() -> None:
         sampler = asyncio.run(soak(args, Path(tmp)))
     summary = report(sampler.rows, args.warmup)
     print_report(summary, args)
+    print_drift(sampler.rows, args.warmup)
     first = sampler.types_first or Counter()
     grown = (sampler.types_last - first).most_common(8)
     print("object types that grew most:", ", ".join(f"{t} +{n}" for t, n in grown) or "none")

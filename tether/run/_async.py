@@ -226,7 +226,7 @@ class AsyncRollouts:
         return len(stale)
 
     def _drop_flat(self) -> None:
-        """rollout.filter_groups: drop ready groups without signal, as _signal.py does in
+        """rollout.filter_groups: drop ready groups without signal, as _filter_groups.py does in
         sync mode, while this update's budget lasts; the scheduler has already started
         other groups in their place. Past the budget they reach the update, which trains
         the groups with signal among them (fewer than batch_groups, as sync does)."""
