@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
@@ -31,16 +31,12 @@ from ..._core.context import CallContext
 from ..._core.deltas import Done
 from ..._core.gateway import Gateway
 from ..._http.deps import (
-    STREAMED,
-    body_schema,
     call_role,
-    gateway,
     parse,
-    rollout_attempt,
-    rollout_route,
 )
 from ..._http.event_stream import event_stream, primed
-from ..._http.record_mode import OnEnd, check_record_key, recording
+from ..._http.mount import Route, mount
+from ..._http.record_mode import OnEnd
 from ..._http.status import ApiError, anthropic_error_body
 from ..openai.schema import ChatCompletionRequest
 from .items import ANTHROPIC_PARAM, chat_fields
@@ -134,47 +130,13 @@ async def _count(gw: Gateway, request: Request) -> dict[str, int]:
     return {"input_tokens": gw.prompt_tokens(chat_request(req))}
 
 
-@rollout_route(
-    router.post,
-    "/v1/messages",
-    tags=["anthropic"],
-    openapi_extra=body_schema(MessagesRequest),
-    responses=STREAMED,
-)
-async def rollout_messages(
-    rollout_id: str,
-    request: Request,
-    gw: Gateway = Depends(gateway),
-    attempt: int = Depends(rollout_attempt),
-):
-    return await _messages(gw, rollout_id, attempt, request)
-
-
-@rollout_route(
-    router.post,
-    "/v1/messages/count_tokens",
-    tags=["anthropic"],
-    openapi_extra=body_schema(CountTokensRequest),
-)
-async def rollout_count_tokens(
-    request: Request, gw: Gateway = Depends(gateway), _: int = Depends(rollout_attempt)
-) -> dict[str, int]:
-    return await _count(gw, request)
-
-
-@router.post(
-    "/v1/messages",
-    tags=["record"],
-    openapi_extra=body_schema(MessagesRequest),
-    responses=STREAMED,
-)
-async def record_messages(request: Request, gw: Gateway = Depends(gateway)):
-    return await recording(gw, request, _messages)
-
-
-@router.post(
-    "/v1/messages/count_tokens", tags=["record"], openapi_extra=body_schema(CountTokensRequest)
-)
-async def record_count_tokens(request: Request, gw: Gateway = Depends(gateway)) -> dict[str, int]:
-    check_record_key(gw, request)
-    return await _count(gw, request)
+mount(
+    router,
+    (
+        Route("/v1/messages", "messages", "anthropic", call=_messages, body=MessagesRequest),
+        Route(
+            "/v1/messages/count_tokens", "count_tokens", "anthropic", answer=_count,
+            body=CountTokensRequest, response_model=dict[str, int],
+        ),
+    ),
+)  # fmt: skip

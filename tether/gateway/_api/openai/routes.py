@@ -19,16 +19,15 @@ from ..._core.auth import bearer, check_rollout_id
 from ..._core.gateway import Gateway
 from ..._errors import EngineDown
 from ..._http.deps import (
-    STREAMED,
     body_schema,
     call_role,
     gateway,
     parse,
     request_key,
     rollout_attempt,
-    rollout_route,
 )
-from ..._http.record_mode import OnEnd, recording
+from ..._http.mount import Route, mount
+from ..._http.record_mode import OnEnd
 from ..._http.status import ApiError, http_error
 from .render import chat_body, completion_body
 from .schema import ChatCompletionRequest, CompletionRequest, RewardRequest
@@ -94,35 +93,9 @@ async def healthz(gw: Gateway = Depends(gateway)) -> Any:
     return JSONResponse({"status": status, "error": api.message}, status_code=api.status)
 
 
-@rollout_route(
-    router.post,
-    "/v1/chat/completions",
-    tags=["openai"],
-    openapi_extra=body_schema(ChatCompletionRequest),
-    responses=STREAMED,
-)
-async def rollout_chat(
-    rollout_id: str,
-    request: Request,
-    gw: Gateway = Depends(gateway),
-    attempt: int = Depends(rollout_attempt),
-):
-    return await _chat(gw, rollout_id, attempt, request)
-
-
-@rollout_route(
-    router.post,
-    "/v1/completions",
-    tags=["openai"],
-    openapi_extra=body_schema(CompletionRequest),
-    responses=STREAMED,
-)
-async def rollout_completions(
-    rollout_id: str,
-    request: Request,
-    gw: Gateway = Depends(gateway),
-    attempt: int = Depends(rollout_attempt),
-):
+async def _completions(
+    gw: Gateway, rollout_id: str, attempt: int, request: Request, on_end: OnEnd | None = None
+) -> Any:
     req: CompletionRequest = await parse(request, CompletionRequest)
     ctx = gw.prepare_completion(rollout_id, attempt, req, role=call_role(request))
     if req.stream:
@@ -147,11 +120,30 @@ async def rollout_completions(
     return JSONResponse(body)
 
 
-@rollout_route(router.get, "/v1/models", tags=["openai"])
-async def rollout_models(
-    gw: Gateway = Depends(gateway), _: int = Depends(rollout_attempt)
-) -> dict[str, Any]:
+async def _model_list(gw: Gateway, request: Request) -> dict[str, Any]:
     return _models(gw.config.served_model_name)
+
+
+def _recorder_or_admin(gw: Gateway, request: Request) -> None:
+    token = request_key(request)
+    if not (gw.keys.is_recorder(token) or gw.keys.is_admin(token)):
+        raise ApiError(401, "missing or invalid key")
+
+
+mount(
+    router,
+    (
+        Route("/v1/chat/completions", "chat", "openai", call=_chat, body=ChatCompletionRequest),
+        Route(
+            "/v1/completions", "completions", "openai", call=_completions,
+            body=CompletionRequest, record=False,
+        ),
+        Route(
+            "/v1/models", "models", "openai", answer=_model_list, record_name="models",
+            record_check=_recorder_or_admin, response_model=dict[str, Any],
+        ),
+    ),
+)  # fmt: skip
 
 
 @router.post(
@@ -170,21 +162,3 @@ async def rollout_reward(
     req = await parse(request, RewardRequest)
     gw.record_reward(rollout_id, req.value, call_seq=req.call_seq, attempt=attempt)
     return {"ok": True}
-
-
-@router.post(
-    "/v1/chat/completions",
-    tags=["record"],
-    openapi_extra=body_schema(ChatCompletionRequest),
-    responses=STREAMED,
-)
-async def record_chat(request: Request, gw: Gateway = Depends(gateway)):
-    return await recording(gw, request, _chat)
-
-
-@router.get("/v1/models", tags=["record"])
-async def models(request: Request, gw: Gateway = Depends(gateway)) -> dict[str, Any]:
-    token = request_key(request)
-    if not (gw.keys.is_recorder(token) or gw.keys.is_admin(token)):
-        raise ApiError(401, "missing or invalid key")
-    return _models(gw.config.served_model_name)

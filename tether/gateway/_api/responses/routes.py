@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
@@ -22,16 +22,12 @@ from tether.records import RolloutStatus
 from ..._core.deltas import Done
 from ..._core.gateway import Gateway
 from ..._http.deps import (
-    STREAMED,
-    body_schema,
     call_role,
-    gateway,
     parse,
-    rollout_attempt,
-    rollout_route,
 )
 from ..._http.event_stream import event_stream, primed
-from ..._http.record_mode import OnEnd, recording
+from ..._http.mount import Route, mount
+from ..._http.record_mode import OnEnd
 from ..._http.status import ApiError
 from ..openai.render import _chat_logprobs, _usage
 from ..openai.schema import ChatCompletionRequest
@@ -107,27 +103,7 @@ async def _responses(
     return JSONResponse(final(Done(choices, len(ctx.prompt_ids))))
 
 
-@rollout_route(
-    router.post,
-    "/v1/responses",
-    tags=["openai"],
-    openapi_extra=body_schema(ResponsesRequest),
-    responses=STREAMED,
+mount(
+    router,
+    (Route("/v1/responses", "responses", "openai", call=_responses, body=ResponsesRequest),),
 )
-async def rollout_responses(
-    rollout_id: str,
-    request: Request,
-    gw: Gateway = Depends(gateway),
-    attempt: int = Depends(rollout_attempt),
-):
-    return await _responses(gw, rollout_id, attempt, request)
-
-
-@router.post(
-    "/v1/responses",
-    tags=["record"],
-    openapi_extra=body_schema(ResponsesRequest),
-    responses=STREAMED,
-)
-async def record_responses(request: Request, gw: Gateway = Depends(gateway)):
-    return await recording(gw, request, _responses)
