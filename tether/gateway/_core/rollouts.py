@@ -52,6 +52,17 @@ class OpenedRollout:
         }
 
 
+@dataclass
+class _Attempt:
+    """What the gateway keeps of a rollout's current attempt while it runs (in memory: it
+    matters while the rollout runs in this process), read without a store look-up."""
+
+    attempt: int
+    overrides: dict[str, float]  # the sampling overrides (``open_rollout(sampling=...)``)
+    seed_base: bytes  # the base of its calls' derived seeds (RolloutLifecycle)
+    draws: int = 0  # the seeds drawn so far: the index of the next call
+
+
 class RolloutLifecycle:
     """Rollouts, their tokens, their sampling overrides and their calls' seeds.
 
@@ -80,27 +91,33 @@ class RolloutLifecycle:
         self.seed = seed
         # Rollouts created without a run id belong to this run (``tether serve`` sets it).
         self.default_run_id: str | None = None
-        # Per-rollout sampling overrides set by the trainer (e.g. greedy evaluation);
-        # in memory only: they matter while the rollout runs in this process.
-        self._sampling: dict[str, dict[str, float]] = {}
-        # rollout id -> (attempt, base of its derived seeds, calls made so far in the attempt)
-        self._draws: dict[str, tuple[int, bytes, int]] = {}
+        # rollout id -> its current attempt's overrides and seeds, set when it starts, so
+        # that a call reads the store once (to authorize) and this dict
+        self._attempts: dict[str, _Attempt] = {}
 
     def overrides(self, rollout_id: str) -> dict[str, float]:
         """The sampling overrides of the rollout (``open_rollout(sampling=...)``), or {}."""
-        return self._sampling.get(rollout_id, {})
+        current = self._attempts.get(rollout_id)
+        return current.overrides if current is not None else {}
+
+    def _seed_base(self, rollout_id: str, run_id: str | None, attempt: int) -> bytes:
+        name = rollout_id.removeprefix(f"{run_id}-") if run_id else rollout_id
+        return f"{self.seed}\0{name}\0{attempt}".encode()
+
+    def _run_of(self, rollout_id: str) -> str | None:
+        rollout = self.store.get_rollout(rollout_id)
+        return rollout.run_id if rollout is not None else None
 
     def derived_seed(self, rollout_id: str, attempt: int) -> int:
         """The seed of the attempt's next call (see the class docstring); counts the call."""
-        state = self._draws.get(rollout_id)
-        if state is None or state[0] != attempt:
-            rollout = self.store.get_rollout(rollout_id)
-            run_id = rollout.run_id if rollout is not None else None
-            name = rollout_id.removeprefix(f"{run_id}-") if run_id else rollout_id
-            state = (attempt, f"{self.seed}\0{name}\0{attempt}".encode(), 0)
-        attempt, base, index = state
-        self._draws[rollout_id] = (attempt, base, index + 1)
-        digest = hashlib.blake2b(base + b"\0%d" % index, digest_size=8).digest()
+        current = self._attempts.get(rollout_id)
+        if current is None or current.attempt != attempt:  # not started here (a restart)
+            overrides = current.overrides if current is not None else {}
+            base = self._seed_base(rollout_id, self._run_of(rollout_id), attempt)
+            current = self._attempts[rollout_id] = _Attempt(attempt, overrides, base)
+        index = current.draws
+        current.draws += 1
+        digest = hashlib.blake2b(current.seed_base + b"\0%d" % index, digest_size=8).digest()
         return int.from_bytes(digest, "big") >> 2
 
     def seeded(self, params: SamplingParams, rollout_id: str, attempt: int) -> SamplingParams:
@@ -132,10 +149,11 @@ class RolloutLifecycle:
         rid = check_rollout_id(rollout_id) if rollout_id else f"r-{uuid.uuid4().hex[:16]}"
         if self.store.get_rollout(rid) is not None:
             raise Conflict(f"rollout {rid!r} already exists", param="rollout_id")
+        run = run_id or self.default_run_id
         self.store.create_rollout(
             Rollout(
                 id=rid,
-                run_id=run_id or self.default_run_id,
+                run_id=run,
                 task_id=task_id,
                 group_id=group_id,
                 task=agent_task(task or {}),  # as the agent reads it: no "grader" field
@@ -147,8 +165,7 @@ class RolloutLifecycle:
                 raise InvalidRequest(
                     f"sampling overrides {sorted(unknown)} are not supported", param="sampling"
                 )
-            self._sampling[rid] = dict(sampling)
-        return self._start(rid, queued)
+        return self._start(rid, queued, sampling, run)
 
     def retry_rollout(
         self, rollout_id: str, *, sampling: dict[str, float] | None = None, queued: bool = False
@@ -158,20 +175,25 @@ class RolloutLifecycle:
         ``sampling`` restores the overrides given to :meth:`open_rollout`
         (finishing the failed attempt dropped them).
         """
-        if sampling:
-            self._sampling[rollout_id] = dict(sampling)
-        return self._start(rollout_id, queued)
+        return self._start(rollout_id, queued, sampling, self._run_of(rollout_id))
 
     def mark_running(self, rollout_id: str, attempt: int) -> None:
         """A ``queued`` attempt's agent has started (runners call this); no-op if running."""
         self.store.mark_running(rollout_id, attempt)
 
-    def _start(self, rollout_id: str, queued: bool = False) -> OpenedRollout:
+    def _start(
+        self, rollout_id: str, queued: bool, sampling: dict[str, float] | None, run_id: str | None
+    ) -> OpenedRollout:
+        """Start an attempt; ``sampling`` (when given) replaces the rollout's overrides."""
         token = new_token()
         previous = self.store.rollout_auth(rollout_id)
         attempt = self.store.start_attempt(rollout_id, hash_token(token), queued=queued)
         if previous is not None and previous[2]:
             self.keys.supersede(previous[2], hash_token(token))
+        before = self._attempts.get(rollout_id)
+        overrides = dict(sampling) if sampling else before.overrides if before else {}
+        base = self._seed_base(rollout_id, run_id, attempt)
+        self._attempts[rollout_id] = _Attempt(attempt, overrides, base)
         base = self.config.base_url
         return OpenedRollout(
             rollout_id=rollout_id,
@@ -202,8 +224,7 @@ class RolloutLifecycle:
         ``exit_code``, ``output_tail`` (what the agent printed), ``success``,
         ``grader_error`` (what the grader raised) and ``grade_detail`` (what a judge saw
         and said) are kept with the attempt (:meth:`Store.attempts`)."""
-        self._sampling.pop(rollout_id, None)
-        self._draws.pop(rollout_id, None)
+        self._attempts.pop(rollout_id, None)
         auth = self.store.rollout_auth(rollout_id)
         if attempt is None:
             if auth is None:
