@@ -116,10 +116,10 @@ async def test_a_finished_rollouts_history_is_forgotten(make_gateway: Any, end: 
             )
         assert r.status_code == 200, r.text
     if end != "record":  # a record-mode rollout ends with its call
-        assert len(gw.history._entries) == 1
+        assert len(gw.calls.history._entries) == 1
         status = {"finish": "succeeded", "fail": "failed", "cancel": "cancelled"}[end]
         gw.finish_rollout("r-h", RolloutStatus(status))
-    assert len(gw.history._entries) == 0
+    assert len(gw.calls.history._entries) == 0
 
 
 def test_a_replaced_config_reaches_both_services(make_gateway: Any) -> None:
@@ -127,7 +127,7 @@ def test_a_replaced_config_reaches_both_services(make_gateway: Any) -> None:
     gw = make_gateway(NullEngine())
     gw.config = dataclasses.replace(gw.config, public_url="http://127.0.0.1:5555", max_context=64)
     assert gw.open_rollout({}).base_url.startswith("http://127.0.0.1:5555/rollouts/")
-    assert gw.max_context == 64
+    assert gw.calls.max_context == 64
 
 
 #: The store's reads of one rollout (its state, token or row).

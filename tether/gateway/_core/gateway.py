@@ -36,7 +36,10 @@ class Gateway:
     ``seed`` (the run's; random when None) is the root of the seeds of calls that ask
     for none (:class:`~.rollouts.RolloutLifecycle`). The rollout methods
     (``open_rollout``, ``retry_rollout``, ``mark_running``, ``finish_rollout``,
-    ``record_reward``, ``authorize``, ``rollouts``, ``rollout``) are the lifecycle's own.
+    ``record_reward``, ``authorize``, ``rollouts``, ``rollout``) are the lifecycle's own,
+    bound here (one signature each, in ``rollouts``); what the services keep (the render
+    cache, the context limit, the count of engine calls, the seed) is read from them:
+    ``gw.calls``, ``gw.lifecycle``.
     """
 
     def __init__(
@@ -82,10 +85,6 @@ class Gateway:
         self.calls.configure(config)
 
     @property
-    def seed(self) -> int:
-        return self.lifecycle.seed
-
-    @property
     def default_run_id(self) -> str | None:
         """The run of rollouts opened without a run id (``tether serve`` sets it)."""
         return self.lifecycle.default_run_id
@@ -97,19 +96,6 @@ class Gateway:
     @property
     def gate(self) -> Any:
         return self.calls.gate
-
-    @property
-    def history(self) -> Any:
-        return self.calls.history
-
-    @property
-    def max_context(self) -> int | None:
-        """The model's context in tokens (``_prepare.context_limit``); None if unknown."""
-        return self.calls.max_context
-
-    @property
-    def engine_calls(self) -> int:
-        return self.calls.engine_calls
 
     @property
     def policy_version(self) -> int:
