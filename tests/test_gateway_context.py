@@ -72,7 +72,7 @@ async def test_a_prompt_beyond_the_models_positions_is_a_400_in_both_modes(
     served: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     gw, http = served
-    assert gw.max_context == POSITIONS
+    assert gw.calls.max_context == POSITIONS
     long = _long_prompt(gw.tokenizer, 4000)
     opened = gw.open_rollout({}, rollout_id="r-long")
     agent = _client(http, "http://gw/rollouts/r-long/v1", opened.token)
@@ -92,7 +92,7 @@ async def test_a_prompt_beyond_the_models_positions_is_a_400_in_both_modes(
                 )
             assert streamed.value.code == "context_length_exceeded"
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
-    assert gw.engine_calls == 0
+    assert gw.calls.engine_calls == 0
     ok = await agent.chat.completions.create(
         model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=3
     )
@@ -119,9 +119,9 @@ def test_the_limit_is_the_smallest_known_one(make_gateway: Any, tokenizer: Any) 
     class Positioned(NullEngine):
         max_positions = 300
 
-    assert make_gateway(NullEngine()).max_context == tokenizer.model_max_length
-    assert make_gateway(Positioned()).max_context == 300
-    assert make_gateway(Positioned(), max_context=200).max_context == 200
-    assert make_gateway(Positioned(), max_context=5000).max_context == 300
+    assert make_gateway(NullEngine()).calls.max_context == tokenizer.model_max_length
+    assert make_gateway(Positioned()).calls.max_context == 300
+    assert make_gateway(Positioned(), max_context=200).calls.max_context == 200
+    assert make_gateway(Positioned(), max_context=5000).calls.max_context == 300
     with pytest.raises(UserError, match="max_context"):
         GatewayConfig(max_context=0)

@@ -116,10 +116,10 @@ async def test_a_finished_rollouts_history_is_forgotten(make_gateway: Any, end: 
             )
         assert r.status_code == 200, r.text
     if end != "record":  # a record-mode rollout ends with its call
-        assert len(gw.history._entries) == 1
+        assert len(gw.calls.history._entries) == 1
         status = {"finish": "succeeded", "fail": "failed", "cancel": "cancelled"}[end]
         gw.finish_rollout("r-h", RolloutStatus(status))
-    assert len(gw.history._entries) == 0
+    assert len(gw.calls.history._entries) == 0
 
 
 def test_a_replaced_config_reaches_both_services(make_gateway: Any) -> None:
@@ -127,4 +127,58 @@ def test_a_replaced_config_reaches_both_services(make_gateway: Any) -> None:
     gw = make_gateway(NullEngine())
     gw.config = dataclasses.replace(gw.config, public_url="http://127.0.0.1:5555", max_context=64)
     assert gw.open_rollout({}).base_url.startswith("http://127.0.0.1:5555/rollouts/")
-    assert gw.max_context == 64
+    assert gw.calls.max_context == 64
+
+
+#: The store's reads of one rollout (its state, token or row).
+ROLLOUT_READS = ("rollout_auth", "get_rollout", "token_in_use")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_chat_call_looks_its_rollout_up_once(
+    make_gateway: Any, store: Any, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """Authorization, the rollout's sampling overrides and its derived seed come from one
+    read of the store per call, also on an attempt's first call and after a retry."""
+    gw = make_gateway(NullEngine(token_ids=[40, 41]))
+    opened = gw.open_rollout({"q": 1}, rollout_id="r-1", sampling={"top_p": 0.5})
+    reads: list[str] = []
+    for name in ROLLOUT_READS:
+        real = getattr(store, name)
+
+        def counted(*args: Any, _real: Any = real, _name: str = name) -> Any:
+            reads.append(_name)
+            return _real(*args)
+
+        monkeypatch.setattr(store, name, counted)
+    body = {**CHAT, "temperature": 1.0, "stream": stream}  # unseeded: the seed is derived
+    async with _client(gw) as c:
+        for _ in range(2):
+            reads.clear()
+            r = await c.post(f"/rollouts/{opened.rollout_id}/v1/chat/completions", json=body,
+                             headers=_h(opened.token))  # fmt: skip
+            assert r.status_code == 200, r.text
+            assert reads == ["rollout_auth"]
+        gw.finish_rollout(opened.rollout_id, RolloutStatus.FAILED)
+        again = gw.retry_rollout(opened.rollout_id, sampling={"top_p": 0.5})
+        reads.clear()
+        r = await c.post(f"/rollouts/{opened.rollout_id}/v1/chat/completions", json=body,
+                         headers=_h(again.token))  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert reads == ["rollout_auth"]
+
+
+def test_a_restarted_gateway_derives_the_same_seeds(store: Any, tokenizer: Any) -> None:
+    """Seeds derived from what the gateway kept when the attempt started equal those a
+    gateway over the same store (after a restart) derives from the stored rollout."""
+    from tether.gateway import Gateway, GatewayConfig
+
+    def gateway() -> Any:
+        return Gateway(NullEngine(), tokenizer, store, GatewayConfig(admin_key=ADMIN_KEY), seed=7)
+
+    first = gateway()
+    o = first.open_rollout({}, rollout_id="r-1")
+    later = gateway()
+    seeds = [first.lifecycle.derived_seed("r-1", o.attempt) for _ in range(3)]
+    assert [later.lifecycle.derived_seed("r-1", o.attempt) for _ in range(3)] == seeds
+    assert len(set(seeds)) == 3

@@ -101,13 +101,23 @@ async def test_without_configured_roles_any_role_name_is_served(make_gateway: An
     assert [c.role for c in gw.store.calls("r-1")] == ["planner"]
 
 
-async def test_openapi_lists_both_forms(make_gateway: Any) -> None:
+async def test_openapi_lists_the_three_forms(make_gateway: Any) -> None:
     gw = make_gateway(NullEngine(token_ids=[40]))
     async with _client(gw) as c:
         schema = (await c.get("/openapi.json", headers=_h(ADMIN_KEY))).json()
-    for suffix in ("chat/completions", "responses", "messages", "models"):
+    for suffix in ("chat/completions", "responses", "messages", "messages/count_tokens", "models"):
         assert f"/rollouts/{{rollout_id}}/v1/{suffix}" in schema["paths"]
         assert f"/rollouts/{{rollout_id}}/roles/{{role}}/v1/{suffix}" in schema["paths"]
+        assert f"/v1/{suffix}" in schema["paths"]  # the record form
+    assert "/v1/completions" not in schema["paths"]  # text completions have no record form
+
+
+def test_a_route_is_a_call_or_an_answer() -> None:
+    """A dialect's route (``_http.mount.Route``) names exactly one way to answer."""
+    from tether.gateway._http.mount import Route
+
+    with pytest.raises(ValueError, match="exactly one of call= and answer="):
+        Route("/v1/x", "x", "openai")
 
 
 def test_gateway_roles_must_be_role_names() -> None:

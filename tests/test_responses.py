@@ -29,9 +29,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from tether.chat import render_prompt
 from tether.engine import TransformersEngine
 from tether.engine.testing import ScriptedEngine
-from tether.gateway._deltas import Done, TextDelta, ToolCallDelta
-from tether.gateway._render import Choice
-from tether.gateway._responses_render import (
+from tether.gateway._api.responses.render import (
     ResponseMeta,
     echo,
     events,
@@ -39,7 +37,9 @@ from tether.gateway._responses_render import (
     output_items,
     response_body,
 )
-from tether.gateway._responses_schema import ResponsesRequest
+from tether.gateway._api.responses.schema import ResponsesRequest
+from tether.gateway._core.choices import Choice
+from tether.gateway._core.deltas import Done, TextDelta, ToolCallDelta
 from tether.models import load_tokenizer
 from tether.records import RolloutStatus
 from tether.store import Store

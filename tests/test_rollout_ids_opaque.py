@@ -29,7 +29,7 @@ OLD_PATTERNS = {
 ALLOWED = {
     ("store/_migrations.py", None),  # migrations 7 and 10: old stores, once
     (
-        "gateway/_rollouts.py",
+        "gateway/_core/rollouts.py",
         'name = rollout_id.removeprefix(f"{run_id}-") if run_id else rollout_id',
     ),
 }

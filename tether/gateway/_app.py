@@ -1,10 +1,9 @@
 """The ASGI app: the agents' OpenAI-compatible and Anthropic routes and the admin routes over
 a Gateway.
 
-The routes live in routers (``_openai_routes``, ``_responses``, ``_messages``,
-``_admin_routes``); what
-they share (body parsing, auth dependencies, error handlers) is in ``_http``;
-the logic is :class:`Gateway`'s.
+The routes live in routers (``_api``: one package per dialect, and the admin routes);
+what they share (body parsing, auth dependencies, error handlers) is in ``_http``; the
+logic is :class:`Gateway`'s (``_core``).
 """
 
 from __future__ import annotations
@@ -13,10 +12,13 @@ from fastapi import FastAPI
 
 from tether import __version__
 
-from . import _admin_routes, _messages, _openai_routes, _responses
-from ._core import Gateway
-from ._http import install_handlers
-from ._openapi import install_openapi
+from ._api import admin as _admin_routes
+from ._api.anthropic import routes as _messages
+from ._api.openai import routes as _openai_routes
+from ._api.responses import routes as _responses
+from ._core.gateway import Gateway
+from ._http.deps import install_handlers
+from ._http.openapi import install_openapi
 
 __all__ = ["create_app"]
 

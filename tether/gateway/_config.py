@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from tether.errors import UserError
 from tether.records import check_role_name
 
-from ._exceptions import InvalidRequest, UnknownRole
+from ._errors import InvalidRequest, UnknownRole
 
 __all__ = ["DEFAULT_PORT", "GatewayConfig", "is_loopback"]
 
