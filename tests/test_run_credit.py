@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 import torch
 
+from tests.dashboard_stores import KEY, get_all, update_row
 from tests.helpers import GroupFates, small_run
+from tether.dashboard import Catalog, create_server_app
 from tether.errors import UserError
-from tether.records import Call, GroupFate, RolloutStatus, Split, Task
+from tether.records import Call, GroupFate, RolloutStatus, Split, Task, UpdateRecord
 from tether.run import (
     EvalConfig,
     RolloutConfig,
@@ -262,6 +264,7 @@ def test_a_turn_credit_run_with_filter_groups(
             finals = {by_id[i].reward for i in g.rollouts}
             assert (len(finals) == 1) == (g.fate.value == "no_signal")  # the flat tasks
             assert (g.advantages is not None) == (g.fate.value == "kept")
+    shows_updates(tmp_path, "credit", run.run_record.id, updates)
     credited = [row for row in rows if row["calls"][0]["advantage"] is not None]
     assert len(credited) == 2 * sum(r.metrics["groups_kept"] for r in run.history)
     assert all(row["advantage"] is None for row in rows)  # per call with turn credit
@@ -428,3 +431,28 @@ def test_an_async_run_with_filter_groups_trains_only_groups_with_signal(
     assert sorted(g.group for g in flat) == sorted(g.index for g in fates.dropped_no_signal)
     for g in (g for u in updates for g in u.groups):
         assert all(place[i].group == g.group for i in g.rollouts)  # type: ignore[union-attr]
+    shows_updates(tmp_path, "async-filter", run.run_record.id, updates)
+
+
+def shows_updates(runs: Path, name: str, run_id: str, updates: list[UpdateRecord]) -> None:
+    """The dashboard's run page shows each update's trained groups and its dropped ones,
+    each with why, as recorded."""
+    app = create_server_app(Catalog(runs_dir=runs), KEY)
+    (page,) = get_all(app, [f"/ui/s/{name}/run/{run_id}"])
+    for u in updates:
+        kept, dropped = update_row(page.text, u.step)
+        assert kept == " · ".join(f"g{g.group}" for g in u.kept())
+        gone = [g for g in u.groups if g.fate is not GroupFate.KEPT]
+        shown = dropped.split("; ") if dropped else []
+        assert [x.split(":")[0] for x in shown] == [f"g{g.group}" for g in gone]
+        for text, g in zip(shown, gone, strict=True):
+            assert _WHY[g.fate] in text, (text, g.fate)
+
+
+#: A word of why the dashboard says a group was dropped.
+_WHY = {
+    GroupFate.NO_SIGNAL: "no signal",
+    GroupFate.UNUSABLE: "no usable reward",
+    GroupFate.SURPLUS: "batch was full",
+    GroupFate.LAG: "too old",
+}
