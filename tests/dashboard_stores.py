@@ -13,13 +13,27 @@ from typing import Any
 import httpx
 import pytest
 
-from tether.records import Call, CallStatus, Phase, Place, Rollout, RunStatus
+from tether.records import (
+    Call,
+    CallStatus,
+    GroupFate,
+    Phase,
+    Place,
+    Rollout,
+    RunStatus,
+    UpdateGroup,
+    UpdateRecord,
+)
 from tether.store import Store
 
 KEY = "dash-admin-key-0123456789"
 ORIGIN = "http://127.0.0.1:8322"
 HOSTILE = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=1"><b>bold</b>'
 ROOT = Path(__file__).resolve().parents[1]
+#: A run's credit settings as its update records hold them (``tether.run``'s Learning).
+GRPO = {"advantage": "grpo", "credit": "trajectory", "gamma": 1.0, "signal_only": None,
+        "role_weights": {}, "grouping": "index", "state_weight": 1.0}  # fmt: skip
+ADV = 0.7071067811865476  # grpo's advantage of rewards 1 and 0 (sample std)
 
 
 def add_rollout(
@@ -87,6 +101,12 @@ def runs_dir(tmp_path: Path) -> Path:
             add_rollout(s, f"good-1-eval0-s-g0-{i}", run.id, "good-1-eval0-s-g0", reward=float(i),
                         place=Place(Phase.EVAL, 0, 0, i),
                      calls=[call([1, 2], [3])])  # fmt: skip
+        # what the run recorded of its updates: step 0 trained its group (grpo over
+        # rewards 1 and 0), step 1 dropped its group (a rollout failed)
+        g0, g1 = ("good-1-s0-g0-0", "good-1-s0-g0-1"), ("good-1-s1-g0-0", "good-1-s1-g0-1")
+        kept = UpdateGroup(0, g0, GroupFate.KEPT, (ADV, -ADV))
+        s.add_update(UpdateRecord(run.id, 0, 1, GRPO, [kept]))
+        s.add_update(UpdateRecord(run.id, 1, None, GRPO, [UpdateGroup(0, g1, GroupFate.UNUSABLE)]))
         from tether.records import Checkpoint
 
         s.add_checkpoint(Checkpoint(run_id=run.id, step=2, path="/ck/step-2"))
@@ -142,3 +162,14 @@ def rollout_advantage(page: str) -> Shown:
     """The advantage a rollout's page shows (None also where it shows none)."""
     found = re.search(r"<dt>advantage</dt><dd>([^<]*)</dd>", page)
     return None if found is None else shown_advantage(found[1])
+
+
+def update_row(page: str, step: int) -> tuple[str, str]:
+    """The run page's row of update ``step``: (its trained groups, its dropped groups and
+    why), as visible text."""
+    row = re.search(rf'<tr id="update-{step}">(.*?)</tr>', page, re.S)
+    assert row is not None, f"no update {step} on the run page"
+    kept = re.search(r'<td class="kept">(.*?)</td>', row[1], re.S)
+    dropped = re.search(r'<td class="dropped">(.*?)</td>', row[1], re.S)
+    assert kept is not None and dropped is not None
+    return visible(kept[1]), visible(dropped[1])

@@ -18,7 +18,7 @@ from tether.engine import Completion, GenerateResult, SamplingParams
 from tether.engine.testing import FakeEngine
 from tether.errors import UserError
 from tether.gateway import Gateway, GatewayConfig, LoopServer, create_app
-from tether.records import Call, Phase, RolloutStatus, Split, Task
+from tether.records import Call, GroupFate, Phase, RolloutStatus, Split, Task
 from tether.run import (
     EvalConfig,
     RolloutConfig,
@@ -148,13 +148,14 @@ class Live:
 def fake_learn(live: Live, seen: list[dict[str, Any]], update_s: float) -> Callable[..., Awaitable]:
     """A stand-in for the optimizer step: checks the drain, sleeps, pushes new weights."""
 
-    async def learn(groups: list[list[RolloutOutcome]]) -> dict[str, float]:
+    async def learn(groups: list[list[RolloutOutcome]], dropped: Any) -> dict[str, float]:
         engine = live.gw.engine
         seen.append(
             {
                 "in_flight": live.gw.gate.in_flight + engine.active,
                 "engine_calls": engine.num_calls,
                 "stored_calls": live.store.counts(RUN)["calls"],
+                "dropped": [(u.group, u.fate, u.rollouts) for u in dropped],
             }
         )
         await asyncio.sleep(update_s)
@@ -340,6 +341,12 @@ def test_lag_zero_drops_carried_groups_and_trains_only_fresh_ones(
     trained = {g.index for b in fates.trained for g in b}
     assert not trained & dropped
     assert all(group_lag(g, len(fates.trained)) > 0 for g in fates.dropped_lag)
+    # Each update is told the groups dropped for lag since the last one, for its record.
+    told = [(i, fate, ids) for s in seen for i, fate, ids in s["dropped"]]
+    assert {i for i, _, _ in told} == dropped and len(told) == len(dropped)
+    assert {fate for _, fate, _ in told} == {GroupFate.LAG}
+    ids = {g.index: tuple(o.rollout_id for o in g.outcomes) for g in fates.dropped_lag}
+    assert all(ids[i] == rollouts for i, _, rollouts in told)
 
 
 # -- config and a real run -----------------------------------------------------------

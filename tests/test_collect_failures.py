@@ -99,7 +99,7 @@ async def test_async_a_failed_rollout_cancels_its_siblings_and_stop_ends_the_res
     gw.store.create_run({}, run_id=RUN)
     runner = ScriptedRunner(gw, first="raise", wait=True)
 
-    async def learn(groups: Any) -> dict[str, float]:
+    async def learn(groups: Any, dropped: Any) -> dict[str, float]:
         return {}
 
     ar = AsyncRollouts(

@@ -1,7 +1,9 @@
-"""The dashboard's advantages follow the run's ``trainer.credit``: with ``turn`` each
-rollout shows its advantage per call, as the trainer computed them; with
-``trainer.turn_grouping: state`` the dashboard and ``tether export`` show GiGPO's, as the
-trainer trains them; with roles, each role's against its own baseline."""
+"""The dashboard and ``tether export`` show what each update recorded it trained: the
+groups kept with their advantages (per call with turn credit, GiGPO's with
+``trainer.turn_grouping: state``, each role's against its own baseline with roles), the
+groups dropped and why, and "not recorded" for a run stored before updates were
+recorded. The advantages are the trainer's; real runs check the records against what
+they trained (tests/test_run_credit.py, tests/test_run_credit_state.py)."""
 
 from __future__ import annotations
 
@@ -10,44 +12,112 @@ from typing import Any
 
 import pytest
 
-from tests.dashboard_stores import KEY, get_all, group_advantages, rollout_advantage, visible
+from tests.dashboard_stores import (
+    GRPO,
+    KEY,
+    add_rollout,
+    get_all,
+    group_advantages,
+    rollout_advantage,
+    update_row,
+    visible,
+)
 from tests.test_credit_roles import ref_role_credit
 from tests.test_credit_state import ref_state_credit
 from tether.dashboard import Catalog, create_server_app
 from tether.dashboard._render import _num
-from tether.dashboard._views import advantages
-from tether.records import Call, Phase, Place, Reward, RewardSource, Rollout, RolloutStatus
+from tether.records import (
+    Call,
+    GroupFate,
+    Phase,
+    Place,
+    Reward,
+    RewardSource,
+    Rollout,
+    RolloutStatus,
+    UpdateGroup,
+    UpdateRecord,
+)
 from tether.store import Store
-from tether.tracking import RunCredit, export_attempts
+from tether.tracking import export_attempts
 from tether.trainer import RolloutRewards, assign_credit
 
 
-def _rollout(db: Store, rid: str, reward: float, calls: int, turn: float | None) -> Rollout:
-    db.create_rollout(Rollout(id=rid, group_id="g"))
-    attempt = db.start_attempt(rid)
-    for seq in range(calls):
-        db.record_call(Call(rid, seq, [1, 2 + seq], [3], [-0.5], 0, attempt=attempt))
-    if turn is not None:
-        db.record_reward(Reward(rid, turn, RewardSource.AGENT, attempt, call_seq=0))
-    db.record_reward(Reward(rid, reward, RewardSource.GRADER, attempt))
-    db.finish_rollout(rid, RolloutStatus.SUCCEEDED, attempt=attempt)
-    got = db.get_rollout(rid)
-    assert got is not None
-    return got
+def _fates_store(path: Path) -> None:
+    """Run ``fa-1``: update 1 kept group 0 and dropped group 1 (no signal) and group 2 (a
+    failed rollout); update 2 (async) dropped group 3 for lag, kept group 4 and made no
+    new weights. Run ``old-1``: an update logged before tether recorded updates."""
+    with Store(path / "fa" / "traces.sqlite") as db:
+        db.create_run({"name": "fa"}, "fa-1")
+        for g, rewards in enumerate([[1.0, 0.0], [0.5, 0.5], [1.0, None], [1.0, 0.0], [0.0, 1.0]]):
+            phase, step = (Phase.TRAIN, 1) if g < 3 else (Phase.ASYNC, 2)
+            for i, reward in enumerate(rewards):
+                status = "failed" if reward is None else "succeeded"
+                add_rollout(db, f"fa-1-g{g}-{i}", "fa-1", f"fa-1-g{g}", reward=reward,
+                            status=status, place=Place(phase, step, g, i))  # fmt: skip
+        ids = [(f"fa-1-g{g}-0", f"fa-1-g{g}-1") for g in range(5)]
+        db.add_update(UpdateRecord("fa-1", 1, 1, GRPO, [
+            UpdateGroup(0, ids[0], GroupFate.KEPT, (0.75, -0.75)),
+            UpdateGroup(1, ids[1], GroupFate.NO_SIGNAL),
+            UpdateGroup(2, ids[2], GroupFate.UNUSABLE),
+        ]))  # fmt: skip
+        db.add_update(UpdateRecord("fa-1", 2, None, GRPO, [
+            UpdateGroup(3, ids[3], GroupFate.LAG),
+            UpdateGroup(4, ids[4], GroupFate.KEPT, (0.0, 0.0)),
+        ]))  # fmt: skip
+    with Store(path / "old" / "traces.sqlite") as db:
+        db.create_run({"name": "old"}, "old-1")
+        db.log_metrics("old-1", 1, {"policy_version": 1.0})
+        for i in range(2):
+            add_rollout(db, f"old-1-s1-g0-{i}", "old-1", "old-1-s1-g0", reward=float(i),
+                        place=Place(Phase.TRAIN, 1, 0, i))  # fmt: skip
 
 
-def test_turn_credit_advantages_per_call_from_the_store(tmp_path: Path) -> None:
-    with Store(tmp_path / "t.db") as db:
-        members = [_rollout(db, "a", 1.0, 2, 0.5), _rollout(db, "b", 1.0, 3, None)]
-        turn = advantages(members, RunCredit("grpo", "turn", 0.9), db)
-        trajectory = advantages(members, "grpo")
-    expect = assign_credit(
-        [[RolloutRewards(1.0, 2, {0: 0.5}), RolloutRewards(1.0, 3)]], "grpo", "turn", 0.9
-    ).advantages
-    assert turn is not None and turn == {"a": expect[0], "b": expect[1]}
-    a, b = turn["a"], turn["b"]
-    assert isinstance(a, dict) and isinstance(b, dict) and a[0] > 0 > b[0]  # a earned more
-    assert trajectory == {"a": 0.0, "b": 0.0}  # equal final rewards: nothing without turns
+def test_pages_and_export_show_each_updates_groups_trained_and_dropped_and_why(
+    tmp_path: Path,
+) -> None:
+    """The run page lists each update's trained and dropped groups with why; the rollouts
+    page and a rollout's page say what became of its group and show the recorded
+    advantages; ``tether export`` writes the same; an old run says "not recorded"."""
+    _fates_store(tmp_path)
+    app = create_server_app(Catalog(runs_dir=tmp_path), KEY)
+    run, table, kept, flat, lag, old_run, old_table, old_one = get_all(app, [
+        "/ui/s/fa/run/fa-1", "/ui/s/fa/run/fa-1/rollouts", "/ui/s/fa/rollout/fa-1-g0-0",
+        "/ui/s/fa/rollout/fa-1-g1-0", "/ui/s/fa/rollout/fa-1-g3-1", "/ui/s/old/run/old-1",
+        "/ui/s/old/run/old-1/rollouts", "/ui/s/old/rollout/old-1-s1-g0-0",
+    ])  # fmt: skip
+    assert update_row(run.text, 1) == (
+        "g0", "g1: no signal, every advantage 0 (rollout.filter_groups); "
+        "g2: a rollout has no usable reward",
+    )  # fmt: skip
+    assert update_row(run.text, 2) == ("g4", "g3: too old for trainer.max_policy_lag")
+    assert "no update" in visible(run.text) and "not recorded" not in visible(run.text)
+    shown = visible(table.text)
+    assert "trained at update 1" in shown and "dropped at update 2: too old" in shown
+    assert "kept at update 2, which learned nothing" in shown
+    assert group_advantages(table.text)["fa-1-g0-1"] == pytest.approx(-0.75)
+    assert group_advantages(table.text)["fa-1-g1-0"] is None  # dropped: no advantage
+    assert rollout_advantage(kept.text) == pytest.approx(0.75)
+    assert "trained at update 1" in visible(kept.text)
+    assert rollout_advantage(flat.text) is None and "dropped at update 1: no signal" in visible(
+        flat.text
+    )
+    assert "dropped at update 2: too old for trainer.max_policy_lag" in visible(lag.text)
+    for page in (old_run, old_table, old_one):  # stored before updates were recorded
+        assert "not recorded: this store was written before tether kept" in visible(page.text)
+    assert rollout_advantage(old_one.text) is None
+    with Store(tmp_path / "fa" / "traces.sqlite") as db:
+        rows = {row["rollout_id"]: row for row in export_attempts(db)}
+    assert {rid: (row["update"], row["fate"], row["advantage"]) for rid, row in rows.items()} == {
+        "fa-1-g0-0": (1, "kept", 0.75), "fa-1-g0-1": (1, "kept", -0.75),
+        "fa-1-g1-0": (1, "no_signal", None), "fa-1-g1-1": (1, "no_signal", None),
+        "fa-1-g2-0": (1, "unusable", None), "fa-1-g2-1": (1, "unusable", None),
+        "fa-1-g3-0": (2, "lag", None), "fa-1-g3-1": (2, "lag", None),
+        "fa-1-g4-0": (2, "kept", 0.0), "fa-1-g4-1": (2, "kept", 0.0),
+    }  # fmt: skip
+    with Store(tmp_path / "old" / "traces.sqlite") as db:
+        old = list(export_attempts(db))
+    assert [(r["update"], r["fate"], r["advantage"]) for r in old] == [(None, None, None)] * 2
     assert _num({0: 0.70710678, 1: -0.5}) == "0: 0.707 · 1: -0.5"
 
 
@@ -107,7 +177,10 @@ def test_state_grouping_the_dashboard_and_the_export_show_what_the_trainer_train
         assert isinstance(got, dict) and got == pytest.approx(ref, abs=1e-9)
     index = assign_credit(groups, "grpo", "turn", 0.9).advantages
     assert [_num(a) for a in trainer] != [_num(a) for a in index]  # what the grouping changes
-    rows = shows(tmp_path, "st", STATE_GROUPS, "turn credit by prompt state, ω 0.5", trainer)
+    credit = {**GRPO, "credit": "turn", "gamma": 0.9, "grouping": "state", "state_weight": 0.5}
+    rows = shows(
+        tmp_path, "st", STATE_GROUPS, credit, "turn credit by prompt state, ω 0.5", trainer
+    )
     assert all(row["advantage"] is None for row in rows.values())  # per call with turn credit
 
 
@@ -168,16 +241,35 @@ def test_roles_the_dashboard_shows_each_roles_advantage_as_the_trainer_trains_it
         for per_call, b in zip(trainer, plain.advantages, strict=True)
         for a in (per_call.values() if isinstance(per_call, dict) else [per_call])
     )
-    shows(tmp_path, "ro", ROLES_GROUPS, "grpo, per role", trainer)
+    roles = {**GRPO, "role_weights": {"solver": 1.0, "critic": 1.0}}
+    shows(tmp_path, "ro", ROLES_GROUPS, roles, "grpo, per role", trainer)
 
 
 def shows(
-    tmp_path: Path, name: str, layout: list[Any], label: str, trainer: list[Any]
+    tmp_path: Path,
+    name: str,
+    layout: list[Any],
+    credit: dict[str, Any],
+    label: str,
+    trainer: list[Any],
 ) -> dict[str, Any]:
-    """The rollouts page (with ``label``), each rollout's page and ``tether export`` of the
-    store ``name`` (run ``{name}-1``, step 1, groups shaped as ``layout``) show per call the
-    advantages ``trainer``; returns the export's rows by rollout id."""
+    """Store update 1 of run ``{name}-1`` (groups shaped as ``layout``) as the run records
+    it: its ``credit`` settings and the advantages ``trainer``. The rollouts page (with
+    ``label``, the credit's), each rollout's page and ``tether export`` then show per call those
+    advantages; returns the export's rows by rollout id."""
     ids = [f"{name}-1-s1-g{g}-{i}" for g, members in enumerate(layout) for i in range(len(members))]
+    flat = iter(trainer)
+    groups = [
+        UpdateGroup(
+            g,
+            tuple(f"{name}-1-s1-g{g}-{i}" for i in range(len(members))),
+            GroupFate.KEPT,
+            tuple(next(flat) for _ in members),
+        )
+        for g, members in enumerate(layout)
+    ]
+    with Store(tmp_path / name / "traces.sqlite") as db:
+        db.add_update(UpdateRecord(f"{name}-1", 1, 1, credit, groups))
     app = create_server_app(Catalog(runs_dir=tmp_path), KEY)
     table, *pages = get_all(
         app, [f"/ui/s/{name}/run/{name}-1/rollouts"] + [f"/ui/s/{name}/rollout/{r}" for r in ids]

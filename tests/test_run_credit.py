@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 import torch
 
+from tests.dashboard_stores import KEY, get_all, update_row
 from tests.helpers import GroupFates, small_run
+from tether.dashboard import Catalog, create_server_app
 from tether.errors import UserError
-from tether.records import Call, RolloutStatus, Split, Task
+from tether.records import Call, GroupFate, RolloutStatus, Split, Task, UpdateRecord
 from tether.run import (
     EvalConfig,
     RolloutConfig,
@@ -75,7 +77,7 @@ def test_trajectory_credit_is_the_update_tether_always_made() -> None:
     rewards = torch.tensor([[o.reward for o in g] for g in kept], dtype=torch.float64)
     before = compute_advantages(rewards, "grpo")  # what _learn.py did, line for line
     old, _ = build_samples([o.calls for g in kept for o in g], before.advantages.flatten().tolist())
-    metrics, new = learn_metrics(groups, Learning("grpo", "trajectory"))
+    metrics, new, _ = learn_metrics(groups, Learning("grpo", "trajectory"))
     assert new == old and all(s.token_advantages is None for s in new)
     assert metrics["zero_variance_groups"] == before.zero_variance_groups == 1
     for key, value in collate(old).items():
@@ -93,14 +95,14 @@ def test_trajectory_credit_is_the_update_tether_always_made() -> None:
             aggregate(per_token, batch["loss_mask"], "rollout_mean", rollout_index=rollout)
         )
     assert torch.equal(losses[0], losses[1]) and losses[0].item() != 0
-    assert learn_metrics(groups, "grpo") == (metrics, new)  # the estimator's name alone
+    assert learn_metrics(groups, "grpo")[:2] == (metrics, new)  # the estimator's name alone
 
 
 def test_turn_credit_drops_rollouts_with_an_unusable_intermediate_reward() -> None:
     groups = _groups()
     groups[0][1].turn_rewards = {0: float("nan")}
-    traj, _ = learn_metrics(groups, Learning("grpo", "trajectory"))
-    turn, samples = learn_metrics(groups, Learning("grpo", "turn"))
+    traj, _, _ = learn_metrics(groups, Learning("grpo", "trajectory"))
+    turn, samples, _ = learn_metrics(groups, Learning("grpo", "turn"))
     assert traj["groups_dropped"] == 0 and turn["groups_dropped"] == 1
     assert {s.rollout_index for s in samples} <= set(range(6)) and samples
     assert all(s.token_advantages is not None for s in samples)
@@ -108,10 +110,15 @@ def test_turn_credit_drops_rollouts_with_an_unusable_intermediate_reward() -> No
 
 def test_filter_groups_trains_the_first_groups_with_signal() -> None:
     groups = _groups()  # group 2: every reward 1.0, no signal
-    m, samples = learn_metrics(groups, Learning("grpo", signal_only=1))
+    m, samples, fates = learn_metrics(groups, Learning("grpo", signal_only=1))
     assert (m["groups_no_signal"], m["groups_surplus"], m["groups_kept"]) == (1.0, 1.0, 1.0)
     assert {s.rollout_index for s in samples} == {0, 1, 2}  # group 0's rollouts only
     assert m["zero_variance_groups"] == 0.0
+    # each group's fate, as the update records it; the kept group's advantages trained
+    kinds = [GroupFate.KEPT, GroupFate.SURPLUS, GroupFate.NO_SIGNAL]
+    assert [(u.group, u.fate) for u in fates] == list(enumerate(kinds))
+    assert fates[0].rollouts == ("g0-0", "g0-1", "g0-2") and fates[2].advantages is None
+    assert sorted({s.advantage for s in samples}) == sorted(set(fates[0].advantages or ()))
 
 
 # --------------------------------------------------------------------------- filter_groups
@@ -154,7 +161,7 @@ async def test_filter_groups_samples_more_in_proportion_to_the_signal_seen() -> 
         "filter_rounds": 1.0,
         "completion_tokens": 48.0,
     }
-    learned, samples = learn_metrics(groups, how)
+    learned, samples, _ = learn_metrics(groups, how)
     assert (learned["groups_kept"], learned["groups_no_signal"]) == (4.0, 7.0)
     assert learned["groups_surplus"] == 1.0  # 5 with signal, 4 trained
     assert sorted({s.input_ids[1] for s in samples}) == [1, 4, 6, 8]  # their groups
@@ -241,7 +248,23 @@ def test_a_turn_credit_run_with_filter_groups(
         rewards = [w for r in rollouts for w in store.rewards(r.id) if w.call_seq is not None]
         rebuilt = [step_samples(store, step).samples for step in (1, 2)]
         rows = [row for row in export_attempts(store) if row["kind"] == "train"]
+        updates = store.updates(run.run_record.id)
     assert rebuilt == trained and all(s.token_advantages for b in trained for s in b)
+    # Each update's record: every group sampled, kept or dropped and why, as the run did.
+    by_id = {r.id: r for r in rollouts}
+    assert [(u.step, u.version) for u in updates] == [(1, 1), (2, 2)]
+    for u, report in zip(updates, run.history, strict=True):
+        m = report.metrics
+        assert u.credit["credit"] == "turn" and u.credit["signal_only"] == 2
+        assert [g.group for g in u.groups] == list(range(int(m["groups_sampled"])))
+        for fate, name in [("kept", "groups_kept"), ("no_signal", "groups_no_signal")]:
+            assert sum(g.fate.value == fate for g in u.groups) == m[name], (u.step, fate)
+        for g in u.groups:
+            assert {by_id[i].place.group for i in g.rollouts} == {g.group}  # type: ignore[union-attr]
+            finals = {by_id[i].reward for i in g.rollouts}
+            assert (len(finals) == 1) == (g.fate.value == "no_signal")  # the flat tasks
+            assert (g.advantages is not None) == (g.fate.value == "kept")
+    shows_updates(tmp_path, "credit", run.run_record.id, updates)
     credited = [row for row in rows if row["calls"][0]["advantage"] is not None]
     assert len(credited) == 2 * sum(r.metrics["groups_kept"] for r in run.history)
     assert all(row["advantage"] is None for row in rows)  # per call with turn credit
@@ -325,12 +348,12 @@ def test_a_run_whose_agent_resets_its_context_and_calls_a_sub_agent(
 
 def _ready(rewards: list[list[float]]) -> collections.deque[Group]:
     return collections.deque(
-        Group(i, f"g{i}", [_rewarded(r) for r in group]) for i, group in enumerate(rewards)
+        Group(i, f"g{i}", [_rewarded(r, i) for r in group]) for i, group in enumerate(rewards)
     )
 
 
-def _rewarded(reward: float) -> RolloutOutcome:
-    return RolloutOutcome("r", 0, RolloutStatus.SUCCEEDED, reward)
+def _rewarded(reward: float, group: int = 0) -> RolloutOutcome:
+    return RolloutOutcome("r", group, RolloutStatus.SUCCEEDED, reward)
 
 
 def test_async_filter_drops_flat_ready_groups_within_the_budget() -> None:
@@ -341,11 +364,15 @@ def test_async_filter_drops_flat_ready_groups_within_the_budget() -> None:
     scheduler.signal = lambda outcomes: len({o.reward for o in outcomes}) > 1
     scheduler.max_flat, scheduler._flat_this_step = 2, 0
     scheduler.counts, scheduler.watch = collections.Counter(), (fates := GroupFates())
+    scheduler._dropped = []
     scheduler.ready = _ready([[1, 1], [0, 1], [0.5, 0.5], [0, 0], [1, 0]])
     scheduler._drop_flat()
     assert [g.index for g in scheduler.ready] == [1, 3, 4]  # the third flat one: no budget
     assert [g.index for g in fates.dropped_no_signal] == [0, 2]
     assert scheduler._flat_this_step == 2 == scheduler.counts["dropped_no_signal"]
+    assert [(u.group, u.fate) for u in scheduler._dropped] == [  # for the update's record
+        (0, GroupFate.NO_SIGNAL), (2, GroupFate.NO_SIGNAL),
+    ]  # fmt: skip
 
 
 def test_an_async_run_with_filter_groups_trains_only_groups_with_signal(
@@ -391,3 +418,41 @@ def test_an_async_run_with_filter_groups_trains_only_groups_with_signal(
     assert dropped == len(fates.dropped_no_signal)
     assert sum(r.metrics["rollouts_extra"] for r in run.history) == 2 * dropped
     assert all(r.metrics["groups_kept"] == 2 for r in run.history)
+    # Each update's record says which groups it trained and which were dropped before it.
+    with Store(tmp_path / "async-filter" / "traces.sqlite") as store:
+        updates = store.updates(run.run_record.id)
+        place = {r.id: r.place for r in store.list_rollouts(run_id=run.run_record.id)}
+    assert [(u.step, u.version) for u in updates] == [(1, 1), (2, 2)]
+    for u, batch in zip(updates, fates.trained, strict=True):
+        kept = [g.group for g in u.groups if g.fate is GroupFate.KEPT]
+        assert kept == sorted(g.index for g in batch)
+        assert all(len(g.advantages or ()) == 2 for g in u.groups if g.fate is GroupFate.KEPT)
+    flat = [g for u in updates for g in u.groups if g.fate is GroupFate.NO_SIGNAL]
+    assert sorted(g.group for g in flat) == sorted(g.index for g in fates.dropped_no_signal)
+    for g in (g for u in updates for g in u.groups):
+        assert all(place[i].group == g.group for i in g.rollouts)  # type: ignore[union-attr]
+    shows_updates(tmp_path, "async-filter", run.run_record.id, updates)
+
+
+def shows_updates(runs: Path, name: str, run_id: str, updates: list[UpdateRecord]) -> None:
+    """The dashboard's run page shows each update's trained groups and its dropped ones,
+    each with why, as recorded."""
+    app = create_server_app(Catalog(runs_dir=runs), KEY)
+    (page,) = get_all(app, [f"/ui/s/{name}/run/{run_id}"])
+    for u in updates:
+        kept, dropped = update_row(page.text, u.step)
+        assert kept == " · ".join(f"g{g.group}" for g in u.kept())
+        gone = [g for g in u.groups if g.fate is not GroupFate.KEPT]
+        shown = dropped.split("; ") if dropped else []
+        assert [x.split(":")[0] for x in shown] == [f"g{g.group}" for g in gone]
+        for text, g in zip(shown, gone, strict=True):
+            assert _WHY[g.fate] in text, (text, g.fate)
+
+
+#: A word of why the dashboard says a group was dropped.
+_WHY = {
+    GroupFate.NO_SIGNAL: "no signal",
+    GroupFate.UNUSABLE: "no usable reward",
+    GroupFate.SURPLUS: "batch was full",
+    GroupFate.LAG: "too old",
+}

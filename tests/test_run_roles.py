@@ -83,10 +83,10 @@ def test_frozen_roles_are_not_trained_and_weights_scale_advantages() -> None:
         [_outcome("a", 0, 1.0, ["solver", "critic"]), _outcome("b", 0, 0.0, ["solver", "critic"])]
     ]
     how = Learning("dr_grpo", role_weights={"solver": 2.0, "critic": 0.0})
-    m, samples = learn_metrics(groups, how)
+    m, samples, _ = learn_metrics(groups, how)
     assert [(s.role, s.advantage) for s in samples] == [("solver", 1.0), ("solver", -1.0)]
     assert m["samples_frozen"] == 2.0
-    _, both = learn_metrics(groups, Learning("dr_grpo"))  # no roles configured: all trained
+    _, both, _ = learn_metrics(groups, Learning("dr_grpo"))  # no roles configured: all trained
     assert [(s.role, s.advantage) for s in both] == [
         ("solver", 0.5), ("critic", 0.5), ("solver", -0.5), ("critic", -0.5),
     ]  # fmt: skip

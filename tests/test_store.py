@@ -22,6 +22,7 @@ from tether.records import (
     Call,
     CallStatus,
     Checkpoint,
+    GroupFate,
     IllegalTransition,
     Reward,
     RewardSource,
@@ -30,6 +31,8 @@ from tether.records import (
     RunStatus,
     Split,
     Task,
+    UpdateGroup,
+    UpdateRecord,
 )
 from tether.store import (
     AlreadyExists,
@@ -193,6 +196,19 @@ def test_every_record_round_trips(db):
     db.add_checkpoint(Checkpoint("run1", 2, "/ck/2"))
     assert db.latest_checkpoint("run1") == Checkpoint("run1", 10, "/ck/10", created_at=2.0)
     assert db.latest_checkpoint("none") is None
+
+    kept = UpdateGroup(0, ("r1", "r2"), GroupFate.KEPT, (0.5, {0: -0.25, 3: 1.0}))
+    flat = UpdateGroup(1, ("r3",), GroupFate.NO_SIGNAL)
+    update = UpdateRecord("run1", 2, 7, {"advantage": "grpo", "gamma": 0.9}, [kept, flat], 3.0)
+    db.add_update(UpdateRecord("run1", 1, None, {}, [UpdateGroup(0, ("r0",), GroupFate.LAG)]))
+    db.add_update(update)
+    assert [u.step for u in db.updates("run1")] == [1, 2]
+    assert db.updates("run1")[1] == update  # per-call advantages keep their int seqs
+    assert db.updates("run1")[0].version is None and db.updates("none") == []
+    with pytest.raises(AlreadyExists, match="update 2"):
+        db.add_update(update)
+    with pytest.raises(NotFound):
+        db.add_update(UpdateRecord("nope", 1, None, {}, []))
 
 
 def test_blobs_round_trip_exactly(db):

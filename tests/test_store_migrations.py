@@ -30,6 +30,7 @@ SCHEMA = {
                 "created_at"],
     "metrics": ["id", "run_id", "step", "name", "value", "created_at"],
     "checkpoints": ["id", "run_id", "step", "path", "created_at"],
+    "updates": ["run_id", "step", "version", "credit", "fates", "created_at"],
     "attempts": ["rollout_id", "attempt", "status", "error", "exit_code", "output_tail",
                  "success", "finished_at", "started_at", "grader_error", "grade_detail"],
 }  # fmt: skip
@@ -43,6 +44,7 @@ INDEXES = {
     "metrics": {"metrics_run_name_step": 0},
     "checkpoints": {"checkpoints_run_step": 0},
     "attempts": {"sqlite_autoindex_attempts_1": 1},
+    "updates": {"sqlite_autoindex_updates_1": 1},
 }  # fmt: skip
 
 
@@ -287,7 +289,7 @@ def test_migration_7_numbers_train_steps_from_one(tmp_path, monkeypatch):
                     conn.execute(_CALL_BEFORE_9, (rid,))
                 old.finish_rollout(rid, "succeeded", attempt=attempt, reward=float(len(rid)))
     with Store(path) as store:
-        assert store._db.migrations_run == 4  # 7, 8 and 10 finding their columns, 9
+        assert store._db.migrations_run == 5  # 7, 8 and 10 finding their columns, 9, 11
         got = [(m.step, m.name, m.value) for m in store.metrics("r")]
         assert sorted(got) == [
             (0, "eval/sampled_success", 0.25),
@@ -332,7 +334,7 @@ def test_migration_9_records_call_roles_and_keeps_old_calls(tmp_path, monkeypatc
             with old._db.write() as conn:
                 conn.execute(_CALL_BEFORE_9, ("r1",))
     with Store(path) as store:
-        assert store._db.migrations_run == 2  # 9 and 10
+        assert store._db.migrations_run == 3  # 9, 10 and 11
         store.record_call(
             Call(rollout_id="r1", seq=-1, prompt_ids=[1], completion_ids=[3], logprobs=[-0.5],
                  policy_version=0, role="critic")
@@ -368,7 +370,7 @@ def test_migration_10_stores_each_rollouts_place_read_once_from_its_old_ids(tmp_
                 gid = rid.rsplit("-", 1)[0] if rid != "r-admin" else None
                 _rollout_before_10(old, rid, "calc-eval", gid)
     with Store(path) as store:
-        assert store._db.migrations_run == 1
+        assert store._db.migrations_run == 2  # 10 and 11
         assert {rid: store.get_rollout(rid).place for rid in ids} == ids
         where = Place(Phase.ASYNC, 2, 3, 1)
         store.create_rollout(Rollout(id="new", run_id="calc-eval", place=where))

@@ -12,6 +12,8 @@ nothing else of tether. See docs/design.md, "Records".
 - :class:`Reward`     a float64 reward with its source
 - :class:`AttemptEnd` how one attempt of a rollout ended: status, error, output tail
 - :class:`Metric`, :class:`Checkpoint`  per run and step
+- :class:`UpdateRecord` what one update trained: each group kept or dropped and why
+  (:class:`GroupFate`), the advantages it used, its credit settings, the weights it made
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ __all__ = [
     "Call",
     "CallStatus",
     "Checkpoint",
+    "GroupFate",
     "IllegalTransition",
     "Metric",
     "Phase",
@@ -42,6 +45,8 @@ __all__ = [
     "RunStatus",
     "Split",
     "Task",
+    "UpdateGroup",
+    "UpdateRecord",
     "agent_task",
     "check_role_name",
     "check_transition",
@@ -341,3 +346,49 @@ class Checkpoint:
     step: int
     path: str
     created_at: float = field(default_factory=_now)
+
+
+class GroupFate(str, enum.Enum):
+    """What an update did with a finished group: ``kept`` (in the batch it learned from)
+    or why it was dropped: ``unusable`` (a rollout without a usable reward, or with turn
+    credit a non-finite intermediate one), ``no_signal`` (``rollout.filter_groups``: every
+    advantage would be 0), ``surplus`` (``filter_groups``: it had signal, the batch was
+    full), ``lag`` (async mode: older than ``trainer.max_policy_lag`` allows)."""
+
+    KEPT = "kept"
+    UNUSABLE = "unusable"
+    NO_SIGNAL = "no_signal"
+    SURPLUS = "surplus"
+    LAG = "lag"
+
+
+@dataclass(frozen=True)
+class UpdateGroup:
+    """One group an update decided on: its number (the rollouts' ``Place.group``), its
+    rollout ids in index order, its fate and, for a kept group, each rollout's advantage
+    (a float, or per call seq with turn credit or roles)."""
+
+    group: int
+    rollouts: tuple[str, ...]
+    fate: GroupFate
+    advantages: tuple[float | dict[int, float], ...] | None = None
+
+
+@dataclass
+class UpdateRecord:
+    """What update ``step`` of a run trained, written once by the run when it decided it.
+
+    ``version``: the policy version the update produced (None: nothing was learned, e.g.
+    every kept group had zero reward variance). ``credit``: the run's credit settings as
+    the update used them (``tether.run``'s ``Learning``, as a dict). ``groups``: every
+    group decided at this update, kept or dropped, in group order."""
+
+    run_id: str
+    step: int
+    version: int | None
+    credit: dict[str, Any]
+    groups: list[UpdateGroup]
+    created_at: float = field(default_factory=_now)
+
+    def kept(self) -> list[UpdateGroup]:
+        return [g for g in self.groups if g.fate is GroupFate.KEPT]

@@ -11,19 +11,21 @@ from tether.dashboard._catalog import Catalog
 from tether.dashboard._render import head_fields
 from tether.dashboard._tokens import call_pieces, sample_views
 from tether.dashboard._views import (
-    advantages,
+    NOT_RECORDED,
     chart_layout,
     events,
+    group_fate,
     judgement,
     message_text,
     outcome,
     rollout_phase,
     run_header,
     sparkline,
+    update_rows,
 )
-from tether.records import Call, RolloutStatus, Run, RunStatus
+from tether.records import Call, RolloutStatus, Run, RunStatus, UpdateRecord
 from tether.store import NotFound, Store, StoreError
-from tether.tracking import RunCredit, run_credit
+from tether.tracking import Fate, credit_label, rollout_fates
 
 __all__ = [
     "BadQuery",
@@ -99,6 +101,7 @@ def run_page(catalog: Catalog, key: str, run_id: str) -> dict[str, Any]:
     store = _store(catalog, key)
     run = _run(store, run_id)
     header = run_header(store, run)
+    updates = store.updates(run.id)
     return {
         "title": header["name"],
         "key": key,
@@ -108,7 +111,15 @@ def run_page(catalog: Catalog, key: str, run_id: str) -> dict[str, Any]:
         "config": run.config,
         "events": events(store, run),
         "counts": store.counts(run.id),
+        "updates": update_rows(updates),
+        "not_recorded": None if _recorded(store, run.id, updates) else NOT_RECORDED,
     }
+
+
+def _recorded(store: Store, run_id: str, updates: list[UpdateRecord]) -> bool:
+    """Whether what the run's updates trained is known: it recorded them, or made none (a
+    run stored before tether kept update records logged updates but recorded none)."""
+    return bool(updates) or not store.metrics(run_id, "policy_version")
 
 
 def metrics_feed(catalog: Catalog, key: str, run_id: str, after: int) -> dict[str, Any]:
@@ -171,17 +182,20 @@ def _filters(query: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _page_groups(store: Store, run: Run, found: list[Any], how: RunCredit) -> dict[str, Any]:
-    """The groups of a page's rollouts: their members and advantages (None for an eval)."""
+def _page_groups(
+    store: Store, found: list[Any], fates: dict[str, Fate], recorded: bool
+) -> dict[str, Any]:
+    """The groups of a page's rollouts: their members, the advantages their update trained
+    (None: not trained, an eval's never) and what became of them, from the run's records."""
     groups: dict[str, dict[str, Any]] = {}
     for r, _, _ in found:
         if r.group_id and r.group_id not in groups:
             members = store.list_rollouts(group_id=r.group_id)
-            trained = not rollout_phase(r)[0].startswith("eval")
-            adv = (  # evals teach nothing
-                advantages(members, how, store) if trained else None
-            )
-            groups[r.group_id] = {"id": r.group_id, "members": members, "adv": adv}
+            if rollout_phase(r)[0].startswith("eval"):  # evals teach nothing
+                adv, fate = None, "a held-out eval: never trained on"
+            else:
+                adv, fate = group_fate(members, fates, recorded)
+            groups[r.group_id] = {"id": r.group_id, "members": members, "adv": adv, "fate": fate}
     return groups
 
 
@@ -232,8 +246,9 @@ def rollouts_page(catalog: Catalog, key: str, run_id: str, query: dict[str, str]
         offset=(page - 1) * per,
         limit=per,
     )
-    how = _credit(run)
-    groups = _page_groups(store, run, found, how)
+    updates = store.updates(run.id)
+    recorded = _recorded(store, run.id, updates)
+    groups = _page_groups(store, found, rollout_fates(updates), recorded)
     keep = {k: v for k, v in query.items() if v and k != "page"}
     pages = max(math.ceil(total / per), 1)
 
@@ -247,7 +262,7 @@ def rollouts_page(catalog: Catalog, key: str, run_id: str, query: dict[str, str]
         "run": run_header(store, run),
         "rows": _rows(store, run, found, groups),
         "groups": list(groups.values()),
-        "estimator": _credit_label(how),
+        "estimator": credit_label(updates[-1].credit if updates else None),
         "total": total,
         "page": page,
         "pages": pages,
@@ -259,24 +274,6 @@ def rollouts_page(catalog: Catalog, key: str, run_id: str, query: dict[str, str]
         "sort": sort,
         "descending": descending,
     }
-
-
-def _credit(run: Run | None) -> RunCredit:
-    """How the run's updates credited their groups (tracking's :func:`run_credit` of its
-    config; the defaults for a rollout of no run)."""
-    return RunCredit() if run is None else run_credit(run.config or {})
-
-
-def _credit_label(how: RunCredit) -> str:
-    """What the advantages are: the estimator; with turn credit one per call; with roles
-    (``roles:`` in the run's config) each role's calls against the role's own baseline."""
-    roles = ", per role" if how.role_weights else ""
-    if how.credit != "turn":
-        return how.estimator + roles
-    turn = "turn credit"
-    if how.grouping == "state":
-        turn += f" by prompt state, ω {how.state_weight:g}"
-    return f"{how.estimator}, per call ({turn}{roles})"
 
 
 # -- one rollout -------------------------------------------------------------------------
@@ -386,7 +383,11 @@ def rollout_page(
     members = store.list_rollouts(group_id=r.group_id) if r.group_id else [r]
     phase, step = rollout_phase(r)
     evaluated = phase.startswith("eval")  # an eval's rollouts are never trained on
-    adv_map = None if evaluated else advantages(members, _credit(run), store)
+    updates = store.updates(run.id) if run is not None else []
+    recorded = run is None or _recorded(store, run.id, updates)
+    adv_map, fate = (
+        (None, "") if evaluated else group_fate(members, rollout_fates(updates), recorded)
+    )
     adv = None if adv_map is None else adv_map.get(r.id)
     current = store.calls(r.id) if r.attempt else []
     samples, (stats, skipped) = sample_views(current, adv or 0.0, decode)
@@ -402,6 +403,7 @@ def rollout_page(
         "duration": _duration(r),
         "evaluated": evaluated,
         "adv": adv,
+        "fate": fate,
         "members": members,
         "adv_map": adv_map or {},
         "rewards": rewards,

@@ -12,21 +12,24 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from tether.records import AttemptEnd, Rollout, Run
+from tether.records import AttemptEnd, GroupFate, Rollout, Run, UpdateRecord
 from tether.store import Store
-from tether.tracking import RunCredit, group_credit, place_kind
+from tether.tracking import Fate, place_kind
 
 __all__ = [
     "CHARTS",
-    "advantages",
+    "NOT_RECORDED",
     "chart_layout",
     "events",
+    "fate_text",
+    "group_fate",
     "judgement",
     "message_text",
     "outcome",
     "rollout_phase",
     "run_header",
     "sparkline",
+    "update_rows",
 ]
 
 #: The run page's charts: title → metric names, in this order; a metric named in none
@@ -185,19 +188,62 @@ def outcome(r: Rollout, end: AttemptEnd | None) -> str | None:
     return "success" if verdict else "fail"
 
 
-def advantages(
-    members: list[Rollout], how: RunCredit | str, store: Store | None = None
-) -> dict[str, float | dict[int, float]] | None:
-    """Each rollout's advantage in its group as the update trained it (tracking's
-    :func:`~tether.tracking.group_credit`, the code ``tether export`` uses): the run's
-    :class:`~tether.tracking.RunCredit` (or just its estimator's name), its calls and
-    intermediate rewards read from ``store`` with turn credit or roles (then one number per
-    call seq, each role's against its own baseline); None when the group is dropped (a
-    rollout without a usable reward) or not finished, or the run's credit is unknown."""
-    try:
-        return group_credit(members, RunCredit(how) if isinstance(how, str) else how, store)
-    except ValueError:  # an estimator or credit this version does not know
-        return None
+#: Why an update dropped a group, in words.
+DROPPED = {
+    GroupFate.UNUSABLE: "a rollout has no usable reward",
+    GroupFate.NO_SIGNAL: "no signal, every advantage 0 (rollout.filter_groups)",
+    GroupFate.SURPLUS: "the batch was full (rollout.filter_groups)",
+    GroupFate.LAG: "too old for trainer.max_policy_lag",
+}
+NOT_RECORDED = "not recorded: this store was written before tether kept what each update trained"
+
+
+def fate_text(fate: Fate | None, recorded: bool) -> str:
+    """What became of a rollout's group, in words, from its run's update records
+    (``recorded``: the run has some)."""
+    if fate is None:
+        return "not trained on: no update took its group" if recorded else NOT_RECORDED
+    if fate.fate is not GroupFate.KEPT:
+        return f"dropped at update {fate.step}: {DROPPED[fate.fate]}"
+    if fate.version is None:
+        return f"kept at update {fate.step}, which learned nothing (no group had signal)"
+    return f"trained at update {fate.step}"
+
+
+def group_fate(
+    members: list[Rollout], fates: dict[str, Fate], recorded: bool
+) -> tuple[dict[str, float | dict[int, float]] | None, str]:
+    """(each member's advantage as its update trained it, None unless its group was kept;
+    what became of the group, in words), from the run's update records."""
+    found = [fates[m.id] for m in members if m.id in fates]
+    fate = found[0] if found else None
+    if fate is None or fate.fate is not GroupFate.KEPT:
+        return None, fate_text(fate, recorded)
+    adv = {m.id: a for m in members if (a := fates[m.id].advantage) is not None}
+    return adv, fate_text(fate, recorded)
+
+
+def update_rows(updates: list[UpdateRecord]) -> list[dict[str, Any]]:
+    """The run page's updates: per step the policy version made, the groups trained (each
+    group's number and first rollout) and those dropped, with why."""
+    rows = []
+    for u in updates:
+        groups = [{"n": g.group, "first": g.rollouts[0] if g.rollouts else None} for g in u.groups]
+        rows.append(
+            {
+                "step": u.step,
+                "version": u.version,
+                "kept": [
+                    x for x, g in zip(groups, u.groups, strict=True) if g.fate is GroupFate.KEPT
+                ],
+                "dropped": [
+                    {**x, "why": DROPPED[g.fate]}
+                    for x, g in zip(groups, u.groups, strict=True)
+                    if g.fate is not GroupFate.KEPT
+                ],
+            }
+        )
+    return rows
 
 
 def message_text(value: Any) -> dict[str, Any]:

@@ -37,10 +37,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether.gateway import Gateway, OpenedRollout
-from tether.records import Phase, Place, RolloutStatus, Task
+from tether.records import GroupFate, Phase, Place, RolloutStatus, Task, UpdateGroup
 from tether.run._collect import RetryPolicy, cancel_opened, gather_ended, run_attempts
 from tether.run._finish import RolloutOutcome, end_quietly, finish_groups, finish_outcome
 from tether.run._grading import AnyGrader, GroupGrader
+from tether.run._learn import decided
 from tether.runner import AttemptResult, Runner
 from tether.trainer.errors import TrainerError
 
@@ -48,7 +49,9 @@ __all__ = ["AsyncRollouts", "Group", "Watch", "group_lag"]
 
 log = logging.getLogger(__name__)
 
-Learn = Callable[[list[list[RolloutOutcome]]], Awaitable[dict[str, float]]]
+#: learns from a step's batch; given the groups dropped since the last update too (lag, no
+#: signal), for the update's record
+Learn = Callable[[list[list[RolloutOutcome]], list[UpdateGroup]], Awaitable[dict[str, float]]]
 #: shown each decided group's fate: ``"trained"`` (a step's batch), ``"dropped_lag"`` or
 #: ``"dropped_no_signal"``, with the groups
 Watch = Callable[[str, list["Group"]], None]
@@ -72,6 +75,9 @@ def group_lag(group: Group, version: int) -> int:
     """Policy versions between ``version`` and the group's oldest call (0 without calls)."""
     oldest = group.oldest_version
     return 0 if oldest is None else version - oldest
+
+
+_FATES = {"dropped_lag": GroupFate.LAG, "dropped_no_signal": GroupFate.NO_SIGNAL}
 
 
 class AsyncRollouts:
@@ -116,6 +122,7 @@ class AsyncRollouts:
         # teach anything; up to ``max_flat`` groups without it are dropped per update
         self.signal, self.max_flat = signal, max_flat
         self._flat_this_step = 0
+        self._dropped: list[UpdateGroup] = []  # since the last update, for its record
         #: groups trained, dropped for lag and dropped without signal (none is kept)
         self.counts: Counter[str] = Counter()
         self.watch: Watch | None = None
@@ -210,8 +217,11 @@ class AsyncRollouts:
         return await finish_groups(self.gw, graded, self.grader, self.success_threshold)
 
     def _decided(self, fate: str, groups: list[Group]) -> None:
-        """Count the groups' fate and show it to ``watch``; the groups are not kept."""
+        """Count the groups' fate and show it to ``watch``; a dropped group goes into the
+        next update's record; the groups are not kept."""
         self.counts[fate] += len(groups)
+        if fate in _FATES:
+            self._dropped += [decided(g.outcomes, _FATES[fate]) for g in groups]
         if self.watch is not None and groups:
             self.watch(fate, groups)
 
@@ -285,7 +295,8 @@ class AsyncRollouts:
             batch = [self.ready.popleft() for _ in range(self.batch_groups)]
             self._decided("trained", batch)
             lags = [group_lag(g, version) for g in batch]
-            m = await self.learn([g.outcomes for g in batch])
+            gone, self._dropped = self._dropped, []
+            m = await self.learn([g.outcomes for g in batch], gone)
         finally:
             self.gw.resume()
         t3 = time.perf_counter()

@@ -9,15 +9,18 @@ makes its rollout unusable too); the kept groups' rewards become advantages
 only the first ``batch_groups`` kept groups that carry signal are trained
 (``_filter_groups.py`` sampled more of them). The update is skipped when nothing is
 left to learn from (no kept group, every kept group with zero reward variance,
-or no sample).
+or no sample). :func:`learn_metrics` also says each group's fate (kept, or dropped and
+why) with the kept ones' advantages; the run stores them as the update's
+:class:`~tether.records.UpdateRecord` (:func:`update_record`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple
 
+from tether.records import GroupFate, UpdateGroup, UpdateRecord
 from tether.run._collect import RolloutOutcome
 from tether.run._diagnostics import batch_diagnostics
 from tether.run.config import TrainConfig
@@ -30,7 +33,16 @@ from tether.trainer.credit import (
 )
 from tether.trainer.samples import build_samples, weigh_roles
 
-__all__ = ["Learning", "has_signal", "learn_metrics", "rollout_rewards", "trainable"]
+__all__ = [
+    "Learned",
+    "Learning",
+    "decided",
+    "has_signal",
+    "learn_metrics",
+    "rollout_rewards",
+    "trainable",
+    "update_record",
+]
 
 
 @dataclass(frozen=True)
@@ -72,29 +84,60 @@ def trainable(group: list[RolloutOutcome], credit: str) -> bool:
     return credit != "turn" or all(rollout_rewards(o).finite for o in group)
 
 
-def learn_metrics(
-    groups: list[list[RolloutOutcome]], how: Learning | str = "grpo"
-) -> tuple[dict[str, float], list[Any]]:
-    """(the batch's metrics, the samples to update on; empty: no update this step).
+class Learned(NamedTuple):
+    """What an update learns from its groups: the batch's metrics, the samples (empty: no
+    update this step) and each group's fate, the kept ones with their advantages."""
+
+    metrics: dict[str, float]
+    samples: list[Any]
+    groups: list[UpdateGroup]
+
+
+def decided(group: list[RolloutOutcome], fate: GroupFate, advantages: Any = None) -> UpdateGroup:
+    """``group``'s fate as an update records it (its number, its rollouts in order)."""
+    number = group[0].group if group else -1
+    ids = tuple(o.rollout_id for o in group)
+    return UpdateGroup(number, ids, fate, None if advantages is None else tuple(advantages))
+
+
+def _fates(
+    groups: list[list[RolloutOutcome]], how: Learning
+) -> tuple[list[list[RolloutOutcome]], dict[int, GroupFate]]:
+    """(the groups to learn from, each dropped group's fate by its position)."""
+    fates: dict[int, GroupFate] = {}
+    kept: list[int] = []
+    for i, g in enumerate(groups):
+        if not trainable(g, how.credit):
+            fates[i] = GroupFate.UNUSABLE
+        elif how.signal_only is not None and not has_signal(g, how):
+            fates[i] = GroupFate.NO_SIGNAL
+        elif how.signal_only is not None and len(kept) >= how.signal_only:
+            fates[i] = GroupFate.SURPLUS
+        else:
+            kept.append(i)
+    return [groups[i] for i in kept], fates
+
+
+def learn_metrics(groups: list[list[RolloutOutcome]], how: Learning | str = "grpo") -> Learned:
+    """The batch's metrics, the samples to update on and each group's fate.
 
     ``how`` is a :class:`Learning`, or just the estimator's name (trajectory credit)."""
     how = Learning(how) if isinstance(how, str) else how
-    kept = [g for g in groups if trainable(g, how.credit)]
+    kept, fates = _fates(groups, how)
+    dropped = [decided(g, fates[i]) for i, g in enumerate(groups) if i in fates]
     outcomes = [o for g in groups for o in g]
     rewards_all = [o.reward for o in outcomes if o.reward is not None]
     m: dict[str, float] = {
         "reward_mean": sum(rewards_all) / max(len(rewards_all), 1),
-        "groups_dropped": float(len(groups) - len(kept)),
+        "groups_dropped": float(sum(f is GroupFate.UNUSABLE for f in fates.values())),
         "rollouts": float(len(outcomes)),
     }
     if how.signal_only is not None:
-        signal = [g for g in kept if has_signal(g, how)]
-        m["groups_no_signal"] = float(len(kept) - len(signal))
-        m["groups_surplus"] = float(max(len(signal) - how.signal_only, 0))
-        kept = signal[: how.signal_only]
+        m["groups_no_signal"] = float(sum(f is GroupFate.NO_SIGNAL for f in fates.values()))
+        m["groups_surplus"] = float(sum(f is GroupFate.SURPLUS for f in fates.values()))
         m["groups_kept"] = float(len(kept))
     if not kept:
-        return m, []
+        return Learned(m, [], dropped)
     credit = assign_credit(
         [[rollout_rewards(o) for o in g] for g in kept],
         how.advantage,
@@ -116,10 +159,21 @@ def learn_metrics(
     m["rollouts_forked"] = float(sstats.forked_rollouts)
     m["failed_calls"] = float(sstats.failed_calls)
     learns = credit.zero_variance_groups < len(kept) and samples
-    return m, samples if learns else []
+    per = iter(credit.advantages)
+    trained = [decided(g, GroupFate.KEPT, [next(per) for _ in g]) for g in kept]
+    ordered = sorted(dropped + trained, key=lambda u: u.group)
+    return Learned(m, samples if learns else [], ordered)
 
 
 def has_signal(group: list[RolloutOutcome], how: Learning) -> bool:
     """Whether a trainable group would teach anything under ``how``'s credit."""
     rewards = [rollout_rewards(o) for o in group]
     return carries_signal(rewards, how.credit, how.gamma, how.grouping, how.state_weight)
+
+
+def update_record(
+    run_id: str, step: int, version: int | None, how: Learning, groups: list[UpdateGroup]
+) -> UpdateRecord:
+    """Update ``step``'s record: ``groups`` (every group decided at it) in group order."""
+    credit = {**asdict(how), "role_weights": dict(how.role_weights)}
+    return UpdateRecord(run_id, step, version, credit, sorted(groups, key=lambda u: u.group))

@@ -52,7 +52,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import TypeVar
@@ -61,7 +61,7 @@ import torch
 
 from tether._memory import resident_mb, trim_heap
 from tether.engine import Engine
-from tether.records import Checkpoint, Phase, Task
+from tether.records import Checkpoint, Phase, Task, UpdateGroup
 from tether.run._async import AsyncRollouts
 from tether.run._collect import Collected, RolloutOutcome, collect_groups
 from tether.run._diagnostics import first_rollout, no_signal_line
@@ -80,7 +80,7 @@ from tether.run._events import (
 )
 from tether.run._failures import check_collection
 from tether.run._filter_groups import collect_with_signal, extra_tasks
-from tether.run._learn import Learning, learn_metrics
+from tether.run._learn import Learning, learn_metrics, update_record
 from tether.run._memwatch import MemoryWatch
 from tether.run._parts import PartsView, RunParts, open_parts
 from tether.run._rundir import ResumePoint, past_metrics, resume_point
@@ -310,16 +310,20 @@ class TrainingRun(PartsView):
         m["gen_tokens_per_s"] = tokens / max(t_rollouts, 1e-9)
         return self._report(step, m, t0)
 
-    async def learn(self, groups: list[list[RolloutOutcome]], step: int) -> dict[str, float]:
+    async def learn(
+        self, groups: list[list[RolloutOutcome]], step: int, dropped: Sequence[UpdateGroup] = ()
+    ) -> dict[str, float]:
         """Update ``step``: grade-filter ``groups``, update the policy on them and push the
-        weights to the engine. Drops groups with any unusable reward (counted); returns the
-        step's metrics."""
+        weights to the engine. Drops groups with any unusable reward (counted); stores what
+        it trained (with the groups async mode ``dropped`` before it); returns the step's
+        metrics."""
         parts = self.parts
         outcomes = [o for g in groups for o in g]
         self._check(outcomes, f"step {step}")
         if parts.tracking.samples_on:  # tracking.log_samples: prompts and completions
             parts.tracking.log_samples(step, sample_rows(outcomes))
-        m, samples = learn_metrics(groups, Learning.of(self.cfg))
+        how = Learning.of(self.cfg)
+        m, samples, fates = learn_metrics(groups, how)
         m["success"] = success_rate(outcomes)
         engine = parts.engine
         version_before = engine.policy_version
@@ -334,6 +338,9 @@ class TrainingRun(PartsView):
                     f"engine policy version went {version_before} -> {version}, expected +1"
                 )
         m["policy_version"] = float(engine.policy_version)
+        version = engine.policy_version if samples else None
+        record = update_record(parts.run_record.id, step, version, how, [*dropped, *fates])
+        parts.store.add_update(record)
         return m
 
     def _check(self, outcomes: list[RolloutOutcome], what: str) -> None:
@@ -383,7 +390,7 @@ class TrainingRun(PartsView):
             self._async = async_rollouts(
                 self.cfg,
                 self.parts,
-                lambda groups: self.learn(groups, self.step),  # the step in progress
+                lambda groups, dropped: self.learn(groups, self.step, dropped),  # this step
                 self.start_step,
             )
         return self._async

@@ -308,6 +308,24 @@ def _m010_rollout_place(conn: sqlite3.Connection) -> None:
             )
 
 
+def _m011_updates(conn: sqlite3.Connection) -> None:
+    """``updates``: what each update trained (``records.UpdateRecord``), one row per run
+    and step: the policy version it produced (NULL: none), its credit settings and every
+    group it decided on with its fate and advantages (JSON). Stores written before have
+    none: what their updates trained was not kept."""
+    conn.execute(
+        """CREATE TABLE updates (
+            run_id TEXT NOT NULL REFERENCES runs(id),
+            step INTEGER NOT NULL,
+            version INTEGER,
+            credit TEXT NOT NULL,
+            fates TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (run_id, step)
+        )"""
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _m001_initial,
     _m002_attempts,
@@ -319,6 +337,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _m008_grade_detail,
     _m009_call_role,
     _m010_rollout_place,
+    _m011_updates,
 ]
 
 

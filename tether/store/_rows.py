@@ -15,6 +15,7 @@ from tether.records import (
     Call,
     CallStatus,
     Checkpoint,
+    GroupFate,
     Metric,
     Phase,
     Place,
@@ -26,6 +27,8 @@ from tether.records import (
     RunStatus,
     Split,
     Task,
+    UpdateGroup,
+    UpdateRecord,
 )
 from tether.store._codec import load_json, reward_value, unpack_floats, unpack_ids
 
@@ -38,6 +41,7 @@ __all__ = [
     "ROLLOUT_COLUMNS",
     "RUN_COLUMNS",
     "TASK_COLUMNS",
+    "UPDATE_COLUMNS",
     "attempt_from_row",
     "call_from_row",
     "checkpoint_from_row",
@@ -47,6 +51,8 @@ __all__ = [
     "rollout_from_row",
     "run_from_row",
     "task_from_row",
+    "update_fates",
+    "update_from_row",
     "with_shared_prompt",
 ]
 
@@ -71,6 +77,7 @@ ATTEMPT_COLUMNS = (
 REWARD_COLUMNS = "rollout_id, value, given, source, attempt, call_seq, created_at"
 METRIC_COLUMNS = "run_id, step, name, value, created_at"
 CHECKPOINT_COLUMNS = "run_id, step, path, created_at"
+UPDATE_COLUMNS = "run_id, step, version, credit, fates, created_at"
 
 
 def run_from_row(row: Row) -> Run:
@@ -187,3 +194,34 @@ def with_shared_prompt(conn: sqlite3.Connection, end: AttemptEnd) -> AttemptEnd:
     if not isinstance(held, dict) or "messages" not in held:
         return end  # its holder is gone: the rest of the detail still reads
     return dataclasses.replace(end, grade_detail={**detail, "messages": held["messages"]})
+
+
+def update_fates(groups: Sequence[UpdateGroup]) -> list[dict[str, object]]:
+    """An update's groups as the JSON of ``updates.fates`` (a per-call advantage's seq
+    becomes a string key)."""
+    return [
+        {
+            "group": g.group,
+            "rollouts": list(g.rollouts),
+            "fate": g.fate.value,
+            "advantages": None if g.advantages is None else list(g.advantages),
+        }
+        for g in groups
+    ]
+
+
+def _advantage(a: float | dict[str, float]) -> float | dict[int, float]:
+    return {int(k): float(v) for k, v in a.items()} if isinstance(a, dict) else float(a)
+
+
+def update_from_row(row: Row) -> UpdateRecord:
+    groups = [
+        UpdateGroup(
+            int(g["group"]),
+            tuple(g["rollouts"]),
+            GroupFate(g["fate"]),
+            None if g["advantages"] is None else tuple(_advantage(a) for a in g["advantages"]),
+        )
+        for g in load_json(row[4])
+    ]
+    return UpdateRecord(row[0], row[1], row[2], load_json(row[3]), groups, row[5])

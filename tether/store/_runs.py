@@ -1,4 +1,5 @@
-"""The run-level half of :class:`~tether.store.Store`: runs, tasks, metrics, checkpoints.
+"""The run-level half of :class:`~tether.store.Store`: runs, tasks, metrics, checkpoints,
+what each update trained.
 
 :class:`RunLog` holds the connections (``self._db``) and the methods that do
 not touch rollouts; :class:`~tether.store._store.Store` adds rollouts, calls
@@ -13,7 +14,7 @@ import time
 import uuid
 from typing import Any
 
-from tether.records import Checkpoint, Metric, Run, RunStatus, Split, Task
+from tether.records import Checkpoint, Metric, Run, RunStatus, Split, Task, UpdateRecord
 from tether.store import _rows as rows
 from tether.store._codec import dump_json, redact_secrets
 from tether.store._db import Database
@@ -23,7 +24,7 @@ __all__ = ["RunLog"]
 
 
 class RunLog:
-    """Runs, tasks, metrics and checkpoints over one :class:`Database`."""
+    """Runs, tasks, metrics, checkpoints and update records over one :class:`Database`."""
 
     _db: Database
 
@@ -202,3 +203,32 @@ class RunLog:
                 (run_id,),
             ).fetchone()
         return None if row is None else rows.checkpoint_from_row(row)
+
+    # -- what each update trained ---------------------------------------------
+
+    def add_update(self, update: UpdateRecord) -> None:
+        """Record what update ``step`` of the run trained (once per run and step)."""
+        fates = dump_json(rows.update_fates(update.groups), "update groups")
+        credit = dump_json(update.credit, "update credit")
+        with self._db.write() as conn:
+            try:
+                cur = conn.execute(
+                    f"INSERT INTO updates ({rows.UPDATE_COLUMNS}) VALUES (?,?,?,?,?,?) "
+                    "ON CONFLICT(run_id, step) DO NOTHING",
+                    (update.run_id, int(update.step), update.version, credit, fates,
+                     update.created_at),
+                )  # fmt: skip
+            except sqlite3.IntegrityError:
+                raise NotFound(f"run {update.run_id!r} not found") from None
+            if cur.rowcount == 0:
+                raise AlreadyExists(f"update {update.step} of run {update.run_id!r} is recorded")
+
+    def updates(self, run_id: str) -> list[UpdateRecord]:
+        """What each update of the run trained, by step (none for a run stored before
+        tether kept them, or one that made no update)."""
+        with self._db.read() as conn:
+            found = conn.execute(
+                f"SELECT {rows.UPDATE_COLUMNS} FROM updates WHERE run_id = ? ORDER BY step",
+                (run_id,),
+            ).fetchall()
+        return [rows.update_from_row(r) for r in found]

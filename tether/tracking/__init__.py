@@ -5,10 +5,11 @@
   (``_sinks.py``), each of which may fail without stopping the run;
 - :func:`export_attempts` / :func:`write_rows` (``_export.py``): one row per
   rollout attempt, to JSONL or Parquet (docs/export.md);
-- :class:`RunCredit` / :func:`run_credit` / :func:`group_credit` (``_groups.py``): how a
-  run's updates credited their groups, and one group's advantages as an update trained
-  them (the dashboard shows these); :func:`place_kind`: a rollout's stored place
-  (``records.Place``) in one word, as export and the dashboard name it;
+- :func:`rollout_fates` / :class:`Fate` / :func:`credit_label` (``_groups.py``): what each
+  update did with each rollout's group (trained with which advantage, or dropped and
+  why), read from the update records the run stored (the dashboard shows these);
+  :func:`place_kind`: a rollout's stored place (``records.Place``) in one word, as export
+  and the dashboard name it;
 - :func:`step_samples` (``_steps.py``): the training samples of one update,
   rebuilt from the stored calls with the trainer's own functions;
 - :func:`write_report` (``_report.py``): a self-contained HTML page of the curves
@@ -31,16 +32,16 @@ _EXPORTS = {
     "CALL_FIELDS": "._export",
     "EXPORT_FORMATS": "._export",
     "ROW_FIELDS": "._export",
-    "RunCredit": "._groups",
+    "Fate": "._groups",
     "StepSamples": "._steps",
     "Tracking": "._fanout",
     "TrackingConfig": ".config",
+    "credit_label": "._groups",
     "export_attempts": "._export",
-    "group_credit": "._groups",
     "normalize_tracking": ".config",
     "open_tracking": "._fanout",
     "place_kind": "._groups",
-    "run_credit": "._groups",
+    "rollout_fates": "._groups",
     "run_tensorboard": "._tensorboard",
     "sample_rows": "._fanout",
     "step_samples": "._steps",
@@ -60,10 +61,10 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._fanout import Tracking as Tracking
     from ._fanout import open_tracking as open_tracking
     from ._fanout import sample_rows as sample_rows
-    from ._groups import RunCredit as RunCredit
-    from ._groups import group_credit as group_credit
+    from ._groups import Fate as Fate
+    from ._groups import credit_label as credit_label
     from ._groups import place_kind as place_kind
-    from ._groups import run_credit as run_credit
+    from ._groups import rollout_fates as rollout_fates
     from ._report import write_report as write_report
     from ._steps import StepSamples as StepSamples
     from ._steps import step_samples as step_samples

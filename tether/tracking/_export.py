@@ -17,7 +17,7 @@ from typing import Any
 
 from tether.errors import UserError
 from tether.records import Call, Rollout
-from tether.tracking._groups import place_kind, run_credit, step_groups, stored_rewards
+from tether.tracking._groups import Fate, place_kind, rollout_fates
 
 __all__ = [
     "CALL_FIELDS",
@@ -48,6 +48,8 @@ ROW_FIELDS = {
     "reward_source": "string",
     "success": "bool",
     "advantage": "float64",
+    "update": "int64",
+    "fate": "string",
     "final_answer": "string",
     "error": "string",
     "grade_detail": "string",
@@ -110,30 +112,16 @@ def _call_row(c: Call, reward: float | None, advantage: float | None) -> dict[st
     }
 
 
-def _advantages(
-    store: Any, run_id: str, rollouts: list[Rollout]
-) -> dict[str, float | dict[int, float]]:
-    """rollout id -> its advantage (a float, or per call seq with turn credit), for the
-    rollouts sync updates trained on."""
-    how = run_credit(store.get_run(run_id).config)
-    found: dict[str, float | dict[int, float]] = {}
-    for sg in step_groups(rollouts, how, stored_rewards(store)).values():
-        for group, advs in zip(sg.kept, sg.advantages, strict=False):
-            for r, a in zip(group, advs, strict=True):
-                found[r.id] = a if isinstance(a, dict) else float(a)
-    return found
-
-
 def export_attempts(store: Any, run_id: str | None = None) -> Iterator[dict[str, Any]]:
     """The rows of every rollout attempt in ``store`` (or of run record ``run_id``), in
-    creation order. ``advantage`` is set on the last attempt of each rollout a sync update
-    trained on (recomputed as the loop did, see ``_groups.py``), else None."""
+    creation order. The last attempt of each rollout an update decided on carries that
+    update (``update``), its group's fate there (``fate``: kept, or why it was dropped)
+    and, when kept, the advantage it trained with, as the run recorded them; else None."""
     runs = [run_id] if run_id is not None else [r.id for r in store.list_runs()]
     for rid in runs:
-        rollouts = store.list_rollouts(run_id=rid)
-        advantages = _advantages(store, rid, rollouts)
-        for r in rollouts:
-            yield from _rollout_rows(store, r, advantages.get(r.id))
+        fates = rollout_fates(store.updates(rid))
+        for r in store.list_rollouts(run_id=rid):
+            yield from _rollout_rows(store, r, fates.get(r.id))
     if run_id is None:  # rollouts of no run: tether serve's admin API, record mode
         for r in store.list_rollouts():
             if r.run_id is None or r.run_id not in runs:
@@ -147,10 +135,9 @@ def _source(r: Rollout, stored: Any, final: bool) -> str | None:
     return stored.source.value if stored is not None else None
 
 
-def _rollout_rows(
-    store: Any, r: Rollout, advantage: float | dict[int, float] | None
-) -> Iterator[dict[str, Any]]:
+def _rollout_rows(store: Any, r: Rollout, fate: Fate | None) -> Iterator[dict[str, Any]]:
     p = r.place
+    advantage = None if fate is None else fate.advantage
     ends = {a.attempt: a for a in store.attempts(r.id)}
     rewards = store.rewards(r.id)
     task = r.task
@@ -186,6 +173,8 @@ def _rollout_rows(
             "reward_source": _source(r, stored, final),
             "success": end.success if end else None,
             "advantage": advantage if final and not isinstance(advantage, dict) else None,
+            "update": fate.step if final and fate is not None else None,
+            "fate": fate.fate.value if final and fate is not None else None,
             "final_answer": r.final_answer if final else None,
             "error": (r.error if final else end.error if end else None),
             "grade_detail": _grade_detail(end),
