@@ -56,6 +56,7 @@ def config(args: argparse.Namespace, mode: str, out: Path) -> Any:
         CheckpointConfig,
         EvalConfig,
         RolloutConfig,
+        RunConfig,
         TasksConfig,
         TrainConfig,
         TrainerConfig,
@@ -78,6 +79,8 @@ def config(args: argparse.Namespace, mode: str, out: Path) -> Any:
             steps=args.warmup_steps + args.steps,
             lr=2e-4,
             seed=0,
+        ),
+        run=RunConfig(
             mode=mode,
             max_groups_in_flight=in_flight,
             max_policy_lag=args.max_lag,

@@ -54,7 +54,7 @@ def _tiny(out: Path, model: Path, *more: str) -> list[str]:
         "eval.samples=2",
         "eval.greedy=false",
         "gateway.default_max_tokens=16",
-        "trainer.collapse_patience=0",
+        "run.collapse_patience=0",
         *more,
     ]
 

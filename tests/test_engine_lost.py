@@ -96,7 +96,7 @@ def _train(tmp: Path, model: Path, *args: str) -> subprocess.Popen[str]:
         "agent.mode=inprocess", "agent.max_attempts=3", "rollout.n=4", "rollout.batch_groups=2",
         "rollout.grader=tests.test_cli_runs:grade_alternately", "eval.tasks=2", "eval.samples=1",
         "eval.greedy=false", "eval.every=0", "gateway.default_max_tokens=16",
-        "trainer.collapse_patience=0", "trainer.steps=3", "checkpoint.every=1",
+        "run.collapse_patience=0", "trainer.steps=3", "checkpoint.every=1",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     cmd = [sys.executable, "-m", "tether.cli", "train", str(CONFIG), *common, *args]

@@ -41,7 +41,7 @@ def _start_run(tmp: Path, model: Path, urls: list[str]) -> subprocess.Popen[str]
         "agent.mode=inprocess", "agent.agent=tether.starter.calc:agent", "agent.max_attempts=3",
         "rollout.n=4", "rollout.batch_groups=2",
         "rollout.grader=tests.test_cli_runs:grade_alternately", "eval.enabled=false",
-        "gateway.default_max_tokens=16", "trainer.collapse_patience=0", "trainer.steps=3",
+        "gateway.default_max_tokens=16", "run.collapse_patience=0", "trainer.steps=3",
         "checkpoint.every=0",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}

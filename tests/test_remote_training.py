@@ -51,7 +51,7 @@ def _train(
         "rollout.grader=tests.test_cli_runs:grade_alternately",
         "eval.enabled=false",
         "gateway.default_max_tokens=16",
-        "trainer.collapse_patience=0",
+        "run.collapse_patience=0",
         "trainer.steps=2",
         "checkpoint.every=0",
     ]

@@ -1,4 +1,4 @@
-"""A run whose reward stays at 0 stops after ``trainer.collapse_patience`` steps, saying
+"""A run whose reward stays at 0 stops after ``run.collapse_patience`` steps, saying
 why: a policy that earned reward and lost it collapsed (:class:`PolicyCollapsed`); one
 that never earned any never changed, and the grader or the agent is to blame
 (:class:`NoLearningSignal`, naming a rollout to look at)."""
@@ -31,7 +31,7 @@ def _step(step: int, reward: float, zero_var: float = 1.0, version: int = 0) -> 
 
 def _run(history: list[StepReport], patience: int = 3) -> TrainingRun:
     cfg = TrainConfig()
-    cfg.trainer.collapse_patience = patience
+    cfg.run.collapse_patience = patience
     run = TrainingRun(cfg)
     run.history = history
     run._first_rollout = lambda: "run-s0-g0-0"  # type: ignore[method-assign]  # no store here
@@ -45,7 +45,7 @@ def test_reward_zero_from_the_start_is_no_signal_not_a_collapse() -> None:
     assert str(caught.value) == (
         "every group's rewards are equal (all 0) for 3 steps, so no update changed the "
         "policy (still v0): nothing to learn from — check the grader and the agent: first "
-        "rollout run-s0-g0-0 (`tether rollouts show run-s0-g0-0`); trainer.collapse_patience=0 "
+        "rollout run-s0-g0-0 (`tether rollouts show run-s0-g0-0`); run.collapse_patience=0 "
         "trains on regardless"
     )
     assert "lr" not in str(caught.value) and "collapsed" not in str(caught.value)
@@ -102,7 +102,7 @@ def test_a_run_whose_grader_always_gives_0_stops_naming_a_rollout(
         "rollout.n=2",
         "rollout.batch_groups=2",
         "trainer.steps=4",
-        "trainer.collapse_patience=2",
+        "run.collapse_patience=2",
         "eval.enabled=false",
         "checkpoint.every=0",
         "agent.mode=process",

@@ -46,7 +46,7 @@ def _train(tmp_path: Path, starter_dir: Path, *extra: str) -> subprocess.Complet
         "rollout.n=2",
         "rollout.batch_groups=2",
         "trainer.steps=1",
-        "trainer.collapse_patience=0",
+        "run.collapse_patience=0",
         "eval.tasks=2",
         "eval.samples=1",
         "eval.greedy=false",

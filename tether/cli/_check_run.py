@@ -189,7 +189,7 @@ def _plan(cfg: TrainConfig, report: Report) -> None:
     every = f"every {c.every} updates and at the end" if c.every else "at the end"
     report.lines += [
         f"engine: {engine}",
-        f"updates: {t.steps} ({t.mode}), {t.advantage}; {r.batch_groups} groups x {r.n} "
+        f"updates: {t.steps} ({cfg.run.mode}), {t.advantage}; {r.batch_groups} groups x {r.n} "
         f"rollouts = {r.batch_groups * r.n} rollouts per update",
         f"store: {run_dir / 'traces.sqlite'}",
         f"checkpoints: {run_dir / 'checkpoints'} ({every}, keep {c.keep})",

@@ -122,8 +122,9 @@ def events(store: Store, run: Run) -> list[dict[str, Any]]:
         by_step[m.step][m.name] = m.value
     out: list[dict[str, Any]] = []
     streak, gained = 0, False
-    trainer = run.config.get("trainer")
-    patience = int((trainer if isinstance(trainer, dict) else {}).get("collapse_patience") or 0)
+    sections = (run.config.get(k) for k in ("run", "trainer"))  # trainer: recorded before run
+    section = next((s for s in sections if isinstance(s, dict) and "collapse_patience" in s), {})
+    patience = int(section.get("collapse_patience") or 0)
     for step in sorted(by_step):
         m = by_step[step]
         if "eval/sampled_success" in m:

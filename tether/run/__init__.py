@@ -10,7 +10,7 @@ the store and the trainer.
   what a run derives from its config and its final status (``_setup.py``);
   the run's parts, built once (``_parts.py``), and the typed events its
   listener gets (``_events.py``: :data:`RunEvent`);
-- the other training processes of ``trainer.processes`` > 1 or a launcher
+- the other training processes of ``run.processes`` > 1 or a launcher
   (``_ranks.py``; :func:`serve_rank` is what ranks 1.. run);
 - :mod:`tether.run.config`: the run's composite config, one YAML file.
 
@@ -44,6 +44,7 @@ _EXPORTS = {
     "Resumed": "._events",
     "RetryPolicy": "._collect",
     "RolloutConfig": ".config",
+    "RunConfig": ".config",
     "RolloutOutcome": "._finish",
     "RunEvent": "._events",
     "Status": "._events",
@@ -105,6 +106,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from .config import LoraConfig as LoraConfig
     from .config import ModelConfig as ModelConfig
     from .config import RolloutConfig as RolloutConfig
+    from .config import RunConfig as RunConfig
     from .config import TasksConfig as TasksConfig
     from .config import TrackingConfig as TrackingConfig
     from .config import TrainConfig as TrainConfig

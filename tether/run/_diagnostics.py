@@ -6,7 +6,7 @@ The trainer adds its own (``entropy``, ``clip_frac_low``/``clip_frac_high``,
 together they are stored per step and the step line shows the most telling.
 
 :func:`no_signal_line` (naming :func:`first_rollout`) says why a run whose reward never rose stops
-(``trainer.collapse_patience``): not a collapse of a policy that never changed,
+(``run.collapse_patience``): not a collapse of a policy that never changed,
 but a grader or agent that gives every rollout the same reward.
 """
 
@@ -83,7 +83,7 @@ def no_signal_line(steps: Sequence[dict[str, float]], rollout_id: str | None) ->
     )
     return (
         f"{what}: nothing to learn from — check the grader and the agent{look}; "
-        "trainer.collapse_patience=0 trains on regardless"
+        "run.collapse_patience=0 trains on regardless"
     )
 
 

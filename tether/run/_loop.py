@@ -40,7 +40,7 @@ the start of update N until update N + 1 starts), never derived from how many re
 it holds.
 Listeners get typed events (``_events.py``).
 
-That is sync mode. In async mode (``trainer.mode: async``, ``_async.py``)
+That is sync mode. In async mode (``run.mode: async``, ``_async.py``)
 groups keep running across updates, and steps 1 and 4 become: wait for
 ``batch_groups`` finished groups, pause admission at the gateway, drain,
 update, push, resume.
@@ -276,7 +276,7 @@ class TrainingRun(PartsView):
         cfg, parts = self.cfg, self.parts
         self.step, self._at = step, f"at update {step}"
         t0 = time.perf_counter()
-        if cfg.trainer.mode == "async":
+        if cfg.run.mode == "async":
             return self._report(step, await self._async_rollouts().step(step), t0)
         tasks = tasks_for_step(parts.train_tasks, step, cfg.rollout.batch_groups, cfg.tasks.seed)
         log.info("step %d: rollouts, %d tasks × %d", step, len(tasks), cfg.rollout.n)
@@ -360,16 +360,15 @@ class TrainingRun(PartsView):
     def _check_collapse(self, step: int) -> None:
         """Stop after ``collapse_patience`` steps of reward <= 0: a collapse when the
         reward was above 0 before them, else no learning signal from the start."""
-        t = self.cfg.trainer
-        k = t.collapse_patience
+        k = self.cfg.run.collapse_patience
         recent = self.history[-k:] if k else []
         if not (k and len(recent) == k and all(r.metrics["reward_mean"] <= 0 for r in recent)):
             return
         if any(r.metrics.get("reward_mean", 0.0) > 0 for r in self.history[:-k]):
             raise PolicyCollapsed(
                 f"reward has been 0 for {k} updates in a row at step {step}, after steps "
-                f"with reward: the policy collapsed; lower trainer.lr (now {t.lr:g}) or raise "
-                "trainer.collapse_patience"
+                f"with reward: the policy collapsed; lower trainer.lr (now {self.cfg.trainer.lr:g}) or raise "
+                "run.collapse_patience"
             )
         raise NoLearningSignal(no_signal_line([r.metrics for r in recent], self._first_rollout()))
 

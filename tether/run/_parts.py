@@ -1,6 +1,6 @@
 """The parts of a training run, built once, in order, and torn down in reverse.
 
-:func:`open_parts` builds the training processes (``trainer.processes`` > 1),
+:func:`open_parts` builds the training processes (``run.processes`` > 1),
 the tokenizer and the trainer, the engine, the store and the run's record,
 the tracking sinks, the tasks and the grader, the gateway with its dashboard
 and server, and the agent runner, in that order, into one :class:`RunParts`.
@@ -208,9 +208,9 @@ async def open_parts(
     admin_key = resolve_admin_key(cfg.gateway.host, Path(cfg.dir), cfg.gateway.admin_key)
     grader = await open_grader(cfg.rollout)  # a judge that cannot be reached stops it
     ranks = None
-    if command == "train" and (cfg.trainer.processes > 1 or world_from_env() > 1):
+    if command == "train" and (cfg.run.processes > 1 or world_from_env() > 1):
         say(Status("starting the training processes"))
-        ranks = group = RankGroup.start(cfg.trainer, cfg.model.device)
+        ranks = group = RankGroup.start(cfg.run.processes, cfg.trainer, cfg.model.device)
         if group is not None:  # None: one process after all
             _on_exit(stack, lambda failed: asyncio.to_thread(group.close, not failed))
     # a resumed run pushes its checkpoint's weights itself; an eval pushes what it evaluates

@@ -54,10 +54,10 @@ def record_config(cfg: TrainConfig, command: str, resume: ResumePoint | None) ->
 
 def gateway_config(cfg: TrainConfig, admin_key: str) -> GatewayConfig:
     """The run's gateway config: ``admin_key`` (:func:`tether.gateway.resolve_admin_key`
-    decided it), and in async mode ``trainer.hold_timeout_s`` as the admission timeout."""
+    decided it), and in async mode ``run.hold_timeout_s`` as the admission timeout."""
     gcfg = dataclasses.replace(cfg.gateway, admin_key=admin_key)
-    hold = cfg.trainer.hold_timeout_s
-    if cfg.trainer.mode == "async" and hold is not None:
+    hold = cfg.run.hold_timeout_s
+    if cfg.run.mode == "async" and hold is not None:
         gcfg = dataclasses.replace(gcfg, admission_timeout_s=hold)
     return gcfg
 
@@ -106,8 +106,8 @@ def async_rollouts(
         run_id=parts.run_record.id,
         batch_groups=cfg.rollout.batch_groups,
         max_in_flight=cfg.groups_in_flight,
-        max_lag=cfg.trainer.max_policy_lag,
-        lag_policy=cfg.trainer.lag_policy,
+        max_lag=cfg.run.max_policy_lag,
+        lag_policy=cfg.run.lag_policy,
         learn=learn,
         version=lambda: engine.policy_version,
         first_group=start_step * cfg.rollout.batch_groups,

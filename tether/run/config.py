@@ -15,7 +15,6 @@ always relative to the current directory. The exact rules are in
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from tether.run._checks import at_least as _at_least
 from tether.run._checks import one_of as _one_of
 from tether.run._judge_config import JudgeConfig
 from tether.run._paths import resolve_file_paths
+from tether.run._run_config import MOVED, RunConfig
 from tether.runner import RunnerConfig
 from tether.tracking import TrackingConfig, normalize_tracking
 from tether.trainer.config import LoraConfig, RoleConfig, TrainerConfig
@@ -43,13 +43,12 @@ __all__ = [
     "ModelConfig",
     "RoleConfig",
     "RolloutConfig",
+    "RunConfig",
     "TasksConfig",
     "TrackingConfig",
     "TrainConfig",
     "TrainerConfig",
 ]
-
-log = logging.getLogger(__name__)
 
 
 def _role_configs(roles: Mapping[str, Any]) -> dict[str, RoleConfig]:
@@ -228,6 +227,9 @@ class CheckpointConfig:
 
 @dataclass
 class TrainConfig:
+    # trainer.mode etc. load as run.mode etc., with a notice (configio)
+    renamed: ClassVar[dict[str, str]] = {f"trainer.{k}": f"run.{k}" for k in MOVED}
+
     #: Name of the run; its files go to {dir}/{name}. One run per name: a new run under
     #: a name whose folder holds one is refused (continue it with --resume, or rename).
     name: str = "calc"
@@ -250,8 +252,11 @@ class TrainConfig:
     )
     #: Rollouts per task and per update, and how they are graded.
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    #: The policy update: algorithm, optimizer, batching, sync or async (tether/trainer/config.py).
+    #: The policy update: algorithm, optimizer, batching (tether/trainer/config.py).
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    #: How collection and updates take turns: sync or async and async's bounds, the
+    #: training processes, when a collapsed run stops (tether/run/_run_config.py).
+    run: RunConfig = field(default_factory=RunConfig)
     #: Held-out evaluation on the val split: how often and how many rollouts.
     eval: EvalConfig = field(default_factory=EvalConfig)
     #: How often checkpoints are saved ({dir}/{name}/checkpoints/step-N) and how many are kept.
@@ -279,7 +284,7 @@ class TrainConfig:
                 f"tasks.val_size ({self.tasks.val_size}) must be >= 1 with eval.enabled: "
                 "the evals run on them; raise it or set eval.enabled=false"
             )
-        self._check_async()
+        self.run.check_async(self.rollout.batch_groups, self.rollout.n, self.agent.concurrency)
         self._check_engine()
         self._check_roles()
 
@@ -316,10 +321,10 @@ class TrainConfig:
                 f"roles {', '.join(special)}: own adapters and frozen roles are served by the "
                 f"embedded engine only; use engine.kind=transformers (not {self.engine.kind})"
             )
-        if self.model.rollout_dtype != "float32" or self.trainer.processes != 1:
+        if self.model.rollout_dtype != "float32" or self.run.processes != 1:
             raise UserError(
                 f"roles {', '.join(special)}: own adapters and frozen roles need "
-                "model.rollout_dtype=float32 and trainer.processes=1 for now"
+                "model.rollout_dtype=float32 and run.processes=1 for now"
             )
         reserved = [n for n, r in self.roles.items() if r.adapter and n in ("default", "base")]
         if reserved:
@@ -331,32 +336,6 @@ class TrainConfig:
             n: n if r.adapter else BASE_ADAPTER for n, r in self.roles.items() if n in special
         }
 
-    def _check_async(self) -> None:
-        t, b = self.trainer, self.rollout.batch_groups
-        if t.mode != "async":
-            return
-        if t.max_groups_in_flight and t.max_groups_in_flight < b:
-            raise UserError(
-                f"trainer.max_groups_in_flight ({t.max_groups_in_flight}) must be >= "
-                f"rollout.batch_groups ({b}); raise it (e.g. {2 * b}) or set 0 for 2 × batch_groups"
-            )
-        running = self.groups_in_flight * self.rollout.n
-        if self.agent.concurrency < running:
-            log.warning(
-                "agent.concurrency (%d) is below max_groups_in_flight × rollout.n (%d): "
-                "at most %d rollouts run at once",
-                self.agent.concurrency,
-                running,
-                self.agent.concurrency,
-            )
-        if t.lag_policy == "drop" and self.groups_in_flight > (t.max_policy_lag + 1) * b:
-            log.warning(
-                "max_groups_in_flight (%d) is above (max_policy_lag + 1) × batch_groups "
-                "(%d): many groups will finish too late and be dropped for lag",
-                self.groups_in_flight,
-                (t.max_policy_lag + 1) * b,
-            )
-
     @staticmethod
     def resolve_file_paths(data: dict[str, Any], folder: Any) -> dict[str, Any]:
         """The load_config hook (configio): file-relative paths, and ``tracking: [...]`` as
@@ -366,4 +345,4 @@ class TrainConfig:
     @property
     def groups_in_flight(self) -> int:
         """Async mode's bound on running groups (``max_groups_in_flight``, default 2 × batch)."""
-        return self.trainer.max_groups_in_flight or 2 * self.rollout.batch_groups
+        return self.run.groups_in_flight(self.rollout.batch_groups)
