@@ -70,7 +70,7 @@ def config(args: argparse.Namespace, mode: str, out: Path) -> Any:
         tasks=TasksConfig(source="calc", train_size=2000, val_size=args.eval_tasks, seed=0),
         agent=RunnerConfig(
             mode="inprocess",
-            agent=f"{Path(__file__).resolve()}:agent",
+            entry=f"{Path(__file__).resolve()}:agent",
             concurrency=in_flight * args.n,
             timeout_s=300,
         ),

@@ -203,7 +203,7 @@ def run_tether(args: argparse.Namespace) -> dict:
         tasks=tasks_config(args),
         agent=RunnerConfig(
             mode="inprocess",
-            agent=f"{Path(__file__).resolve()}:agent",
+            entry=f"{Path(__file__).resolve()}:agent",
             concurrency=args.batch_groups * args.n,
         ),
         rollout=RolloutConfig(n=args.n, batch_groups=args.batch_groups, grader="vs_trl:grade"),

@@ -116,7 +116,7 @@ class Live:
         self.store = store
         self.gw = Gateway(engine, tokenizer, store, GatewayConfig(admin_key=ADMIN_KEY, **gw))
         self.runner = make_runner(
-            RunnerConfig(mode="inprocess", agent="tests.test_async:two_call_agent", concurrency=64)
+            RunnerConfig(mode="inprocess", entry="tests.test_async:two_call_agent", concurrency=64)
         )
 
     async def __aenter__(self) -> Live:
@@ -397,7 +397,7 @@ def test_two_async_steps_with_the_starter_model(starter_dir: Path, tmp_path: Pat
         tasks=TasksConfig(source="calc", train_size=20, val_size=2),
         agent=RunnerConfig(
             mode="inprocess",
-            agent="tests.test_async:short_calc_agent",
+            entry="tests.test_async:short_calc_agent",
             concurrency=16,
             timeout_s=60,
         ),

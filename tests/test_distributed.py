@@ -192,7 +192,7 @@ def _args(out: Path, model: Path, steps: int, *more: str) -> list[str]:
         "tasks.train_size=10",
         "tasks.val_size=2",
         "agent.mode=inprocess",
-        "agent.agent=tether.starter.calc:agent",
+        "agent.entry=tether.starter.calc:agent",
         "rollout.n=2",
         "rollout.batch_groups=1",  # one group of 2, graded 0 then 1: every step updates
         "rollout.grader=tests.test_distributed:grade_alternately",

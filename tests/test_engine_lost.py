@@ -134,7 +134,7 @@ def _killed_at_update_2(
     (it is killed itself past 90 s)."""
     run = _train(
         tmp, model, "engine.kind=vllm", f"engine.urls=[{','.join(urls)}]",
-        "agent.agent=tether.starter.calc:agent",
+        "agent.entry=tether.starter.calc:agent",
     )  # fmt: skip
     try:
         _wait_for_step_2_calls(tmp / "calc" / "traces.sqlite", run)
@@ -287,7 +287,7 @@ async def killing_agent(task: dict[str, Any], client: Any) -> str:
 def test_train_stops_when_the_embedded_worker_thread_dies(
     starter_dir: Path, tmp_path: Path
 ) -> None:
-    run = _train(tmp_path, starter_dir, "agent.agent=tests.test_engine_lost:killing_agent")
+    run = _train(tmp_path, starter_dir, "agent.entry=tests.test_engine_lost:killing_agent")
     with contextlib.ExitStack() as stack:
         stack.callback(run.kill)
         out, err = run.communicate(timeout=300)

@@ -45,7 +45,7 @@ def _train(
         "tasks.train_size=10",
         "tasks.val_size=2",
         "agent.mode=inprocess",
-        "agent.agent=tether.starter.calc:agent",
+        "agent.entry=tether.starter.calc:agent",
         "rollout.n=2",
         "rollout.batch_groups=1",
         "rollout.grader=tests.test_cli_runs:grade_alternately",

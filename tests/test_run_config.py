@@ -63,7 +63,7 @@ def test_resume_is_a_typed_field_and_rollout_temperature_is_gone() -> None:
 
 def _async(**run: object) -> dict:
     return {
-        "agent": {"mode": "inprocess", "agent": "tether.starter.calc:agent", "concurrency": 4},
+        "agent": {"mode": "inprocess", "entry": "tether.starter.calc:agent", "concurrency": 4},
         "rollout": {"n": 4, "batch_groups": 2},
         "run": {"mode": "async", **run},
     }
@@ -87,7 +87,7 @@ def _cfg(tmp_path: Path, name: str) -> TrainConfig:
         name=name,
         dir=str(tmp_path),
         tasks=TasksConfig(source="calc", train_size=4, val_size=2),
-        agent=RunnerConfig(mode="inprocess", agent="tether.starter.calc:agent"),
+        agent=RunnerConfig(mode="inprocess", entry="tether.starter.calc:agent"),
         rollout=RolloutConfig(n=2, batch_groups=1),
         run=RunConfig(mode="async", hold_timeout_s=7.0),
         eval=EvalConfig(tasks=1, samples=1, greedy=False),

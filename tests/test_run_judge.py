@@ -402,7 +402,7 @@ def test_tether_train_with_the_calc_config_and_a_judge(starter_dir: Path, tmp_pa
         done = subprocess.run(
             [sys.executable, "-m", "tether.cli", "train", str(root / "examples/calc/config.yaml"),
              f"dir={tmp_path}", f"model.path={starter_dir}", "tasks.train_size=10",
-             "tasks.val_size=2", "agent.mode=inprocess", "agent.agent=tether.starter.calc:agent",
+             "tasks.val_size=2", "agent.mode=inprocess", "agent.entry=tether.starter.calc:agent",
              "rollout.n=2", "rollout.batch_groups=1", "rollout.grader=judge",
              f"rollout.judge.base_url={fake.base_url}", "rollout.judge.model=scripted-judge",
              "rollout.success_threshold=0.5", "eval.tasks=1", "eval.samples=2",

@@ -171,7 +171,7 @@ def test_the_agent_never_receives_private_fields_and_the_grader_gets_them(
     agent = (
         ["agent.mode=process", f"agent.command={sys.executable} {tmp_path / 'print_agent.py'}"]
         if mode == "process"
-        else ["agent.mode=inprocess", f"agent.agent={tmp_path / 'agent.py'}:main"]
+        else ["agent.mode=inprocess", f"agent.entry={tmp_path / 'agent.py'}:main"]
     )
     seen = tmp_path / "seen.jsonl"
     os.environ["SEEN_BY_GRADER"] = str(seen)  # the grader runs in the training process

@@ -86,8 +86,8 @@ def _agent(cfg: TrainConfig, report: Report) -> None:
 
         make_runner(a)  # imports the agent and checks it is an async def
     else:
-        _import_pool_agent(str(a.agent), a.cwd)
-    report.lines.append(f"agent: {a.agent} ({a.mode}, {a.concurrency} at a time), imported")
+        _import_pool_agent(str(a.entry), a.cwd)
+    report.lines.append(f"agent: {a.entry} ({a.mode}, {a.concurrency} at a time), imported")
 
 
 def _import_pool_agent(spec: str, cwd: str | None) -> None:

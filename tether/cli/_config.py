@@ -43,7 +43,7 @@ is out of date.
 Renamed keys still load under their old names, each with a one-line notice naming the
 new one: `trainer.mode`, `trainer.max_groups_in_flight`, `trainer.max_policy_lag`,
 `trainer.lag_policy`, `trainer.hold_timeout_s`, `trainer.processes` and
-`trainer.collapse_patience` are now `run.*`.
+`trainer.collapse_patience` are now `run.*`, and `agent.agent` is `agent.entry`.
 """
 
 

@@ -5,7 +5,7 @@ prints them with the effective values; docs/config.md is generated from them);
 ``tether train CONFIG key.sub=value`` overrides any of them. Validation happens when a dataclass is built, and every error
 names the value, the rule and the fix.
 
-Paths: a relative path written in a config file (``agent.agent: agent.py:main``,
+Paths: a relative path written in a config file (``agent.entry: agent.py:main``,
 the words of ``agent.command``, ``agent.cwd``, ``tasks.source``, a grader
 ``file.py:fn``) is relative to the file's folder; one given as a command-line
 override is relative to the current directory; ``dir`` and ``model.path`` are
@@ -243,12 +243,12 @@ class TrainConfig:
     #: Where the tasks come from and how many of each split are used.
     tasks: TasksConfig = field(default_factory=TasksConfig)
     #: How agents start; default: the calc agent in-process (tether.starter.calc:agent).
-    #: In a config file, agent.agent "path/file.py:fn" and agent.cwd are relative to the
+    #: In a config file, agent.entry "path/file.py:fn" and agent.cwd are relative to the
     #: file's folder, and each word of agent.command that names a file or folder there
     #: (agent.py, ./run.sh) becomes its absolute path; the agent still starts in the
     #: current directory (or agent.cwd, and then agent.command is left as written).
     agent: RunnerConfig = field(
-        default_factory=lambda: RunnerConfig(mode="inprocess", agent="tether.starter.calc:agent")
+        default_factory=lambda: RunnerConfig(mode="inprocess", entry="tether.starter.calc:agent")
     )
     #: Rollouts per task and per update, and how they are graded.
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
