@@ -40,17 +40,12 @@ from tether.records import Run, Task
 from tether.run._events import RunEvent, Status
 from tether.run._grading import AnyGrader
 from tether.run._judge import open_grader
+from tether.run._paths import resolve_model_path
 from tether.run._ranks import RankGroup
-from tether.run._rundir import ResumePoint
-from tether.run._setup import (
-    end_status,
-    engine_weights,
-    gateway_config,
-    record_config,
-    resolve_model_path,
-)
+from tether.run._rundir import ResumePoint, end_status, record_config
 from tether.run._tasks import exposed_fields, load_task_set
 from tether.run._ui import mount_ui, ui_line
+from tether.run._weights import engine_weights
 from tether.run.config import TrainConfig
 from tether.runner import Runner, make_runner
 from tether.store import AlreadyExists, Store
@@ -378,7 +373,7 @@ async def _serve(
     admin_key: AdminKey,
 ) -> dict[str, Any]:
     """The gateway, its dashboard and its server, and the runner that starts the agents."""
-    gcfg = gateway_config(cfg, admin_key.value)
+    gcfg = cfg.gateway_for(admin_key.value)
     say(Status("starting the gateway and the agent runner"))
     gateway = Gateway(engine, tokenizer, store, gcfg, seed=cfg.trainer.seed)
     app = create_app(gateway)

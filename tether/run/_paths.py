@@ -28,7 +28,8 @@ relative to. What moves, and how:
 Agents of ``agent.runner: ray`` or ``kubernetes`` run on other machines, so
 their ``entry`` and ``command`` are left as written. ``dir`` (where runs go)
 and ``model.path`` (a folder or a hub id such as ``Qwen/Qwen2.5-1.5B``) stay
-relative to the current directory.
+relative to the current directory; :func:`resolve_model_path` turns ``model.path``
+into the folder (or hub id) a run loads.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-__all__ = ["resolve_file_paths"]
+__all__ = ["resolve_file_paths", "resolve_model_path"]
 
 
 def _under(folder: Path, path: str) -> str:
@@ -100,3 +101,20 @@ def resolve_file_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     ):
         judge["rubric_file"] = _under(folder, judge["rubric_file"])
     return data
+
+
+def resolve_model_path(path: str | Path) -> Path:
+    """``model.path`` as a folder: the starter's (built once, cached), or for a local
+    checkpoint or run folder the model folder in it (:func:`tether.models.model_folder`);
+    a hub id unchanged. ``./runs/x`` that is not there is refused as a path, before
+    ``Path`` makes it ``runs/x``, which reads as a hub id."""
+    if str(path) == "starter":
+        from tether.starter import build_starter
+
+        return Path(build_starter(warm=True))
+    from tether.models import model_folder, model_source
+
+    if Path(path).is_dir():
+        return model_folder(Path(path))
+    model_source(str(path))  # none there: the one-line error, on the path as written
+    return Path(path)

@@ -15,6 +15,7 @@ always relative to the current directory. The exact rules are in
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -341,6 +342,16 @@ class TrainConfig:
         """The load_config hook (configio): file-relative paths, and ``tracking: [...]`` as
         ``{sinks: [...]}`` so that ``tracking.log_samples=true`` overrides it."""
         return normalize_tracking(resolve_file_paths(data, folder))
+
+    def gateway_for(self, admin_key: str) -> GatewayConfig:
+        """The run's gateway config, a new object: ``admin_key`` (as
+        :func:`tether.gateway.resolve_admin_key` decided it), and in async mode
+        ``run.hold_timeout_s`` as the admission timeout."""
+        gcfg = dataclasses.replace(self.gateway, admin_key=admin_key)
+        hold = self.run.hold_timeout_s
+        if self.run.mode == "async" and hold is not None:
+            gcfg = dataclasses.replace(gcfg, admission_timeout_s=hold)
+        return gcfg
 
     @property
     def groups_in_flight(self) -> int:
