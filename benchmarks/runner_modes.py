@@ -166,8 +166,8 @@ async def main(args: argparse.Namespace) -> None:
         agent, common = setup.agent, setup.common
         configs = [
             RunnerConfig(mode="process", command=[sys.executable, str(agent)], **common),
-            RunnerConfig(mode="pool", agent=f"{agent}:main", **common),
-            RunnerConfig(mode="inprocess", agent=f"{agent}:agent", **common),
+            RunnerConfig(mode="pool", entry=f"{agent}:main", **common),
+            RunnerConfig(mode="inprocess", entry=f"{agent}:agent", **common),
         ]
         rows = []
         for config in configs:

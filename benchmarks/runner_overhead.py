@@ -82,8 +82,8 @@ async def main(args: argparse.Namespace) -> None:
         agent, common, gateway = setup.agent, setup.common, setup.gateway
         command = [sys.executable, str(agent)]
         configs = [
-            ("inprocess", RunnerConfig(mode="inprocess", agent=f"{agent}:agent", **common)),
-            ("pool", RunnerConfig(mode="pool", agent=f"{agent}:main", **common)),
+            ("inprocess", RunnerConfig(mode="inprocess", entry=f"{agent}:agent", **common)),
+            ("pool", RunnerConfig(mode="pool", entry=f"{agent}:main", **common)),
             ("process", RunnerConfig(mode="process", command=command, **common)),
         ]
         ray_init = None

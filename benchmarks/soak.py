@@ -59,11 +59,11 @@ TIMES = ("step_s", "rollout_s", "update_s", "tokens")  # per update, averaged ov
 def overrides(args: argparse.Namespace, out: Path) -> list[str]:
     """The soak's run: the calc example with small updates and the demo's evals."""
     o = [
-        f"dir={out}", "name=soak", f"trainer.steps={args.updates}", f"trainer.mode={args.mode}",
+        f"dir={out}", "name=soak", f"trainer.steps={args.updates}", f"run.mode={args.mode}",
         f"rollout.n={args.n}", f"rollout.batch_groups={args.batch_groups}",
-        "agent.mode=inprocess", "agent.agent=tether.starter.calc:agent",
+        "agent.mode=inprocess", "agent.entry=tether.starter.calc:agent",
         f"eval.every={args.eval_every}", f"eval.tasks={args.eval_tasks}",
-        f"eval.samples={args.eval_samples}", "trainer.collapse_patience=0",
+        f"eval.samples={args.eval_samples}", "run.collapse_patience=0",
         f"checkpoint.every={args.checkpoint_every}", "checkpoint.keep=2",
     ]  # fmt: skip
     if args.lora:

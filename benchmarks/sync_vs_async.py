@@ -56,6 +56,7 @@ def config(args: argparse.Namespace, mode: str, out: Path) -> Any:
         CheckpointConfig,
         EvalConfig,
         RolloutConfig,
+        RunConfig,
         TasksConfig,
         TrainConfig,
         TrainerConfig,
@@ -69,7 +70,7 @@ def config(args: argparse.Namespace, mode: str, out: Path) -> Any:
         tasks=TasksConfig(source="calc", train_size=2000, val_size=args.eval_tasks, seed=0),
         agent=RunnerConfig(
             mode="inprocess",
-            agent=f"{Path(__file__).resolve()}:agent",
+            entry=f"{Path(__file__).resolve()}:agent",
             concurrency=in_flight * args.n,
             timeout_s=300,
         ),
@@ -78,6 +79,8 @@ def config(args: argparse.Namespace, mode: str, out: Path) -> Any:
             steps=args.warmup_steps + args.steps,
             lr=2e-4,
             seed=0,
+        ),
+        run=RunConfig(
             mode=mode,
             max_groups_in_flight=in_flight,
             max_policy_lag=args.max_lag,

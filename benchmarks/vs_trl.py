@@ -188,6 +188,7 @@ def run_tether(args: argparse.Namespace) -> dict:
         CheckpointConfig,
         EvalConfig,
         RolloutConfig,
+        RunConfig,
         TrainConfig,
         TrainerConfig,
         TrainingRun,
@@ -202,7 +203,7 @@ def run_tether(args: argparse.Namespace) -> dict:
         tasks=tasks_config(args),
         agent=RunnerConfig(
             mode="inprocess",
-            agent=f"{Path(__file__).resolve()}:agent",
+            entry=f"{Path(__file__).resolve()}:agent",
             concurrency=args.batch_groups * args.n,
         ),
         rollout=RolloutConfig(n=args.n, batch_groups=args.batch_groups, grader="vs_trl:grade"),
@@ -217,8 +218,8 @@ def run_tether(args: argparse.Namespace) -> dict:
             aggregation="token_mean",
             kl_coef=0.0,
             seed=args.seed,
-            collapse_patience=0,
         ),
+        run=RunConfig(collapse_patience=0),
         eval=EvalConfig(tasks=1, samples=2, greedy=False),
         checkpoint=CheckpointConfig(every=0, keep=1),
     )

@@ -237,7 +237,7 @@ def small_run(
         name=name,
         dir=str(tmp_path),
         tasks=TasksConfig(source="calc", train_size=train_size, val_size=2),
-        agent=RunnerConfig(mode="inprocess", agent=agent, concurrency=concurrency),
+        agent=RunnerConfig(mode="inprocess", entry=agent, concurrency=concurrency),
         **parts,
     )
 

@@ -23,6 +23,7 @@ from tether.run import (
     EvalConfig,
     RolloutConfig,
     RolloutOutcome,
+    RunConfig,
     TasksConfig,
     TrainConfig,
     TrainerConfig,
@@ -115,7 +116,7 @@ class Live:
         self.store = store
         self.gw = Gateway(engine, tokenizer, store, GatewayConfig(admin_key=ADMIN_KEY, **gw))
         self.runner = make_runner(
-            RunnerConfig(mode="inprocess", agent="tests.test_async:two_call_agent", concurrency=64)
+            RunnerConfig(mode="inprocess", entry="tests.test_async:two_call_agent", concurrency=64)
         )
 
     async def __aenter__(self) -> Live:
@@ -381,16 +382,16 @@ def test_a_group_is_freed_once_trained_or_dropped(tokenizer: Any, store: Store) 
 
 
 def test_async_config_is_validated() -> None:
-    with pytest.raises(UserError, match=r"trainer.mode \('fast'\) must be 'sync' or 'async'"):
-        TrainerConfig(mode="fast")
+    with pytest.raises(UserError, match=r"run.mode \('fast'\) must be 'sync' or 'async'"):
+        RunConfig(mode="fast")  # type: ignore[arg-type]
     with pytest.raises(UserError, match=r"lag_policy"):
-        TrainerConfig(mode="async", lag_policy="ignore")
+        RunConfig(mode="async", lag_policy="ignore")  # type: ignore[arg-type]
     with pytest.raises(UserError, match=r"max_groups_in_flight \(2\) must be >= rollout.batch"):
         TrainConfig(
             rollout=RolloutConfig(batch_groups=4),
-            trainer=TrainerConfig(mode="async", max_groups_in_flight=2),
+            run=RunConfig(mode="async", max_groups_in_flight=2),
         )
-    cfg = TrainConfig(rollout=RolloutConfig(batch_groups=3), trainer=TrainerConfig(mode="async"))
+    cfg = TrainConfig(rollout=RolloutConfig(batch_groups=3), run=RunConfig(mode="async"))
     assert cfg.groups_in_flight == 6
 
 
@@ -403,12 +404,13 @@ def test_two_async_steps_with_the_starter_model(starter_dir: Path, tmp_path: Pat
         tasks=TasksConfig(source="calc", train_size=20, val_size=2),
         agent=RunnerConfig(
             mode="inprocess",
-            agent="tests.test_async:short_calc_agent",
+            entry="tests.test_async:short_calc_agent",
             concurrency=16,
             timeout_s=60,
         ),
         rollout=RolloutConfig(n=2, batch_groups=2, grader="tests.helpers:alternating_grader"),
-        trainer=TrainerConfig(steps=2, lr=1e-3, mode="async", max_groups_in_flight=4),
+        trainer=TrainerConfig(steps=2, lr=1e-3),
+        run=RunConfig(mode="async", max_groups_in_flight=4),
         eval=EvalConfig(tasks=1, samples=2, greedy=False),
     )
 

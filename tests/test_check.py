@@ -50,7 +50,7 @@ def test_a_good_config_prints_the_plan_and_ok(starter_dir: Path, tmp_path: Path)
 
 def test_every_problem_is_its_own_line(starter_dir: Path, tmp_path: Path) -> None:
     done = _tether(
-        "check", str(CONFIG), f"model.path={starter_dir}", "agent.agent=nothere.py:main",
+        "check", str(CONFIG), f"model.path={starter_dir}", "agent.entry=nothere.py:main",
         "rollout.grader=gradr.py:grade", f"tasks.source={tmp_path / 'no.jsonl'}",
         cwd=tmp_path,
     )  # fmt: skip
@@ -92,7 +92,7 @@ def test_an_agent_that_raises_on_import_is_one_line(starter_dir: Path, tmp_path:
     agent.write_text(
         "import sys\nassert sys.argv == [__file__], sys.argv\nraise RuntimeError('no key')\n"
     )
-    done = _tether("check", str(CONFIG), f"model.path={starter_dir}", f"agent.agent={agent}:main",
+    done = _tether("check", str(CONFIG), f"model.path={starter_dir}", f"agent.entry={agent}:main",
                    cwd=tmp_path)  # fmt: skip
     assert done.returncode == 2, done.stderr[-3000:]
     assert done.stderr.splitlines() == [

@@ -120,7 +120,7 @@ def test_train_from_the_example_config_with_overrides(starter_dir: Path, tmp_pat
         "tasks.train_size=20",
         "tasks.val_size=2",
         "agent.mode=inprocess",
-        "agent.agent=tether.starter.calc:agent",
+        "agent.entry=tether.starter.calc:agent",
         "rollout.n=2",
         "rollout.batch_groups=2",
         "trainer.steps=2",

@@ -69,7 +69,7 @@ def test_a_run_says_what_it_does_and_its_rollouts_are_found_by_run_name(
         "tasks.train_size=8",
         "tasks.val_size=2",
         "agent.mode=inprocess",
-        "agent.agent=tether.starter.calc:agent",
+        "agent.entry=tether.starter.calc:agent",
         "rollout.n=2",
         "rollout.batch_groups=1",
         "trainer.steps=1",

@@ -63,7 +63,7 @@ def _choice(text: str) -> str:
 def _broken(text: str) -> str:
     return _edit(
         text,
-        "  mode: pool\n  agent: agent.py:main",
+        "  mode: pool\n  entry: agent.py:main",
         "  mode: process\n  command: [python, broken.py]",
     )
 

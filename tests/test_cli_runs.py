@@ -46,7 +46,7 @@ def _tiny(out: Path, model: Path, *more: str) -> list[str]:
         "tasks.train_size=10",
         "tasks.val_size=2",
         "agent.mode=inprocess",
-        "agent.agent=tether.starter.calc:agent",
+        "agent.entry=tether.starter.calc:agent",
         "rollout.n=2",
         "rollout.batch_groups=1",
         "rollout.grader=tests.test_cli_runs:grade_alternately",
@@ -54,7 +54,7 @@ def _tiny(out: Path, model: Path, *more: str) -> list[str]:
         "eval.samples=2",
         "eval.greedy=false",
         "gateway.default_max_tokens=16",
-        "trainer.collapse_patience=0",
+        "run.collapse_patience=0",
         *more,
     ]
 
@@ -144,7 +144,7 @@ def test_a_config_elsewhere_with_relative_paths_and_no_evals(
     )
     (proj / "config.yaml").write_text(
         "name: moved\n"
-        "agent:\n  mode: inprocess\n  agent: my_agent.py:agent\n"
+        "agent:\n  mode: inprocess\n  entry: my_agent.py:agent\n"
         "tasks:\n  source: data/tasks.jsonl\n"
         "rollout:\n  n: 2\n  batch_groups: 1\n  grader: grader.py:grade\n"
         "trainer:\n  steps: 1\n"

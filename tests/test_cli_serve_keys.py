@@ -98,7 +98,7 @@ def test_train_gateway_takes_the_admin_key_from_the_environment(
         dir=str(tmp_path),
         gateway=GatewayConfig(admin_key="config-key-0123456789"),
         tasks=TasksConfig(source="calc", train_size=4, val_size=2),
-        agent=RunnerConfig(mode="inprocess", agent="tether.starter.calc:agent"),
+        agent=RunnerConfig(mode="inprocess", entry="tether.starter.calc:agent"),
         rollout=RolloutConfig(n=2, batch_groups=1),
         eval=EvalConfig(tasks=1, samples=1, greedy=False),
     )

@@ -112,7 +112,7 @@ def _config(tmp_path: Path) -> TrainConfig:
         dir=str(tmp_path),
         tasks=TasksConfig(source="calc", train_size=40, val_size=2),
         agent=RunnerConfig(
-            mode="inprocess", agent="tether.starter.calc:agent", concurrency=4, timeout_s=60
+            mode="inprocess", entry="tether.starter.calc:agent", concurrency=4, timeout_s=60
         ),
         rollout=RolloutConfig(n=2, batch_groups=2, grader="tests.helpers:alternating_grader"),
         trainer=TrainerConfig(steps=STEPS, lr=1e-3),

@@ -90,7 +90,7 @@ def test_pages_and_export_show_each_updates_groups_trained_and_dropped_and_why(
         "g0", "g1: no signal, every advantage 0 (rollout.filter_groups); "
         "g2: a rollout has no usable reward",
     )  # fmt: skip
-    assert update_row(run.text, 2) == ("g4", "g3: too old for trainer.max_policy_lag")
+    assert update_row(run.text, 2) == ("g4", "g3: too old for run.max_policy_lag")
     assert "no update" in visible(run.text) and "not recorded" not in visible(run.text)
     shown = visible(table.text)
     assert "trained at update 1" in shown and "dropped at update 2: too old" in shown
@@ -102,7 +102,7 @@ def test_pages_and_export_show_each_updates_groups_trained_and_dropped_and_why(
     assert rollout_advantage(flat.text) is None and "dropped at update 1: no signal" in visible(
         flat.text
     )
-    assert "dropped at update 2: too old for trainer.max_policy_lag" in visible(lag.text)
+    assert "dropped at update 2: too old for run.max_policy_lag" in visible(lag.text)
     for page in (old_run, old_table, old_one):  # stored before updates were recorded
         assert "not recorded: this store was written before tether kept" in visible(page.text)
     assert rollout_advantage(old_one.text) is None

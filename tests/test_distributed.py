@@ -1,10 +1,10 @@
-"""Training on two processes (``trainer.processes=2``, torch.distributed over gloo on CPU).
+"""Training on two processes (``run.processes=2``, torch.distributed over gloo on CPU).
 
 - the token-balanced split of an update's samples (a pure function);
 - the 2-process update of a fixed batch gives the 1-process parameters, for every
   aggregation mode (and with TIS over two optimizer steps, and with a rank that
   gets no sample): rank 0 is a subprocess (this file run as a script, see
-  :func:`_drive`), which starts rank 1 the way ``trainer.processes`` does;
+  :func:`_drive`), which starts rank 1 the way ``run.processes`` does;
 - a 2-step 2-process ``tether train`` through the real gateway, whose policy
   version rises;
 - SIGKILL to rank 1 mid-run ends the run with one line naming it and a
@@ -132,11 +132,11 @@ def _trainer(model_dir: Path, fields: dict[str, Any], ranks: Any = None) -> Any:
 
 
 def _drive(out: Path, model_dir: Path) -> None:
-    """Rank 0 of 2: start rank 1 as ``trainer.processes=2`` does, then each case's update."""
+    """Rank 0 of 2: start rank 1 as ``run.processes=2`` does, then each case's update."""
     from tether.run import RankGroup
     from tether.trainer import TrainerConfig
 
-    group = RankGroup.start(TrainerConfig(processes=2, collective_timeout_s=60), "cpu")
+    group = RankGroup.start(2, TrainerConfig(collective_timeout_s=60), "cpu")
     assert group is not None and group.ranks.world == 2
     results = {}
     try:
@@ -192,15 +192,15 @@ def _args(out: Path, model: Path, steps: int, *more: str) -> list[str]:
         "tasks.train_size=10",
         "tasks.val_size=2",
         "agent.mode=inprocess",
-        "agent.agent=tether.starter.calc:agent",
+        "agent.entry=tether.starter.calc:agent",
         "rollout.n=2",
         "rollout.batch_groups=1",  # one group of 2, graded 0 then 1: every step updates
         "rollout.grader=tests.test_distributed:grade_alternately",
         "eval.enabled=false",
         "gateway.default_max_tokens=16",
-        "trainer.collapse_patience=0",
+        "run.collapse_patience=0",
         f"trainer.steps={steps}",
-        "trainer.processes=2",
+        "run.processes=2",
         "trainer.collective_timeout_s=20",
         "checkpoint.every=0",
         *more,

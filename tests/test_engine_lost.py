@@ -96,7 +96,7 @@ def _train(tmp: Path, model: Path, *args: str) -> subprocess.Popen[str]:
         "agent.mode=inprocess", "agent.max_attempts=3", "rollout.n=4", "rollout.batch_groups=2",
         "rollout.grader=tests.test_cli_runs:grade_alternately", "eval.tasks=2", "eval.samples=1",
         "eval.greedy=false", "eval.every=0", "gateway.default_max_tokens=16",
-        "trainer.collapse_patience=0", "trainer.steps=3", "checkpoint.every=1",
+        "run.collapse_patience=0", "trainer.steps=3", "checkpoint.every=1",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     cmd = [sys.executable, "-m", "tether.cli", "train", str(CONFIG), *common, *args]
@@ -134,7 +134,7 @@ def _killed_at_update_2(
     (it is killed itself past 90 s)."""
     run = _train(
         tmp, model, "engine.kind=vllm", f"engine.urls=[{','.join(urls)}]",
-        "agent.agent=tether.starter.calc:agent",
+        "agent.entry=tether.starter.calc:agent",
     )  # fmt: skip
     try:
         _wait_for_step_2_calls(tmp / "calc" / "traces.sqlite", run)
@@ -287,7 +287,7 @@ async def killing_agent(task: dict[str, Any], client: Any) -> str:
 def test_train_stops_when_the_embedded_worker_thread_dies(
     starter_dir: Path, tmp_path: Path
 ) -> None:
-    run = _train(tmp_path, starter_dir, "agent.agent=tests.test_engine_lost:killing_agent")
+    run = _train(tmp_path, starter_dir, "agent.entry=tests.test_engine_lost:killing_agent")
     with contextlib.ExitStack() as stack:
         stack.callback(run.kill)
         out, err = run.communicate(timeout=300)

@@ -385,6 +385,6 @@ def test_training_config_names_the_framework_agent(name: str) -> None:
     from tether.run import TrainConfig
 
     cfg = load_config(TrainConfig, EXAMPLES / name / "config.yaml")
-    target = cfg.agent.agent.rpartition(":")[0] if cfg.agent.agent else cfg.agent.command[-1]
+    target = cfg.agent.entry.rpartition(":")[0] if cfg.agent.entry else cfg.agent.command[-1]
     assert (ROOT / target).is_file() and f"frameworks/{name}/agent." in target
     assert cfg.rollout.grader == "tether.starter.calc:grade" and cfg.tasks.source == "calc"

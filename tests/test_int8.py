@@ -173,7 +173,7 @@ def test_a_run_samples_with_int8_trains_fp32_and_shows_the_gap(
         model=ModelConfig(rollout_dtype="int8"),
         tasks=TasksConfig(source="calc", train_size=8, val_size=1),
         agent=RunnerConfig(
-            mode="inprocess", agent="tests.test_int8:one_call_agent", concurrency=8, timeout_s=60
+            mode="inprocess", entry="tests.test_int8:one_call_agent", concurrency=8, timeout_s=60
         ),
         rollout=RolloutConfig(n=2, batch_groups=2, grader="tests.helpers:alternating_grader"),
         trainer=TrainerConfig(steps=2, lr=1e-3),

@@ -99,7 +99,7 @@ def test_train_from_a_model_folder_with_gradient_checkpointing(
         "tasks.train_size=8",
         "tasks.val_size=2",
         "agent.mode=inprocess",
-        "agent.agent=tether.starter.calc:agent",
+        "agent.entry=tether.starter.calc:agent",
         "rollout.n=2",
         "rollout.batch_groups=1",
         "trainer.steps=1",

@@ -51,7 +51,7 @@ async def test_rollouts_wait_queued_behind_the_runners_concurrency(make_gateway:
         return "42"
 
     runner = InProcessRunner(
-        RunnerConfig(mode="inprocess", agent="x:agent", concurrency=2), agent=agent
+        RunnerConfig(mode="inprocess", entry="x:agent", concurrency=2), agent=agent
     )
     runner.on_start = lambda launch: gw.mark_running(launch.rollout_id, launch.attempt)
     opened = [gw.open_rollout({"i": i}, rollout_id=f"q{i}", queued=True) for i in range(5)]

@@ -38,10 +38,10 @@ def _start_run(tmp: Path, model: Path, urls: list[str]) -> subprocess.Popen[str]
     args = [
         f"dir={tmp}", f"model.path={model}", "engine.kind=vllm", f"engine.urls=[{','.join(urls)}]",
         "engine.health_interval_s=0.5", "tasks.train_size=16", "tasks.val_size=2",
-        "agent.mode=inprocess", "agent.agent=tether.starter.calc:agent", "agent.max_attempts=3",
+        "agent.mode=inprocess", "agent.entry=tether.starter.calc:agent", "agent.max_attempts=3",
         "rollout.n=4", "rollout.batch_groups=2",
         "rollout.grader=tests.test_cli_runs:grade_alternately", "eval.enabled=false",
-        "gateway.default_max_tokens=16", "trainer.collapse_patience=0", "trainer.steps=3",
+        "gateway.default_max_tokens=16", "run.collapse_patience=0", "trainer.steps=3",
         "checkpoint.every=0",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}

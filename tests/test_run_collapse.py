@@ -1,4 +1,4 @@
-"""A run whose reward stays at 0 stops after ``trainer.collapse_patience`` steps, saying
+"""A run whose reward stays at 0 stops after ``run.collapse_patience`` steps, saying
 why: a policy that earned reward and lost it collapsed (:class:`PolicyCollapsed`); one
 that never earned any never changed, and the grader or the agent is to blame
 (:class:`NoLearningSignal`, naming a rollout to look at)."""
@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from tether.records import Phase, Place, Rollout
-from tether.run import StepReport, TrainConfig, TrainingRun
-from tether.run._diagnostics import first_rollout, no_signal_line
+from tether.run._diagnostics import check_collapse, first_rollout, no_signal_line
 from tether.store import Store
 from tether.trainer.errors import NoLearningSignal, PolicyCollapsed
 
@@ -22,42 +21,34 @@ ROOT = Path(__file__).resolve().parents[1]
 TETHER = [sys.executable, "-m", "tether.cli"]
 
 
-def _step(step: int, reward: float, zero_var: float = 1.0, version: int = 0) -> StepReport:
-    return StepReport(
-        step,
-        {"reward_mean": reward, "zero_variance_frac": zero_var, "policy_version": float(version)},
-    )
+def _step(reward: float, zero_var: float = 1.0, version: int = 0) -> dict[str, float]:
+    return {"reward_mean": reward, "zero_variance_frac": zero_var, "policy_version": float(version)}
 
 
-def _run(history: list[StepReport], patience: int = 3) -> TrainingRun:
-    cfg = TrainConfig()
-    cfg.trainer.collapse_patience = patience
-    run = TrainingRun(cfg)
-    run.history = history
-    run._first_rollout = lambda: "run-s0-g0-0"  # type: ignore[method-assign]  # no store here
-    return run
+def _check(step: int, steps: list[dict[str, float]], patience: int = 3) -> None:
+    check_collapse(step, steps, patience, 2e-4, lambda: "run-s0-g0-0")
 
 
 def test_reward_zero_from_the_start_is_no_signal_not_a_collapse() -> None:
-    run = _run([_step(i, 0.0) for i in range(3)])
     with pytest.raises(NoLearningSignal) as caught:
-        run._check_collapse(3)
+        _check(3, [_step(0.0) for _ in range(3)])
     assert str(caught.value) == (
         "every group's rewards are equal (all 0) for 3 steps, so no update changed the "
         "policy (still v0): nothing to learn from — check the grader and the agent: first "
-        "rollout run-s0-g0-0 (`tether rollouts show run-s0-g0-0`); trainer.collapse_patience=0 "
+        "rollout run-s0-g0-0 (`tether rollouts show run-s0-g0-0`); run.collapse_patience=0 "
         "trains on regardless"
     )
     assert "lr" not in str(caught.value) and "collapsed" not in str(caught.value)
-    _run([_step(i, 0.0) for i in range(2)])._check_collapse(2)  # not yet patience steps
+    _check(2, [_step(0.0) for _ in range(2)])  # not yet patience steps
+    _check(3, [_step(0.0) for _ in range(3)], patience=0)  # 0: never
 
 
 def test_reward_lost_after_gains_is_a_collapse() -> None:
-    history = [_step(0, 0.5, 0.2, 1), _step(1, 0.25, 0.5, 2)]
-    history += [_step(i, 0.0, 1.0, 3) for i in range(2, 5)]
-    with pytest.raises(PolicyCollapsed, match=r"after steps with reward: the policy collapsed"):
-        _run(history)._check_collapse(5)
-    _run(history[:-1])._check_collapse(4)  # 2 zero steps: not yet
+    history = [_step(0.5, 0.2, 1), _step(0.25, 0.5, 2)]
+    history += [_step(0.0, 1.0, 3) for _ in range(2, 5)]
+    with pytest.raises(PolicyCollapsed, match=r"at step 5, after steps with reward: the policy"):
+        _check(5, history)
+    _check(4, history[:-1])  # 2 zero steps: not yet
 
 
 def test_no_signal_line_of_a_varying_but_never_positive_reward() -> None:
@@ -102,7 +93,7 @@ def test_a_run_whose_grader_always_gives_0_stops_naming_a_rollout(
         "rollout.n=2",
         "rollout.batch_groups=2",
         "trainer.steps=4",
-        "trainer.collapse_patience=2",
+        "run.collapse_patience=2",
         "eval.enabled=false",
         "checkpoint.every=0",
         "agent.mode=process",

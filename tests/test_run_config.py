@@ -32,9 +32,9 @@ from tether.records import Rollout, RunStatus
 from tether.run import (
     EvalConfig,
     RolloutConfig,
+    RunConfig,
     TasksConfig,
     TrainConfig,
-    TrainerConfig,
     TrainingRun,
 )
 from tether.runner import RunnerConfig
@@ -61,22 +61,22 @@ def test_resume_is_a_typed_field_and_rollout_temperature_is_gone() -> None:
         build(TrainConfig, {"rollout": {"temperature": 0.7}})
 
 
-def _async(**trainer: object) -> dict:
+def _async(**run: object) -> dict:
     return {
-        "agent": {"mode": "inprocess", "agent": "tether.starter.calc:agent", "concurrency": 4},
+        "agent": {"mode": "inprocess", "entry": "tether.starter.calc:agent", "concurrency": 4},
         "rollout": {"n": 4, "batch_groups": 2},
-        "trainer": {"mode": "async", **trainer},
+        "run": {"mode": "async", **run},
     }
 
 
 def test_async_sanity_warnings_come_from_the_config(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, "tether.run.config")
+    caplog.set_level(logging.WARNING, "tether.run._run_config")
     build(TrainConfig, _async(max_groups_in_flight=8, max_policy_lag=1))
     text = caplog.text
     assert "agent.concurrency (4) is below max_groups_in_flight × rollout.n (32)" in text
     assert "max_groups_in_flight (8) is above (max_policy_lag + 1) × batch_groups (4)" in text
     caplog.clear()
-    build(TrainConfig, {**_async(), "trainer": {"mode": "sync"}})  # sync: no async warnings
+    build(TrainConfig, {**_async(), "run": {"mode": "sync"}})  # sync: no async warnings
     assert caplog.text == ""
     with pytest.raises(UserError, match="max_groups_in_flight"):
         build(TrainConfig, _async(max_groups_in_flight=1))  # below batch_groups: never works
@@ -87,9 +87,9 @@ def _cfg(tmp_path: Path, name: str) -> TrainConfig:
         name=name,
         dir=str(tmp_path),
         tasks=TasksConfig(source="calc", train_size=4, val_size=2),
-        agent=RunnerConfig(mode="inprocess", agent="tether.starter.calc:agent"),
+        agent=RunnerConfig(mode="inprocess", entry="tether.starter.calc:agent"),
         rollout=RolloutConfig(n=2, batch_groups=1),
-        trainer=TrainerConfig(mode="async", hold_timeout_s=7.0),
+        run=RunConfig(mode="async", hold_timeout_s=7.0),
         eval=EvalConfig(tasks=1, samples=1, greedy=False),
     )
 
@@ -120,7 +120,7 @@ def test_a_run_changes_no_config_and_ends_with_its_status(
     run = asyncio.run(go("ok", None))
     g = run.gateway_config
     assert g is not None and g.admin_key and g.public_url == run.server.url
-    assert g.admission_timeout_s == 7.0  # async mode: trainer.hold_timeout_s
+    assert g.admission_timeout_s == 7.0  # async mode: run.hold_timeout_s
     status, config = _record(tmp_path, "ok")
     assert status is RunStatus.FINISHED
     assert config["resume"] is False and config["extra"] == {}  # a training run's record

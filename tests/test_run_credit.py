@@ -22,6 +22,7 @@ from tether.records import Call, GroupFate, RolloutStatus, Split, Task, UpdateRe
 from tether.run import (
     EvalConfig,
     RolloutConfig,
+    RunConfig,
     TrainConfig,
     TrainerConfig,
     TrainingRun,
@@ -181,7 +182,7 @@ async def test_filter_groups_stops_at_the_budget_and_when_the_batch_is_full() ->
 
 
 def test_filter_and_credit_settings_are_checked() -> None:
-    TrainConfig(rollout=RolloutConfig(filter_groups=True), trainer=TrainerConfig(mode="async"))
+    TrainConfig(rollout=RolloutConfig(filter_groups=True), run=RunConfig(mode="async"))
     with pytest.raises(UserError, match=r"rollout\.max_oversample \(0\) must be >= 1"):
         RolloutConfig(max_oversample=0)
     with pytest.raises(UserError, match=r"trainer\.gamma \(1\.5\) must be in \[0, 1\]"):
@@ -392,7 +393,8 @@ def test_an_async_run_with_filter_groups_trains_only_groups_with_signal(
             n=2, batch_groups=2, grader="tests.test_run_credit:some_tasks_teach",
             filter_groups=True, max_oversample=3,
         ),
-        trainer=TrainerConfig(steps=2, lr=1e-3, mode="async", max_groups_in_flight=4),
+        trainer=TrainerConfig(steps=2, lr=1e-3),
+        run=RunConfig(mode="async", max_groups_in_flight=4),
         eval=EvalConfig(enabled=False),
     )  # fmt: skip
     train, _ = load_tasks(cfg.tasks)

@@ -4,6 +4,7 @@ config-file paths relative to the file (the rules; the CLI end to end is in test
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -240,18 +241,42 @@ def test_paths_in_a_config_file_are_relative_to_its_folder_overrides_to_the_cwd(
 def test_a_pool_agent_file_with_a_cwd_is_relative_to_that_cwd(tmp_path: Path) -> None:
     (tmp_path / "work").mkdir()
     (tmp_path / "config.yaml").write_text(
-        "agent:\n  mode: pool\n  cwd: work\n  agent: agent.py:main\n  command: [python, agent.py]\n"
+        "agent:\n  mode: pool\n  cwd: work\n  entry: agent.py:main\n  command: [python, agent.py]\n"
     )
     cfg = load_config(TrainConfig, tmp_path / "config.yaml")
     work = (tmp_path / "work").resolve()
-    assert cfg.agent.cwd == str(work) and cfg.agent.agent == f"{work / 'agent.py'}:main"
+    assert cfg.agent.cwd == str(work) and cfg.agent.entry == f"{work / 'agent.py'}:main"
     assert cfg.agent.command == ["python", "agent.py"]  # runs in cwd: left as written
     # module specs and the built-in task set are not paths
     (tmp_path / "c2.yaml").write_text(
-        "agent:\n  mode: inprocess\n  agent: tether.starter.calc:agent\ntasks:\n  source: calc\n"
+        "agent:\n  mode: inprocess\n  entry: tether.starter.calc:agent\ntasks:\n  source: calc\n"
     )
     cfg = load_config(TrainConfig, tmp_path / "c2.yaml")
-    assert (cfg.agent.agent, cfg.tasks.source) == ("tether.starter.calc:agent", "calc")
+    assert (cfg.agent.entry, cfg.tasks.source) == ("tether.starter.calc:agent", "calc")
+
+
+def test_agent_entry_under_its_old_name_loads_with_one_notice(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``agent.agent`` is ``agent.entry``'s old name: still a path relative to the file."""
+    caplog.set_level(logging.WARNING, "tether.configio")
+    (tmp_path / "config.yaml").write_text("agent:\n  mode: pool\n  agent: agent.py:main\n")
+    cfg = load_config(TrainConfig, tmp_path / "config.yaml")
+    assert cfg.agent.entry == f"{tmp_path.resolve() / 'agent.py'}:main"
+    assert [r.getMessage() for r in caplog.records] == [
+        "config key agent.agent is now agent.entry; please write agent.entry"
+    ]
+    caplog.clear()
+    cfg = load_config(
+        TrainConfig, None, ["agent.mode=pool", "agent.entry=tether.starter.calc:agent"]
+    )
+    assert cfg.agent.entry == "tether.starter.calc:agent" and not caplog.records
+    with pytest.raises(UserError) as err:
+        load_config(TrainConfig, tmp_path / "config.yaml", ["agent.entry=x.py:main"])
+    assert str(err.value) == (
+        f"{tmp_path / 'config.yaml'}:3: agent.agent is the old name of agent.entry: "
+        "keep only agent.entry"
+    )
 
 
 def test_eval_tasks_zero_points_to_eval_enabled() -> None:

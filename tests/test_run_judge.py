@@ -12,7 +12,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -24,6 +24,7 @@ from tether.run import (
     EvalConfig,
     JudgeConfig,
     RolloutConfig,
+    RunConfig,
     TrainConfig,
     TrainerConfig,
     TrainingRun,
@@ -254,7 +255,7 @@ def test_the_conversation_is_shown_when_asked() -> None:
 # --------------------------------------------------------------------------- a training run
 
 
-def _config(tmp_path: Path, base_url: str, **trainer: Any) -> TrainConfig:
+def _config(tmp_path: Path, base_url: str, mode: Literal["sync", "async"] = "sync") -> TrainConfig:
     return small_run(
         tmp_path,
         "judged",
@@ -267,7 +268,8 @@ def _config(tmp_path: Path, base_url: str, **trainer: Any) -> TrainConfig:
             grader="judge",
             judge=JudgeConfig(base_url=base_url, model="scripted-judge", retries=0),
         ),
-        trainer=TrainerConfig(steps=1, lr=1e-3, collapse_patience=0, **trainer),
+        trainer=TrainerConfig(steps=1, lr=1e-3),
+        run=RunConfig(mode=mode, collapse_patience=0),
         eval=EvalConfig(enabled=False),
     )
 
@@ -283,7 +285,7 @@ def _train(cfg: TrainConfig, starter_dir: Path) -> TrainingRun:
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_run_trains_on_the_judges_scores_and_a_garbage_group_is_dropped(
-    starter_dir: Path, tmp_path: Path, mode: str
+    starter_dir: Path, tmp_path: Path, mode: Literal["sync", "async"]
 ) -> None:
     """Step 1 has two groups: the judge answers the first request with garbage (that
     group's rollouts: failed grades, the group dropped, not reward 0) and scores the other."""
@@ -400,12 +402,12 @@ def test_tether_train_with_the_calc_config_and_a_judge(starter_dir: Path, tmp_pa
         done = subprocess.run(
             [sys.executable, "-m", "tether.cli", "train", str(root / "examples/calc/config.yaml"),
              f"dir={tmp_path}", f"model.path={starter_dir}", "tasks.train_size=10",
-             "tasks.val_size=2", "agent.mode=inprocess", "agent.agent=tether.starter.calc:agent",
+             "tasks.val_size=2", "agent.mode=inprocess", "agent.entry=tether.starter.calc:agent",
              "rollout.n=2", "rollout.batch_groups=1", "rollout.grader=judge",
              f"rollout.judge.base_url={fake.base_url}", "rollout.judge.model=scripted-judge",
              "rollout.success_threshold=0.5", "eval.tasks=1", "eval.samples=2",
              "eval.greedy=false", "gateway.default_max_tokens=16", "trainer.steps=1",
-             "trainer.collapse_patience=0"],
+             "run.collapse_patience=0"],
             capture_output=True, text=True, timeout=300, cwd=root,
             env={**os.environ, "PYTHONPATH": str(root), "COLUMNS": "200"},
         )  # fmt: skip

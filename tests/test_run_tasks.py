@@ -46,7 +46,7 @@ def _train(tmp_path: Path, starter_dir: Path, *extra: str) -> subprocess.Complet
         "rollout.n=2",
         "rollout.batch_groups=2",
         "trainer.steps=1",
-        "trainer.collapse_patience=0",
+        "run.collapse_patience=0",
         "eval.tasks=2",
         "eval.samples=1",
         "eval.greedy=false",
@@ -171,7 +171,7 @@ def test_the_agent_never_receives_private_fields_and_the_grader_gets_them(
     agent = (
         ["agent.mode=process", f"agent.command={sys.executable} {tmp_path / 'print_agent.py'}"]
         if mode == "process"
-        else ["agent.mode=inprocess", f"agent.agent={tmp_path / 'agent.py'}:main"]
+        else ["agent.mode=inprocess", f"agent.entry={tmp_path / 'agent.py'}:main"]
     )
     seen = tmp_path / "seen.jsonl"
     os.environ["SEEN_BY_GRADER"] = str(seen)  # the grader runs in the training process

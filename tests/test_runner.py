@@ -73,8 +73,8 @@ def test_configs_load_no_runner() -> None:
     [
         ({"mode": "threads", "command": ["x"]}, ["'threads'", "process, pool, inprocess"]),
         ({"mode": "process"}, ["command (None)", "required"]),
-        ({"mode": "pool"}, ["agent (None)", "required"]),
-        ({"mode": "pool", "agent": "no_colon"}, ["'no_colon'", "module:function"]),
+        ({"mode": "pool"}, ["entry (None)", "required"]),
+        ({"mode": "pool", "entry": "no_colon"}, ["'no_colon'", "module:function"]),
         ({"command": ["x"], "concurrency": 0}, ["concurrency (0)", ">= 1"]),
         ({"command": ["x"], "timeout_s": 0}, ["timeout_s (0)", "> 0"]),
         ({"command": ["x"], "extra_env": {"TETHER_ADMIN_KEY": "k"}}, ["TETHER_ADMIN_KEY"]),
@@ -224,7 +224,7 @@ async def test_cancel_and_close_leave_nothing(tmp_path: Path, mode: str) -> None
     extra = {"PID_DIR": str(tmp_path)}
     runner = make_runner(
         RunnerConfig(
-            mode=mode, command=[PY, agent], agent=f"{agent}:main", grace_s=0.3, extra_env=extra
+            mode=mode, command=[PY, agent], entry=f"{agent}:main", grace_s=0.3, extra_env=extra
         )
     )
     cancelled = asyncio.ensure_future(runner.run(launch(1)))
@@ -257,7 +257,7 @@ async def test_children_left_running_are_killed(tmp_path: Path, mode: str) -> No
             main()
         """,
     )
-    config = RunnerConfig(mode=mode, command=[PY, agent], agent=f"{agent}:main", workers=1)
+    config = RunnerConfig(mode=mode, command=[PY, agent], entry=f"{agent}:main", workers=1)
     runner = make_runner(config)
     t0 = time.monotonic()
     results = [await runner.run(launch(i)) for i in range(2)]
@@ -316,7 +316,7 @@ POOL_AGENT = """
 async def test_pool_reuses_few_workers(tmp_path: Path, clean_env: None) -> None:
     script(tmp_path, "pool_agent.py", POOL_AGENT)
     runner = make_runner(
-        RunnerConfig(mode="pool", agent="pool_agent:main", workers=2, cwd=str(tmp_path))
+        RunnerConfig(mode="pool", entry="pool_agent:main", workers=2, cwd=str(tmp_path))
     )
     results = await asyncio.gather(*(runner.run(launch(i)) for i in range(10)))
     await runner.close()
@@ -330,7 +330,7 @@ async def test_pool_reuses_few_workers(tmp_path: Path, clean_env: None) -> None:
 
 async def test_pool_timeout_replaces_worker_and_faults_keep_it(tmp_path: Path) -> None:
     agent = script(tmp_path, "pool_agent.py", POOL_AGENT)
-    runner = PoolRunner(RunnerConfig(mode="pool", agent=f"{agent}:main", workers=1, grace_s=0.5))
+    runner = PoolRunner(RunnerConfig(mode="pool", entry=f"{agent}:main", workers=1, grace_s=0.5))
     await runner.start()
     (first,) = runner.worker_pids
     result = await runner.run(launch(0, {"sleep": 30}, timeout_s=1.0))
@@ -355,11 +355,11 @@ async def test_pool_async_main_and_bad_agent(tmp_path: Path) -> None:
         "a.py",
         "import asyncio\nasync def main():\n    await asyncio.sleep(0)\n    print('async ok')\n",
     )
-    runner = make_runner(RunnerConfig(mode="pool", agent=f"{agent}:main", workers=1))
+    runner = make_runner(RunnerConfig(mode="pool", entry=f"{agent}:main", workers=1))
     assert (await runner.run(launch())).final_answer == "async ok"
     await runner.close()
     broken = script(tmp_path, "broken.py", "raise RuntimeError('bad import')\ndef main(): pass\n")
-    runner = make_runner(RunnerConfig(mode="pool", agent=f"{broken}:main", workers=1))
+    runner = make_runner(RunnerConfig(mode="pool", entry=f"{broken}:main", workers=1))
     result = await runner.run(launch())
     assert result.status is RolloutStatus.FAILED and "bad import" in (result.error or "")
     assert isinstance(runner, PoolRunner)
@@ -380,7 +380,7 @@ INTERRUPTED = """
         runners = [
             make_runner(RunnerConfig(command=[sys.executable, agent], grace_s=0.2,
                                      extra_env=extra)),
-            make_runner(RunnerConfig(mode="pool", agent=agent + ":main", workers=2,
+            make_runner(RunnerConfig(mode="pool", entry=agent + ":main", workers=2,
                                      grace_s=0.2, extra_env=extra)),
         ]
         for i, r in enumerate(runners):

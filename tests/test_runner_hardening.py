@@ -167,7 +167,7 @@ async def test_pool_worker_killed_from_outside_is_an_infra_fault(tmp_path: Path)
     pid_file = tmp_path / "pid"
     runner = make_runner(
         RunnerConfig(
-            mode="pool", agent=f"{agent}:main", workers=1, extra_env={"PID_FILE": str(pid_file)}
+            mode="pool", entry=f"{agent}:main", workers=1, extra_env={"PID_FILE": str(pid_file)}
         )
     )
     running = asyncio.ensure_future(runner.run(launch()))

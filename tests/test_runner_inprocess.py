@@ -92,7 +92,7 @@ async def test_inprocess_real_openai_client(tmp_path: Path, gateway: str) -> Non
             return {"answer": answer, "reward": float(answer == "42")}
         """,
     )
-    runner = make_runner(RunnerConfig(mode="inprocess", agent=f"{agent}:agent"))
+    runner = make_runner(RunnerConfig(mode="inprocess", entry=f"{agent}:agent"))
     result = await runner.run(gw_launch(gateway, 7))
     await runner.close()
     assert result.status is RolloutStatus.SUCCEEDED
@@ -159,7 +159,7 @@ async def _ignores_cancel(task, client):
     ],
 )
 async def test_inprocess_return_values(agent, status, answer, value, error) -> None:
-    config = RunnerConfig(mode="inprocess", agent="unused:agent", timeout_s=0.3, grace_s=0.2)
+    config = RunnerConfig(mode="inprocess", entry="unused:agent", timeout_s=0.3, grace_s=0.2)
     runner = InProcessRunner(config, agent=agent)  # imports the openai SDK, outside the clock
     t0 = time.monotonic()
     result = await runner.run(Launch("r0", 1, "http://127.0.0.1:9/v1", "tok", {}))
@@ -181,7 +181,7 @@ async def test_inprocess_concurrency_limit() -> None:
         return task["i"]
 
     runner = InProcessRunner(
-        RunnerConfig(mode="inprocess", agent="x:agent", concurrency=3), agent=agent
+        RunnerConfig(mode="inprocess", entry="x:agent", concurrency=3), agent=agent
     )
     assert isinstance(runner, tether.runner.Runner)
     results = await asyncio.gather(*(runner.run(launch(i, {"i": i})) for i in range(10)))
@@ -192,9 +192,9 @@ async def test_inprocess_concurrency_limit() -> None:
 def test_inprocess_agent_must_be_async(tmp_path: Path) -> None:
     agent = script(tmp_path, "sync_agent.py", "def agent(task, client):\n    return 1\n")
     with pytest.raises(AgentLoadError, match="async def"):
-        make_runner(RunnerConfig(mode="inprocess", agent=f"{agent}:agent"))
+        make_runner(RunnerConfig(mode="inprocess", entry=f"{agent}:agent"))
     with pytest.raises(AgentLoadError, match="cannot import"):
-        make_runner(RunnerConfig(mode="inprocess", agent="no_such_module_xyz:agent"))
+        make_runner(RunnerConfig(mode="inprocess", entry="no_such_module_xyz:agent"))
 
 
 def test_worker_script_runs_without_tether_on_path(tmp_path: Path) -> None:
@@ -217,7 +217,7 @@ def test_worker_script_runs_without_tether_on_path(tmp_path: Path) -> None:
 
 async def test_inprocess_failure_keeps_the_traceback_as_output_tail() -> None:
     """What the store keeps and ``tether rollouts show`` prints for an in-process agent."""
-    config = RunnerConfig(mode="inprocess", agent="unused:agent", max_output_bytes=512)
+    config = RunnerConfig(mode="inprocess", entry="unused:agent", max_output_bytes=512)
     runner = InProcessRunner(config, agent=_raises)
     result = await runner.run(Launch("r0", 1, "http://127.0.0.1:9/v1", "tok", {}))
     await runner.close()

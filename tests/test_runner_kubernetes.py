@@ -166,7 +166,7 @@ def test_manifest_and_config_errors(tmp_path: Path) -> None:
             {"runner": "kubernetes", "command": "a", "kubernetes": {"namespace": "Bad_NS"}},
         )
     with pytest.raises(RunnerConfigError, match="mode"):
-        RunnerConfig(runner="kubernetes", mode="pool", agent="m:f")
+        RunnerConfig(runner="kubernetes", mode="pool", entry="m:f")
     assert label_value("a" * 100).startswith("a" * 54) and len(label_value("a" * 100)) == 63
 
 

@@ -76,7 +76,7 @@ def write(tmp_path: Path, name: str, code: str) -> str:
 
 def test_config_errors() -> None:
     with pytest.raises(RunnerConfigError, match=r"mode \('pool'\) does not apply"):
-        RunnerConfig(runner="ray", mode="pool", agent="m:f")
+        RunnerConfig(runner="ray", mode="pool", entry="m:f")
     with pytest.raises(UserError, match=r"ray: num_cpus \(0.0\) must be a number > 0"):
         build(RunnerConfig, {"runner": "ray", "command": "x", "ray": {"num_cpus": 0}})
     cfg = build(RunnerConfig, {"runner": "ray", "command": "a", "ray": {"resources": {"tpu": 1}}})
@@ -90,7 +90,7 @@ async def test_async_agent_and_command_run_as_ray_tasks(
     run = gw.store.create_run({}, run_id="ray1")
     agent = write(tmp_path, "agent.py", AGENT)
     runner = make_runner(
-        RunnerConfig(runner="ray", mode="inprocess", agent=f"{agent}:agent", max_attempts=2)
+        RunnerConfig(runner="ray", mode="inprocess", entry=f"{agent}:agent", max_attempts=2)
     )
     task = Task("t0", {"id": "t0", "q": "2+2", "marker_dir": str(tmp_path)})
     collected = await collect_groups(
@@ -121,7 +121,7 @@ async def test_killed_ray_worker_is_retried_not_lost_or_doubled(
     run = gw.store.create_run({}, run_id="ray2")
     agent = write(tmp_path, "agent.py", AGENT)
     runner = make_runner(
-        RunnerConfig(runner="ray", mode="inprocess", agent=f"{agent}:agent", max_attempts=2)
+        RunnerConfig(runner="ray", mode="inprocess", entry=f"{agent}:agent", max_attempts=2)
     )
     task = Task("t1", {"id": "t1", "q": "3+1", "marker_dir": str(tmp_path), "die_once": True})
     collecting = asyncio.ensure_future(
@@ -165,7 +165,7 @@ def test_one_training_step_with_rollouts_as_ray_tasks(
         {
             "runner": "ray",
             "mode": "inprocess",
-            "agent": "tether.starter.calc:agent",
+            "entry": "tether.starter.calc:agent",
             "concurrency": 4,
             "timeout_s": 120,
             "ray": {"num_cpus": 0.25},

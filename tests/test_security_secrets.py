@@ -345,7 +345,7 @@ async def test_bad_grades_are_counted_and_excluded(make_gateway: Any, tmp_path: 
     run = gw.store.create_run({"grader": "grade"})
     server = await LoopServer(create_app(gw)).start()
     gw.config.public_url = server.url
-    runner = make_runner(RunnerConfig(mode="inprocess", agent=f"{agent}:agent"))
+    runner = make_runner(RunnerConfig(mode="inprocess", entry=f"{agent}:agent"))
     tasks = [Task(id=f"t{i}", data={"i": i}, split=Split.TRAIN) for i in range(len(GRADES))]
     try:
         got = await collect_groups(

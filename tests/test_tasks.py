@@ -176,7 +176,7 @@ def test_one_training_step(task: str, starter_dir: Path, tmp_path: Path) -> None
         [
             f"dir={tmp_path}",
             f"tasks.source={folder / 'tasks.jsonl'}",
-            f"agent.agent={folder / 'agent.py'}:main",
+            f"agent.entry={folder / 'agent.py'}:main",
             "agent.concurrency=2",
             "agent.workers=2",
             f"rollout.grader=tests.test_tasks:{task}_grader",

@@ -65,7 +65,7 @@ def _config(out: Path, model: Path, resume: bool) -> Any:
         dir=str(out),
         tasks=TasksConfig(source="calc", train_size=20, val_size=2, seed=3),
         agent=RunnerConfig(
-            mode="inprocess", agent="tether.starter.calc:agent", concurrency=4, timeout_s=60
+            mode="inprocess", entry="tether.starter.calc:agent", concurrency=4, timeout_s=60
         ),
         rollout=RolloutConfig(n=2, batch_groups=2, grader="__main__:grade_alternately"),
         trainer=TrainerConfig(steps=STEPS, lr=1e-3, seed=5),

@@ -36,7 +36,7 @@ def tiny_config(root: Path, name: str, tracking: TrackingConfig) -> TrainConfig:
         dir=str(root),
         tasks=TasksConfig(source="calc", train_size=20, val_size=4),
         agent=RunnerConfig(
-            mode="inprocess", agent="tether.starter.calc:agent", concurrency=8, timeout_s=60
+            mode="inprocess", entry="tether.starter.calc:agent", concurrency=8, timeout_s=60
         ),
         rollout=RolloutConfig(n=2, batch_groups=2, grader="tests.helpers:alternating_grader"),
         trainer=TrainerConfig(steps=2, lr=1e-3),

@@ -17,6 +17,11 @@ A class may declare ``shorthand: ClassVar[str]``, the field that a scalar given 
 the whole section most likely meant (``model: Qwen/...`` → ``model.path``): the
 error says to write that field.
 
+A class may declare ``renamed: ClassVar[dict[str, str]]``, old dotted key → new
+dotted key (both under the class): a value given under the old key is moved to the
+new one, with a one-line notice (a warning on this module's logger) naming the new
+key; both given is one problem.
+
 A class may define ``resolve_file_paths(data, folder) -> data`` (a classmethod
 or staticmethod): it gets the mapping read from the file, before the
 overrides, and the file's folder, so that paths written in a file can be
@@ -25,8 +30,10 @@ relative to the file while overrides stay relative to the current directory.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
+import logging
 import re
 import types
 import typing
@@ -41,6 +48,8 @@ from tether.errors import UserError
 __all__ = ["ConfigErrors", "Problem", "apply_overrides", "build", "dump", "load_config"]
 
 T = TypeVar("T")
+
+_log = logging.getLogger(__name__)
 
 
 class Problem(NamedTuple):
@@ -149,7 +158,8 @@ def build(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     (``__post_init__``) run once its fields are right."""
     hints = typing.get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cast(Any, cls)) if f.init}
-    kwargs, problems = {}, []
+    data, problems = _renamed(cls, data, where)
+    kwargs: dict[str, Any] = {}
     for key, value in data.items():
         path = f"{where}.{key}" if where else key
         if key not in fields:
@@ -173,6 +183,47 @@ def build(cls: type[T], data: dict[str, Any], where: str = "") -> T:
         raise ConfigErrors([Problem(where, message if named else f"{where}: {message}")]) from None
     except (TypeError, ValueError) as exc:
         raise ConfigErrors([Problem(where, f"{where or cls.__name__}: {exc}")]) from None
+
+
+_ABSENT = object()
+
+
+def _at(data: Any, dotted: str) -> Any:
+    """The value at ``dotted`` in nested mappings, or ``_ABSENT``."""
+    for part in dotted.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return _ABSENT
+        data = data[part]
+    return data
+
+
+def _renamed(cls: type, data: dict[str, Any], where: str) -> tuple[dict[str, Any], list[Problem]]:
+    """``data`` with each old key of ``cls.renamed`` moved to its new key (a copy when one
+    moves), one notice per key moved, and a problem for each key given under both names."""
+    renamed: dict[str, str] = getattr(cls, "renamed", {})
+    given = [(old, new) for old, new in renamed.items() if _at(data, old) is not _ABSENT]
+    if not given:
+        return data, []
+    data, problems = copy.deepcopy(data), []
+    for old, new in given:
+        full_old, full_new = (f"{where}.{k}" if where else k for k in (old, new))
+        *section, last = old.split(".")
+        value = (_at(data, ".".join(section)) if section else data).pop(last)
+        if _at(data, new) is not _ABSENT:
+            problems.append(
+                Problem(full_old, f"{full_old} is the old name of {full_new}: keep only {full_new}")
+            )
+            continue
+        *section, last = new.split(".")
+        node = data
+        for part in section:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):  # build names the section's own problem
+                break
+        else:
+            node[last] = value
+        _log.warning("config key %s is now %s; please write %s", full_old, full_new, full_new)
+    return data, problems
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

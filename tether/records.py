@@ -353,7 +353,7 @@ class GroupFate(str, enum.Enum):
     or why it was dropped: ``unusable`` (a rollout without a usable reward, or with turn
     credit a non-finite intermediate one), ``no_signal`` (``rollout.filter_groups``: every
     advantage would be 0), ``surplus`` (``filter_groups``: it had signal, the batch was
-    full), ``lag`` (async mode: older than ``trainer.max_policy_lag`` allows)."""
+    full), ``lag`` (async mode: older than ``run.max_policy_lag`` allows)."""
 
     KEPT = "kept"
     UNUSABLE = "unusable"

@@ -9,7 +9,7 @@ this file only names it for configs:
 
     agent:
       mode: inprocess
-      agent: examples/calc/agent_async.py:agent
+      entry: examples/calc/agent_async.py:agent
 """
 
 from __future__ import annotations

@@ -86,8 +86,8 @@ def _agent(cfg: TrainConfig, report: Report) -> None:
 
         make_runner(a)  # imports the agent and checks it is an async def
     else:
-        _import_pool_agent(str(a.agent), a.cwd)
-    report.lines.append(f"agent: {a.agent} ({a.mode}, {a.concurrency} at a time), imported")
+        _import_pool_agent(str(a.entry), a.cwd)
+    report.lines.append(f"agent: {a.entry} ({a.mode}, {a.concurrency} at a time), imported")
 
 
 def _import_pool_agent(spec: str, cwd: str | None) -> None:
@@ -189,7 +189,7 @@ def _plan(cfg: TrainConfig, report: Report) -> None:
     every = f"every {c.every} updates and at the end" if c.every else "at the end"
     report.lines += [
         f"engine: {engine}",
-        f"updates: {t.steps} ({t.mode}), {t.advantage}; {r.batch_groups} groups x {r.n} "
+        f"updates: {t.steps} ({cfg.run.mode}), {t.advantage}; {r.batch_groups} groups x {r.n} "
         f"rollouts = {r.batch_groups * r.n} rollouts per update",
         f"store: {run_dir / 'traces.sqlite'}",
         f"checkpoints: {run_dir / 'checkpoints'} ({every}, keep {c.keep})",

@@ -34,11 +34,16 @@ override (`trainer.lr=3e-5`, `agent.concurrency=16`); `tether config [CONFIG]
 commented YAML that loads back.
 
 Generated from the config dataclasses and the `#:` comment above each field
-(`tether/run/config.py`, `tether/trainer/config.py`, `tether/runner/_config.py`,
-`tether/runner/_remote_config.py`, `tether/gateway/_config.py`,
-`tether/tracking/config.py`, `tether/cli/_serve_run.py`) by
+(`tether/run/config.py`, `tether/run/_run_config.py`, `tether/trainer/config.py`,
+`tether/runner/_config.py`, `tether/runner/_remote_config.py`,
+`tether/gateway/_config.py`, `tether/tracking/config.py`, `tether/cli/_serve_run.py`) by
 `tether config --markdown > docs/config.md`; `tests/test_cli_config.py` fails when it
 is out of date.
+
+Renamed keys still load under their old names, each with a one-line notice naming the
+new one: `trainer.mode`, `trainer.max_groups_in_flight`, `trainer.max_policy_lag`,
+`trainer.lag_policy`, `trainer.hold_timeout_s`, `trainer.processes` and
+`trainer.collapse_patience` are now `run.*`, and `agent.agent` is `agent.entry`.
 """
 
 

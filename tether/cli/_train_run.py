@@ -69,7 +69,7 @@ def demo_config(
         model=ModelConfig(device=device),
         tasks=TasksConfig(source="calc", train_size=4000, val_size=100, seed=seed),
         agent=RunnerConfig(
-            mode="inprocess", agent="tether.starter.calc:agent", concurrency=64, timeout_s=120
+            mode="inprocess", entry="tether.starter.calc:agent", concurrency=64, timeout_s=120
         ),
         rollout=RolloutConfig(n=8, batch_groups=8),
         trainer=TrainerConfig(

@@ -125,8 +125,9 @@ def events(store: Store, run: Run) -> list[dict[str, Any]]:
         by_step[m.step][m.name] = m.value
     out: list[dict[str, Any]] = []
     streak, gained = 0, False
-    trainer = run.config.get("trainer")
-    patience = int((trainer if isinstance(trainer, dict) else {}).get("collapse_patience") or 0)
+    sections = (run.config.get(k) for k in ("run", "trainer"))  # trainer: recorded before run
+    section = next((s for s in sections if isinstance(s, dict) and "collapse_patience" in s), {})
+    patience = int(section.get("collapse_patience") or 0)
     for step in sorted(by_step):
         m = by_step[step]
         if "eval/sampled_success" in m:
@@ -193,7 +194,7 @@ DROPPED = {
     GroupFate.UNUSABLE: "a rollout has no usable reward",
     GroupFate.NO_SIGNAL: "no signal, every advantage 0 (rollout.filter_groups)",
     GroupFate.SURPLUS: "the batch was full (rollout.filter_groups)",
-    GroupFate.LAG: "too old for trainer.max_policy_lag",
+    GroupFate.LAG: "too old for run.max_policy_lag",
 }
 NOT_RECORDED = "not recorded: this store was written before tether kept what each update trained"
 

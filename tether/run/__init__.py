@@ -7,10 +7,12 @@ the store and the trainer.
   (``_tasks.py``), held-out evals (``_evaluate.py``), failed-collection
   checks (``_failures.py``), the stop when the engine is gone (``_watch.py``), the judge
   grader (``_judge.py``), run folders and ``--resume`` (``_rundir.py``),
-  what a run derives from its config and its final status (``_setup.py``);
+  the run record's config and final status (``_rundir.py``), a model path
+  (``_paths.py``), the weights pushed to the engine (``_weights.py``), async mode's
+  rollouts from the run's parts (``_async_parts.py``);
   the run's parts, built once (``_parts.py``), and the typed events its
   listener gets (``_events.py``: :data:`RunEvent`);
-- the other training processes of ``trainer.processes`` > 1 or a launcher
+- the other training processes of ``run.processes`` > 1 or a launcher
   (``_ranks.py``; :func:`serve_rank` is what ranks 1.. run);
 - :mod:`tether.run.config`: the run's composite config, one YAML file.
 
@@ -44,6 +46,7 @@ _EXPORTS = {
     "Resumed": "._events",
     "RetryPolicy": "._collect",
     "RolloutConfig": ".config",
+    "RunConfig": ".config",
     "RolloutOutcome": "._finish",
     "RunEvent": "._events",
     "Status": "._events",
@@ -57,13 +60,13 @@ _EXPORTS = {
     "batch_diagnostics": "._diagnostics",
     "check_new_run": "._rundir",
     "collect_groups": "._collect",
-    "end_status": "._setup",
+    "end_status": "._rundir",
     "holds_run": "._rundir",
     "load_grader": "._grading",
     "load_task_set": "._tasks",
     "load_tasks": "._tasks",
     "rank_from_env": "._ranks",
-    "resolve_model_path": "._setup",
+    "resolve_model_path": "._paths",
     "serve_rank": "._ranks",
     "tasks_for_step": "._tasks",
 }
@@ -89,13 +92,13 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._grading import load_grader as load_grader
     from ._loop import TrainingRun as TrainingRun
     from ._memwatch import MemoryWatch as MemoryWatch
+    from ._paths import resolve_model_path as resolve_model_path
     from ._ranks import RankGroup as RankGroup
     from ._ranks import rank_from_env as rank_from_env
     from ._ranks import serve_rank as serve_rank
     from ._rundir import check_new_run as check_new_run
+    from ._rundir import end_status as end_status
     from ._rundir import holds_run as holds_run
-    from ._setup import end_status as end_status
-    from ._setup import resolve_model_path as resolve_model_path
     from ._tasks import load_task_set as load_task_set
     from ._tasks import load_tasks as load_tasks
     from ._tasks import tasks_for_step as tasks_for_step
@@ -105,6 +108,7 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from .config import LoraConfig as LoraConfig
     from .config import ModelConfig as ModelConfig
     from .config import RolloutConfig as RolloutConfig
+    from .config import RunConfig as RunConfig
     from .config import TasksConfig as TasksConfig
     from .config import TrackingConfig as TrackingConfig
     from .config import TrainConfig as TrainConfig

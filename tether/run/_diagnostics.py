@@ -5,21 +5,23 @@ The trainer adds its own (``entropy``, ``clip_frac_low``/``clip_frac_high``,
 ``approx_kl``, ``kl_ref``: see :meth:`tether.trainer.PolicyTrainer.update`);
 together they are stored per step and the step line shows the most telling.
 
-:func:`no_signal_line` (naming :func:`first_rollout`) says why a run whose reward never rose stops
-(``trainer.collapse_patience``): not a collapse of a policy that never changed,
-but a grader or agent that gives every rollout the same reward.
+:func:`check_collapse` stops a run whose reward stayed at 0 (``run.collapse_patience``):
+a collapse when it was above 0 before, else :func:`no_signal_line` (naming
+:func:`first_rollout`) says why: not a collapse of a policy that never changed, but a
+grader or agent that gives every rollout the same reward.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tether.records import Phase
 from tether.store import Store
+from tether.trainer.errors import NoLearningSignal, PolicyCollapsed
 from tether.trainer.samples import Sample
 
-__all__ = ["batch_diagnostics", "first_rollout", "no_signal_line"]
+__all__ = ["batch_diagnostics", "check_collapse", "first_rollout", "no_signal_line"]
 
 
 def batch_diagnostics(
@@ -83,7 +85,7 @@ def no_signal_line(steps: Sequence[dict[str, float]], rollout_id: str | None) ->
     )
     return (
         f"{what}: nothing to learn from — check the grader and the agent{look}; "
-        "trainer.collapse_patience=0 trains on regardless"
+        "run.collapse_patience=0 trains on regardless"
     )
 
 
@@ -93,3 +95,26 @@ def first_rollout(store: Store, run_id: str) -> str | None:
     done = store.list_rollouts(run_id=run_id, status="succeeded")
     train = [r for r in done if r.place is None or r.place.phase is not Phase.EVAL]
     return (train or done)[0].id if (train or done) else None
+
+
+def check_collapse(
+    step: int,
+    steps: Sequence[dict[str, float]],
+    k: int,
+    lr: float,
+    first: Callable[[], str | None],
+) -> None:
+    """Stop the run at ``step`` once the last ``k`` of ``steps`` (every update's metrics;
+    ``k`` is ``run.collapse_patience``, 0 = never) all had reward <= 0: a collapse
+    (:class:`PolicyCollapsed`) when the reward was above 0 before them, else no learning
+    signal from the start (:class:`NoLearningSignal`, naming ``first()``'s rollout)."""
+    recent = steps[-k:] if k else []
+    if not (k and len(recent) == k and all(m["reward_mean"] <= 0 for m in recent)):
+        return
+    if any(m.get("reward_mean", 0.0) > 0 for m in steps[:-k]):
+        raise PolicyCollapsed(
+            f"reward has been 0 for {k} updates in a row at step {step}, after steps "
+            f"with reward: the policy collapsed; lower trainer.lr (now {lr:g}) or raise "
+            "run.collapse_patience"
+        )
+    raise NoLearningSignal(no_signal_line(recent, first()))

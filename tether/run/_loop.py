@@ -40,7 +40,7 @@ the start of update N until update N + 1 starts), never derived from how many re
 it holds.
 Listeners get typed events (``_events.py``).
 
-That is sync mode. In async mode (``trainer.mode: async``, ``_async.py``)
+That is sync mode. In async mode (``run.mode: async``, ``_async.py``)
 groups keep running across updates, and steps 1 and 4 become: wait for
 ``batch_groups`` finished groups, pause admission at the gateway, drain,
 update, push, resume.
@@ -61,10 +61,12 @@ import torch
 
 from tether._memory import resident_mb, trim_heap
 from tether.engine import Engine
-from tether.records import Checkpoint, Phase, Task, UpdateGroup
+from tether.records import Phase, Task, UpdateGroup
 from tether.run._async import AsyncRollouts
+from tether.run._async_parts import async_rollouts
+from tether.run._checkpoints import rank_failed, save_step
 from tether.run._collect import Collected, RolloutOutcome, collect_groups
-from tether.run._diagnostics import first_rollout, no_signal_line
+from tether.run._diagnostics import check_collapse, first_rollout
 from tether.run._evaluate import EvalResult, StepReport, collect_eval, success_rate
 from tether.run._events import (
     CheckpointSaved,
@@ -84,13 +86,12 @@ from tether.run._learn import Learning, learn_metrics, update_record
 from tether.run._memwatch import MemoryWatch
 from tether.run._parts import PartsView, RunParts, open_parts
 from tether.run._rundir import ResumePoint, past_metrics, resume_point
-from tether.run._setup import async_rollouts, engine_weights
 from tether.run._tasks import tasks_for_step
 from tether.run._watch import watched
+from tether.run._weights import push_update, restore
 from tether.run.config import TrainConfig
 from tether.tracking import sample_rows
-from tether.trainer.checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
-from tether.trainer.errors import NoLearningSignal, PolicyCollapsed, RankFailed, TrainerError
+from tether.trainer.errors import RankFailed
 
 __all__ = ["TrainingRun"]
 
@@ -135,7 +136,9 @@ class TrainingRun(PartsView):
         self._at = "before the first update"  # where the run is, for the engine-lost line
         self.last_checkpoint: Path | None = None  # the newest checkpoint of this run
         self._async: AsyncRollouts | None = None
-        self._clean_steps = 0  # optimizer steps after the last finished update (see _rank_failed)
+        self._clean_steps = (
+            0  # optimizer steps after the last finished update (see _checkpoints.py)
+        )
         self._collections = 0  # checked so far (the first one stops the run if all fail)
         self._said_no_val = False  # "no val tasks: the evals are skipped", said once
         #: resident memory past the warm-up: its growth per update, one warning (_memwatch.py)
@@ -172,12 +175,8 @@ class TrainingRun(PartsView):
         return self
 
     async def _resume(self, at: ResumePoint) -> None:
-        self.step = self.start_step = load_checkpoint(at.path, self.trainer)
-        self.last_checkpoint = at.path
-        version = await self.engine.update_weights(
-            engine_weights(self.trainer, self.engine),
-            **({} if at.policy_version is None else {"version": at.policy_version}),
-        )
+        self.step, version = await restore(self.trainer, self.engine, at)
+        self.start_step, self.last_checkpoint = self.step, at.path
         if at.run_id is not None:
             steps, evals = past_metrics(self.store, at.run_id, self.start_step)
             self.history = [StepReport(s, m) for s, m in steps.items()]
@@ -215,7 +214,8 @@ class TrainingRun(PartsView):
             try:
                 await self.train_step(step)
             except RankFailed as exc:
-                raise self._rank_failed(exc) from exc
+                ckpt, clean = self.last_checkpoint, self._clean_steps
+                raise rank_failed(exc, self.parts, step, ckpt, clean, self.save) from exc
             self._check_collapse(step)
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < steps:
                 self.save(step)
@@ -276,7 +276,7 @@ class TrainingRun(PartsView):
         cfg, parts = self.cfg, self.parts
         self.step, self._at = step, f"at update {step}"
         t0 = time.perf_counter()
-        if cfg.trainer.mode == "async":
+        if cfg.run.mode == "async":
             return self._report(step, await self._async_rollouts().step(step), t0)
         tasks = tasks_for_step(parts.train_tasks, step, cfg.rollout.batch_groups, cfg.tasks.seed)
         log.info("step %d: rollouts, %d tasks × %d", step, len(tasks), cfg.rollout.n)
@@ -325,20 +325,14 @@ class TrainingRun(PartsView):
         how = Learning.of(self.cfg)
         m, samples, fates = learn_metrics(groups, how)
         m["success"] = success_rate(outcomes)
-        engine = parts.engine
-        version_before = engine.policy_version
+        version = None
         if samples:
             t1 = time.perf_counter()
             m.update(await asyncio.to_thread(parts.trainer.update, samples))
             self._clean_steps = parts.trainer.optimizer_steps
             m["update_s"] = time.perf_counter() - t1
-            version = await engine.update_weights(engine_weights(parts.trainer, engine))
-            if version != version_before + 1:
-                raise TrainerError(
-                    f"engine policy version went {version_before} -> {version}, expected +1"
-                )
-        m["policy_version"] = float(engine.policy_version)
-        version = engine.policy_version if samples else None
+            version = await push_update(parts.trainer, parts.engine)
+        m["policy_version"] = float(parts.engine.policy_version)
         record = update_record(parts.run_record.id, step, version, how, [*dropped, *fates])
         parts.store.add_update(record)
         return m
@@ -365,23 +359,14 @@ class TrainingRun(PartsView):
         return report
 
     def _check_collapse(self, step: int) -> None:
-        """Stop after ``collapse_patience`` steps of reward <= 0: a collapse when the
-        reward was above 0 before them, else no learning signal from the start."""
-        t = self.cfg.trainer
-        k = t.collapse_patience
-        recent = self.history[-k:] if k else []
-        if not (k and len(recent) == k and all(r.metrics["reward_mean"] <= 0 for r in recent)):
-            return
-        if any(r.metrics.get("reward_mean", 0.0) > 0 for r in self.history[:-k]):
-            raise PolicyCollapsed(
-                f"reward has been 0 for {k} updates in a row at step {step}, after steps "
-                f"with reward: the policy collapsed; lower trainer.lr (now {t.lr:g}) or raise "
-                "trainer.collapse_patience"
-            )
-        raise NoLearningSignal(no_signal_line([r.metrics for r in recent], self._first_rollout()))
-
-    def _first_rollout(self) -> str | None:
-        return first_rollout(self.store, self.run_record.id)
+        """Stop after ``run.collapse_patience`` updates of reward <= 0 (``_diagnostics``)."""
+        check_collapse(
+            step,
+            [r.metrics for r in self.history],
+            self.cfg.run.collapse_patience,
+            self.cfg.trainer.lr,
+            lambda: first_rollout(self.store, self.run_record.id),
+        )
 
     # -- async mode (tether/run/_async.py) ----------------------------------------
 
@@ -402,41 +387,9 @@ class TrainingRun(PartsView):
 
     # -- checkpoints --------------------------------------------------------------
 
-    def _rank_failed(self, exc: RankFailed) -> RankFailed:
-        """A training process died or hung during an update: keep a checkpoint of the last
-        finished step (rank 0's weights and optimizer are those of that step unless an
-        optimizer step of the failed update already ran) and say how to go on."""
-        exits = self.ranks.exits() if self.ranks else ""
-        where = f"{exc}; {exits}" if exits else str(exc)
-        ckpt, finished = self.last_checkpoint, self.step - 1  # step self.step failed
-        done = ckpt is not None and ckpt.name == f"step-{finished:06d}"
-        if not done and self.trainer.optimizer_steps == self._clean_steps:
-            ckpt = self.save(finished)
-        kept = (
-            f"checkpoint of step {checkpoint_state(ckpt).get('step')}: {ckpt}"
-            if ckpt
-            else "no checkpoint"
-        )
-        return RankFailed(f"{where}; {kept}; continue it with --resume")
-
     def save(self, step: int) -> Path:
         log.info("saving the checkpoint of step %d", step)
-        parts = self.parts
-        path = save_checkpoint(
-            self.run_dir / "checkpoints",
-            step,
-            trainer=parts.trainer,
-            tokenizer=parts.tokenizer,
-            base_model_dir=parts.model_path,
-            config=parts.record_config,
-            keep=self.cfg.checkpoint.keep,
-            run=parts.lineage,
-            run_id=parts.run_record.id,
-            policy_version=parts.engine.policy_version,
-        )
+        path = save_step(self.parts, self.run_dir / "checkpoints", step, self.cfg.checkpoint.keep)
         self.last_checkpoint = path
-        parts.store.add_checkpoint(
-            Checkpoint(run_id=parts.run_record.id, step=step, path=str(path))
-        )
         self.on_event(CheckpointSaved(step, path))
         return path

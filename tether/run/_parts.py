@@ -1,6 +1,6 @@
 """The parts of a training run, built once, in order, and torn down in reverse.
 
-:func:`open_parts` builds the training processes (``trainer.processes`` > 1),
+:func:`open_parts` builds the training processes (``run.processes`` > 1),
 the tokenizer and the trainer, the engine, the store and the run's record,
 the tracking sinks, the tasks and the grader, the gateway with its dashboard
 and server, and the agent runner, in that order, into one :class:`RunParts`.
@@ -40,17 +40,12 @@ from tether.records import Run, Task
 from tether.run._events import RunEvent, Status
 from tether.run._grading import AnyGrader
 from tether.run._judge import open_grader
+from tether.run._paths import resolve_model_path
 from tether.run._ranks import RankGroup
-from tether.run._rundir import ResumePoint
-from tether.run._setup import (
-    end_status,
-    engine_weights,
-    gateway_config,
-    record_config,
-    resolve_model_path,
-)
+from tether.run._rundir import ResumePoint, end_status, record_config
 from tether.run._tasks import exposed_fields, load_task_set
 from tether.run._ui import mount_ui, ui_line
+from tether.run._weights import engine_weights
 from tether.run.config import TrainConfig
 from tether.runner import Runner, make_runner
 from tether.store import AlreadyExists, Store
@@ -208,9 +203,9 @@ async def open_parts(
     admin_key = resolve_admin_key(cfg.gateway.host, Path(cfg.dir), cfg.gateway.admin_key)
     grader = await open_grader(cfg.rollout)  # a judge that cannot be reached stops it
     ranks = None
-    if command == "train" and (cfg.trainer.processes > 1 or world_from_env() > 1):
+    if command == "train" and (cfg.run.processes > 1 or world_from_env() > 1):
         say(Status("starting the training processes"))
-        ranks = group = RankGroup.start(cfg.trainer, cfg.model.device)
+        ranks = group = RankGroup.start(cfg.run.processes, cfg.trainer, cfg.model.device)
         if group is not None:  # None: one process after all
             _on_exit(stack, lambda failed: asyncio.to_thread(group.close, not failed))
     # a resumed run pushes its checkpoint's weights itself; an eval pushes what it evaluates
@@ -378,7 +373,7 @@ async def _serve(
     admin_key: AdminKey,
 ) -> dict[str, Any]:
     """The gateway, its dashboard and its server, and the runner that starts the agents."""
-    gcfg = gateway_config(cfg, admin_key.value)
+    gcfg = cfg.gateway_for(admin_key.value)
     say(Status("starting the gateway and the agent runner"))
     gateway = Gateway(engine, tokenizer, store, gcfg, seed=cfg.trainer.seed)
     app = create_app(gateway)

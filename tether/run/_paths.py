@@ -3,12 +3,12 @@
 ``tether train path/to/config.yaml`` works from any directory: before the
 command-line overrides are applied, :func:`resolve_file_paths` rewrites the
 relative paths written in the file into absolute ones, against the folder of
-the file. Overrides (``agent.agent=...`` on the command line) are not touched:
+the file. Overrides (``agent.entry=...`` on the command line) are not touched:
 the user typed them from the current directory, and that is what they are
 relative to. What moves, and how:
 
 =====================  ==========================================================
-``agent.agent``        ``path/file.py:function`` → the file's folder
+``agent.entry``        ``path/file.py:function`` → the file's folder
                        (``module:function`` is left alone); relative to
                        ``agent.cwd`` instead when the file sets it
 ``agent.cwd``          → the file's folder
@@ -26,9 +26,10 @@ relative to. What moves, and how:
 =====================  ==========================================================
 
 Agents of ``agent.runner: ray`` or ``kubernetes`` run on other machines, so
-their ``agent`` and ``command`` are left as written. ``dir`` (where runs go)
+their ``entry`` and ``command`` are left as written. ``dir`` (where runs go)
 and ``model.path`` (a folder or a hub id such as ``Qwen/Qwen2.5-1.5B``) stay
-relative to the current directory.
+relative to the current directory; :func:`resolve_model_path` turns ``model.path``
+into the folder (or hub id) a run loads.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-__all__ = ["resolve_file_paths"]
+__all__ = ["resolve_file_paths", "resolve_model_path"]
 
 
 def _under(folder: Path, path: str) -> str:
@@ -76,9 +77,10 @@ def resolve_file_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
         local = agent.get("runner", "local") == "local"
         if isinstance(agent.get("cwd"), str):
             agent["cwd"] = _under(folder, agent["cwd"])
-        if local and "agent" in agent:
-            base = Path(agent["cwd"]) if isinstance(agent.get("cwd"), str) else folder
-            agent["agent"] = _spec(base, agent["agent"])
+        base = Path(agent["cwd"]) if isinstance(agent.get("cwd"), str) else folder
+        for key in ("entry", "agent"):  # agent.agent: entry's old name (RunnerConfig.renamed)
+            if local and key in agent:
+                agent[key] = _spec(base, agent[key])
         if local and agent.get("command") and not isinstance(agent.get("cwd"), str):
             agent["command"] = _command(folder, agent["command"])
         k8s = agent.get("kubernetes")
@@ -99,3 +101,20 @@ def resolve_file_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     ):
         judge["rubric_file"] = _under(folder, judge["rubric_file"])
     return data
+
+
+def resolve_model_path(path: str | Path) -> Path:
+    """``model.path`` as a folder: the starter's (built once, cached), or for a local
+    checkpoint or run folder the model folder in it (:func:`tether.models.model_folder`);
+    a hub id unchanged. ``./runs/x`` that is not there is refused as a path, before
+    ``Path`` makes it ``runs/x``, which reads as a hub id."""
+    if str(path) == "starter":
+        from tether.starter import build_starter
+
+        return Path(build_starter(warm=True))
+    from tether.models import model_folder, model_source
+
+    if Path(path).is_dir():
+        return model_folder(Path(path))
+    model_source(str(path))  # none there: the one-line error, on the path as written
+    return Path(path)

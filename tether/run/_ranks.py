@@ -1,6 +1,6 @@
 """Training processes: starting them, what rank 0 tells them, and what ranks 1.. do.
 
-``trainer.processes: N`` (N > 1) makes the run's process rank 0 of N: it
+``run.processes: N`` (N > 1) makes the run's process rank 0 of N: it
 picks a free loopback port, starts N − 1 copies of this module
 (``python -m tether.run._ranks``) with ``RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR``/``MASTER_PORT`` and ``LOCAL_RANK`` in their environment, and
@@ -69,23 +69,24 @@ class RankGroup:
     procs: list[subprocess.Popen[bytes]] = dataclasses.field(default_factory=list)
 
     @classmethod
-    def start(cls, trainer: TrainerConfig, device: str) -> RankGroup | None:
+    def start(cls, processes: int, trainer: TrainerConfig, device: str) -> RankGroup | None:
         """Join (or start, then join) the training processes; None for one process.
 
-        ``device`` is the model's (``model.device``): cpu trains over gloo, cuda over nccl.
+        ``processes`` is ``run.processes``; ``device`` is the model's (``model.device``):
+        cpu trains over gloo, cuda over nccl.
         """
         timeout, cpu = trainer.collective_timeout_s, device == "cpu"
         if world_from_env() > 1:  # torchrun / accelerate launch started every rank
-            if trainer.processes not in (1, world_from_env()):
+            if processes not in (1, world_from_env()):
                 log.warning(
-                    "trainer.processes (%d) is ignored: the launcher started %d processes",
-                    trainer.processes,
+                    "run.processes (%d) is ignored: the launcher started %d processes",
+                    processes,
                     world_from_env(),
                 )
             return cls(join_ranks(timeout, cpu=cpu))
-        if trainer.processes <= 1:
+        if processes <= 1:
             return None
-        n = trainer.processes
+        n = processes
         env = {
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(_free_port()),

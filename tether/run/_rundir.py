@@ -18,16 +18,24 @@ again. :func:`past_metrics` follows those links back to the first record and
 returns the metrics of every step up to the resume point (the checkpoint's
 step: updates 1..N, evals 0..N), each from the session that finished it, so the reward curve and the before/after summary
 cover the whole run.
+
+The record itself: the config as it holds it (:func:`record_config`, with those
+links) and the status a run ends with (:func:`end_status`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from tether.errors import UserError
+from tether.configio import dump
+from tether.errors import Interrupted, UserError
+from tether.records import RunStatus
+from tether.run.config import TrainConfig
 from tether.store import NotFound, Store, StoreError
 from tether.trainer.checkpoint import checkpoint_state, latest_checkpoint
 
@@ -187,3 +195,27 @@ def past_metrics(
             if ev and start <= step <= end:
                 evals[step] = ev
     return dict(sorted(steps.items())), dict(sorted(evals.items()))
+
+
+def record_config(cfg: TrainConfig, command: str, resume: ResumePoint | None) -> dict[str, Any]:
+    """``cfg`` as the run's store record holds it: ``extra`` says an eval's record is not a
+    training run, and links a resumed session to the record it continues (see _rundir.py)."""
+    record = dump(cfg)
+    notes = dict(record.get("extra") or {})
+    if command != "train":
+        notes["command"] = command
+    if resume is not None and resume.run_id is not None:
+        notes.update(resumed_from=resume.run_id, resumed_at=resume.step)
+    record["extra"] = notes
+    return record
+
+
+def end_status(exc_type: object) -> RunStatus:
+    """A run's final status from the exception that ended it (None: it finished)."""
+    if exc_type is None:
+        return RunStatus.FINISHED
+    if isinstance(exc_type, type) and issubclass(
+        exc_type, (Interrupted, KeyboardInterrupt, asyncio.CancelledError)
+    ):
+        return RunStatus.INTERRUPTED  # Ctrl-C or SIGTERM (Interrupts cancels the main task)
+    return RunStatus.FAILED

@@ -5,7 +5,7 @@ prints them with the effective values; docs/config.md is generated from them);
 ``tether train CONFIG key.sub=value`` overrides any of them. Validation happens when a dataclass is built, and every error
 names the value, the rule and the fix.
 
-Paths: a relative path written in a config file (``agent.agent: agent.py:main``,
+Paths: a relative path written in a config file (``agent.entry: agent.py:main``,
 the words of ``agent.command``, ``agent.cwd``, ``tasks.source``, a grader
 ``file.py:fn``) is relative to the file's folder; one given as a command-line
 override is relative to the current directory; ``dir`` and ``model.path`` are
@@ -15,7 +15,7 @@ always relative to the current directory. The exact rules are in
 
 from __future__ import annotations
 
-import logging
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,6 +30,7 @@ from tether.run._checks import at_least as _at_least
 from tether.run._checks import one_of as _one_of
 from tether.run._judge_config import JudgeConfig
 from tether.run._paths import resolve_file_paths
+from tether.run._run_config import MOVED, RunConfig
 from tether.runner import RunnerConfig
 from tether.tracking import TrackingConfig, normalize_tracking
 from tether.trainer.config import LoraConfig, RoleConfig, TrainerConfig
@@ -43,13 +44,12 @@ __all__ = [
     "ModelConfig",
     "RoleConfig",
     "RolloutConfig",
+    "RunConfig",
     "TasksConfig",
     "TrackingConfig",
     "TrainConfig",
     "TrainerConfig",
 ]
-
-log = logging.getLogger(__name__)
 
 
 def _role_configs(roles: Mapping[str, Any]) -> dict[str, RoleConfig]:
@@ -228,6 +228,9 @@ class CheckpointConfig:
 
 @dataclass
 class TrainConfig:
+    # trainer.mode etc. load as run.mode etc., with a notice (configio)
+    renamed: ClassVar[dict[str, str]] = {f"trainer.{k}": f"run.{k}" for k in MOVED}
+
     #: Name of the run; its files go to {dir}/{name}. One run per name: a new run under
     #: a name whose folder holds one is refused (continue it with --resume, or rename).
     name: str = "calc"
@@ -241,17 +244,20 @@ class TrainConfig:
     #: Where the tasks come from and how many of each split are used.
     tasks: TasksConfig = field(default_factory=TasksConfig)
     #: How agents start; default: the calc agent in-process (tether.starter.calc:agent).
-    #: In a config file, agent.agent "path/file.py:fn" and agent.cwd are relative to the
+    #: In a config file, agent.entry "path/file.py:fn" and agent.cwd are relative to the
     #: file's folder, and each word of agent.command that names a file or folder there
     #: (agent.py, ./run.sh) becomes its absolute path; the agent still starts in the
     #: current directory (or agent.cwd, and then agent.command is left as written).
     agent: RunnerConfig = field(
-        default_factory=lambda: RunnerConfig(mode="inprocess", agent="tether.starter.calc:agent")
+        default_factory=lambda: RunnerConfig(mode="inprocess", entry="tether.starter.calc:agent")
     )
     #: Rollouts per task and per update, and how they are graded.
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    #: The policy update: algorithm, optimizer, batching, sync or async (tether/trainer/config.py).
+    #: The policy update: algorithm, optimizer, batching (tether/trainer/config.py).
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    #: How collection and updates take turns: sync or async and async's bounds, the
+    #: training processes, when a collapsed run stops (tether/run/_run_config.py).
+    run: RunConfig = field(default_factory=RunConfig)
     #: Held-out evaluation on the val split: how often and how many rollouts.
     eval: EvalConfig = field(default_factory=EvalConfig)
     #: How often checkpoints are saved ({dir}/{name}/checkpoints/step-N) and how many are kept.
@@ -279,7 +285,7 @@ class TrainConfig:
                 f"tasks.val_size ({self.tasks.val_size}) must be >= 1 with eval.enabled: "
                 "the evals run on them; raise it or set eval.enabled=false"
             )
-        self._check_async()
+        self.run.check_async(self.rollout.batch_groups, self.rollout.n, self.agent.concurrency)
         self._check_engine()
         self._check_roles()
 
@@ -316,10 +322,10 @@ class TrainConfig:
                 f"roles {', '.join(special)}: own adapters and frozen roles are served by the "
                 f"embedded engine only; use engine.kind=transformers (not {self.engine.kind})"
             )
-        if self.model.rollout_dtype != "float32" or self.trainer.processes != 1:
+        if self.model.rollout_dtype != "float32" or self.run.processes != 1:
             raise UserError(
                 f"roles {', '.join(special)}: own adapters and frozen roles need "
-                "model.rollout_dtype=float32 and trainer.processes=1 for now"
+                "model.rollout_dtype=float32 and run.processes=1 for now"
             )
         reserved = [n for n, r in self.roles.items() if r.adapter and n in ("default", "base")]
         if reserved:
@@ -331,39 +337,23 @@ class TrainConfig:
             n: n if r.adapter else BASE_ADAPTER for n, r in self.roles.items() if n in special
         }
 
-    def _check_async(self) -> None:
-        t, b = self.trainer, self.rollout.batch_groups
-        if t.mode != "async":
-            return
-        if t.max_groups_in_flight and t.max_groups_in_flight < b:
-            raise UserError(
-                f"trainer.max_groups_in_flight ({t.max_groups_in_flight}) must be >= "
-                f"rollout.batch_groups ({b}); raise it (e.g. {2 * b}) or set 0 for 2 × batch_groups"
-            )
-        running = self.groups_in_flight * self.rollout.n
-        if self.agent.concurrency < running:
-            log.warning(
-                "agent.concurrency (%d) is below max_groups_in_flight × rollout.n (%d): "
-                "at most %d rollouts run at once",
-                self.agent.concurrency,
-                running,
-                self.agent.concurrency,
-            )
-        if t.lag_policy == "drop" and self.groups_in_flight > (t.max_policy_lag + 1) * b:
-            log.warning(
-                "max_groups_in_flight (%d) is above (max_policy_lag + 1) × batch_groups "
-                "(%d): many groups will finish too late and be dropped for lag",
-                self.groups_in_flight,
-                (t.max_policy_lag + 1) * b,
-            )
-
     @staticmethod
     def resolve_file_paths(data: dict[str, Any], folder: Any) -> dict[str, Any]:
         """The load_config hook (configio): file-relative paths, and ``tracking: [...]`` as
         ``{sinks: [...]}`` so that ``tracking.log_samples=true`` overrides it."""
         return normalize_tracking(resolve_file_paths(data, folder))
 
+    def gateway_for(self, admin_key: str) -> GatewayConfig:
+        """The run's gateway config, a new object: ``admin_key`` (as
+        :func:`tether.gateway.resolve_admin_key` decided it), and in async mode
+        ``run.hold_timeout_s`` as the admission timeout."""
+        gcfg = dataclasses.replace(self.gateway, admin_key=admin_key)
+        hold = self.run.hold_timeout_s
+        if self.run.mode == "async" and hold is not None:
+            gcfg = dataclasses.replace(gcfg, admission_timeout_s=hold)
+        return gcfg
+
     @property
     def groups_in_flight(self) -> int:
         """Async mode's bound on running groups (``max_groups_in_flight``, default 2 × batch)."""
-        return self.trainer.max_groups_in_flight or 2 * self.rollout.batch_groups
+        return self.run.groups_in_flight(self.rollout.batch_groups)

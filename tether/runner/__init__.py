@@ -4,7 +4,7 @@
 
     from tether.runner import Launch, RunnerConfig, make_runner
 
-    runner = make_runner(RunnerConfig(mode="pool", agent="examples/calc_agent.py:main"))
+    runner = make_runner(RunnerConfig(mode="pool", entry="examples/calc_agent.py:main"))
     result = await runner.run(Launch(rollout_id, 1, base_url, token, task))
     await runner.close()
 

@@ -6,8 +6,8 @@ Three modes run the same :class:`~tether.runner.Runner` contract:
 mode          what runs per rollout                                  needs
 ============  =====================================================  =====================
 process       a fresh OS process (any language), own process group   ``command``
-pool          ``main()`` inside one of ``workers`` warm processes    ``agent`` (Python)
-inprocess     ``await agent(task, client)`` in the trainer's loop    ``agent`` (Python)
+pool          ``main()`` inside one of ``workers`` warm processes    ``entry`` (Python)
+inprocess     ``await agent(task, client)`` in the trainer's loop    ``entry`` (Python)
 ============  =====================================================  =====================
 
 The ``runner`` field says where those modes run: ``local`` (this machine,
@@ -33,6 +33,7 @@ import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from ._base import CONTRACT_VARS, FORBIDDEN_VARS, RunnerConfigError
 from ._pool_worker import parse_agent_spec
@@ -58,10 +59,13 @@ class RunnerConfig:
     #: Process mode's command line (a list, or a string split like a shell would), e.g.
     #: [python, agent.py].
     command: list[str] | None = None
+    # `agent: x.py:main` inside the section (the old name) loads as entry, with a notice
+    renamed: ClassVar[dict[str, str]] = {"agent": "entry"}
+
     #: Pool and in-process modes' Python entry point, "module:function" or
     #: "path/to/file.py:function" (relative to cwd): a main() that reads its env (pool; may
-    #: be async), or an async def agent(task, client) (in-process).
-    agent: str | None = None
+    #: be async), or an async def agent(task, client) (in-process). Was ``agent``.
+    entry: str | None = None
     #: Rollouts running at once.
     concurrency: int = 8
     #: Pool size (None: concurrency); a pool runs at most min(concurrency, workers) at once.
@@ -106,7 +110,7 @@ class RunnerConfig:
             )
         self._check_runner()
         self._check_command()
-        self._check_agent()
+        self._check_entry()
         _check_int("concurrency", self.concurrency, 1, "the number of rollouts to run at once")
         if self.workers is not None:
             _check_int("workers", self.workers, 1, "the number of warm worker processes")
@@ -132,19 +136,19 @@ class RunnerConfig:
         elif self.mode == "process" and self.runner != "kubernetes":
             raise RunnerConfigError(
                 "command (None) is required in process mode; set it to the agent's "
-                "command line, e.g. ['python', 'agent.py'], or use mode 'pool' with agent"
+                "command line, e.g. ['python', 'agent.py'], or use mode 'pool' with entry"
             )
 
-    def _check_agent(self) -> None:
-        if self.agent is None:
+    def _check_entry(self) -> None:
+        if self.entry is None:
             if self.mode != "process":
                 raise RunnerConfigError(
-                    f"agent (None) is required in {self.mode} mode; set it to "
+                    f"entry (None) is required in {self.mode} mode; set it to "
                     "'module:function' or 'path/to/file.py:function'"
                 )
             return
         try:
-            parse_agent_spec(self.agent)
+            parse_agent_spec(self.entry)
         except ValueError as exc:
             raise RunnerConfigError(str(exc)) from None
 

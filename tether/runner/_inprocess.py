@@ -80,7 +80,7 @@ def interpret_return(value: object) -> tuple[str | None, float | None]:
 
 
 class InProcessRunner(RunnerBase):
-    """Awaits ``config.agent`` (an ``async def agent(task, client)``) once per attempt.
+    """Awaits ``config.entry`` (an ``async def agent(task, client)``) once per attempt.
 
     ``agent`` may be given directly (a coroutine function) instead of by name.
     """
@@ -91,7 +91,7 @@ class InProcessRunner(RunnerBase):
         call = type(self.agent).__call__  # an object with an async __call__ counts too
         if not (inspect.iscoroutinefunction(self.agent) or inspect.iscoroutinefunction(call)):
             raise AgentLoadError(
-                f"agent ({config.agent!r}) must be an 'async def agent(task, client)' "
+                f"agent ({config.entry!r}) must be an 'async def agent(task, client)' "
                 "in inprocess mode; use mode 'pool' for a synchronous main()"
             )
         import openai  # here, not at module level: process and pool modes never need it
@@ -103,10 +103,10 @@ class InProcessRunner(RunnerBase):
     @staticmethod
     def _load(config: RunnerConfig) -> AgentFn:
         try:
-            return load_callable(str(config.agent), config.cwd)
+            return load_callable(str(config.entry), config.cwd)
         except Exception as exc:
             raise AgentLoadError(
-                f"cannot import agent ({config.agent!r}): {type(exc).__name__}: {exc}"
+                f"cannot import agent ({config.entry!r}): {type(exc).__name__}: {exc}"
             ) from exc
 
     def _client(self, launch: Launch, timeout: float) -> Any:

@@ -131,7 +131,7 @@ def _kill_groups(pgids: set[int]) -> None:
 
 
 class PoolRunner(RunnerBase):
-    """Runs ``config.agent``'s ``main()`` in ``config.pool_size`` warm workers.
+    """Runs ``config.entry``'s ``main()`` in ``config.pool_size`` warm workers.
 
     At most ``min(concurrency, workers)`` rollouts run at once, one per worker.
     Workers start lazily (an idle one is reused before a new one is started),
@@ -139,8 +139,8 @@ class PoolRunner(RunnerBase):
     """
 
     def __init__(self, config: RunnerConfig) -> None:
-        if not config.agent:
-            raise RunnerConfigError("agent (None) is required in pool mode")
+        if not config.entry:
+            raise RunnerConfigError("entry (None) is required in pool mode")
         super().__init__(config, limit=min(config.concurrency, config.pool_size))
         # A worker, or None for a free slot where one may be started. LIFO: reuse first.
         self._tokens: asyncio.LifoQueue[_WorkerHandle | None] = asyncio.LifoQueue()
@@ -174,7 +174,7 @@ class PoolRunner(RunnerBase):
     async def _spawn(self) -> _WorkerHandle:
         if self._load_error is not None:
             raise AgentLoadError(self._load_error)
-        argv = [sys.executable, "-u", WORKER_SCRIPT, str(self.config.agent)]
+        argv = [sys.executable, "-u", WORKER_SCRIPT, str(self.config.entry)]
         try:
             worker = await _WorkerHandle.start(
                 argv,

@@ -120,11 +120,6 @@ class TrainerConfig:
     updates_per_batch: int = 1
     #: Token budget of one micro-batch (rows × longest row); gradients accumulate across them.
     max_tokens_per_micro_batch: int = 8192
-    #: Training processes (torch.distributed ranks): rank 0 runs the gateway, engine and
-    #: runners, the others only train; each update's samples are split across the ranks
-    #: by token count, one optimizer step over all (docs/distributed.md). Under torchrun
-    #: or ``accelerate launch`` their WORLD_SIZE is used instead.
-    processes: int = 1
     #: Seconds any collective between the training processes may wait before the run
     #: ends with an error (a rank died or hangs); a checkpoint of the last step is kept.
     collective_timeout_s: float = 300.0
@@ -141,28 +136,11 @@ class TrainerConfig:
     #: every_n_layers); the others keep their activations. 1 = every layer (least memory);
     #: 2 = half the layers: about half the recompute back for half the memory saved.
     checkpoint_every_n_layers: int = 1
-    #: Stop early when the batch reward has been 0 for this many updates in a row (collapse); 0 = never.
-    collapse_patience: int = 8
     #: Warn once when resident memory grows faster than this many MiB per update (fitted
     #: over the updates after ``memory_warmup``; benchmarks/soak.py finds what grows); 0 = never.
     memory_warn_mib: float = 1.0
     #: Updates whose memory growth the check leaves out (first evals, caches filling up).
     memory_warmup: int = 20
-    #: sync (collect a batch, update, repeat) or async (groups keep running; admission
-    #: pauses only for the update; see tether/run/_async.py).
-    mode: Literal["sync", "async"] = "sync"
-    #: Async: groups (tasks × n rollouts) running at once; 0 = 2 × rollout.batch_groups.
-    max_groups_in_flight: int = 0
-    #: Async: a group whose oldest call is more than this many policy versions behind
-    #: the weights it would train is handled by lag_policy.
-    max_policy_lag: int = 1
-    #: Async: "drop" (counted as groups_dropped_lag) or "reweight" (kept; the loss's ratio
-    #: against the recorded engine logprobs corrects for the lag, or with tis_cap set the
-    #: truncated weight π_trainer / π_engine does).
-    lag_policy: Literal["drop", "reweight"] = "drop"
-    #: Async: seconds a model call arriving during an update is held before a 503;
-    #: unset = gateway.admission_timeout_s.
-    hold_timeout_s: float | None = None
     #: Seed of torch and Python's random for the run (sampling and training).
     seed: int = 0
     #: LoRA adapters (peft) instead of a full fine-tune; checkpoints hold the merged model.
@@ -182,7 +160,6 @@ class TrainerConfig:
             lr=self.lr,
             updates_per_batch=self.updates_per_batch,
             max_tokens_per_micro_batch=self.max_tokens_per_micro_batch,
-            processes=self.processes,
             collective_timeout_s=self.collective_timeout_s,
             checkpoint_every_n_layers=self.checkpoint_every_n_layers,
         )
@@ -200,7 +177,6 @@ class TrainerConfig:
             raise UserError(
                 f"trainer.clip_low ({self.clip_low}) must be in [0, 1) and clip_high ({self.clip_high}) >= 0"
             )
-        self._check_async()
         if self.credit not in ("trajectory", "turn"):
             raise UserError(f"trainer.credit ({self.credit!r}) must be 'trajectory' or 'turn'")
         if isinstance(self.gamma, bool) or not 0 <= self.gamma <= 1:
@@ -209,8 +185,14 @@ class TrainerConfig:
                 "return-to-go (1 = undiscounted), e.g. 0.95"
             )
         self._check_grouping()
-        for name in ("kl_coef", "tis_cap", "grad_clip", "weight_decay", "collapse_patience",
-                     "memory_warn_mib", "memory_warmup"):  # fmt: skip
+        for name in (
+            "kl_coef",
+            "tis_cap",
+            "grad_clip",
+            "weight_decay",
+            "memory_warn_mib",
+            "memory_warmup",
+        ):
             if getattr(self, name) < 0:
                 raise UserError(
                     f"trainer.{name} ({getattr(self, name)}) must be >= 0 (0 turns it off)"
@@ -238,18 +220,3 @@ class TrainerConfig:
         w = self.state_weight
         if isinstance(w, bool) or not (math.isfinite(w) and w >= 0):
             raise UserError(f"trainer.state_weight ({w}) must be a finite number >= 0, e.g. 1.0")
-
-    def _check_async(self) -> None:
-        if self.mode not in ("sync", "async"):
-            raise UserError(f"trainer.mode ({self.mode!r}) must be 'sync' or 'async'")
-        if self.lag_policy not in ("drop", "reweight"):
-            raise UserError(
-                f"trainer.lag_policy ({self.lag_policy!r}) must be 'drop' or 'reweight'"
-            )
-        if self.max_groups_in_flight < 0 or self.max_policy_lag < 0:
-            raise UserError(
-                f"trainer.max_groups_in_flight ({self.max_groups_in_flight}) and "
-                f"max_policy_lag ({self.max_policy_lag}) must be >= 0"
-            )
-        if self.hold_timeout_s is not None and not self.hold_timeout_s > 0:
-            raise UserError(f"trainer.hold_timeout_s ({self.hold_timeout_s}) must be > 0 seconds")

@@ -80,7 +80,7 @@ def shard_by_tokens(lengths: Sequence[int], world: int) -> list[list[int]]:
 
 
 def world_from_env() -> int:
-    """``WORLD_SIZE`` as torchrun / ``accelerate launch`` / ``trainer.processes`` set it (1 if unset)."""
+    """``WORLD_SIZE`` as torchrun / ``accelerate launch`` / ``run.processes`` set it (1 if unset)."""
     try:
         return max(int(os.environ.get("WORLD_SIZE", "1")), 1)
     except ValueError:
@@ -213,7 +213,7 @@ def _buckets(params: list[torch.nn.Parameter]) -> Iterator[list[torch.nn.Paramet
 def join_ranks(timeout_s: float, *, cpu: bool = True) -> Ranks:
     """Join the process group the environment describes (``RANK``, ``WORLD_SIZE``,
     ``MASTER_ADDR``, ``MASTER_PORT``, as torchrun, ``accelerate launch`` and
-    ``trainer.processes`` set them), through ``accelerate``: gloo on CPU, nccl on
+    ``run.processes`` set them), through ``accelerate``: gloo on CPU, nccl on
     GPUs (``cpu`` False). Every collective of the training group times out after
     ``timeout_s``.
     """

@@ -2,9 +2,9 @@
 
 TrainerError
 ├── PolicyCollapsed   the reward fell to 0 after gains and stayed there for
-│                     trainer.collapse_patience updates
+│                     run.collapse_patience updates
 ├── NoLearningSignal   every group's rewards were equal (all 0) from the start for
-│                     trainer.collapse_patience updates: no update could learn anything
+│                     run.collapse_patience updates: no update could learn anything
 ├── AgentsFailing      every rollout of the run's first collection failed (agent broken)
 ├── GraderFailing      the grader raised on every rollout of a collection
 ├── CheckpointConflict a checkpoint of that step already belongs to another run

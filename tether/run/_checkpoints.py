@@ -1,0 +1,66 @@
+"""A run's checkpoints: a step's, written from the run's parts and recorded in its
+store, and the one kept when a training process fails mid-update.
+
+Loading one back (``--resume``) is :func:`tether.run._weights.restore`; which
+checkpoint a resume continues from is ``_rundir.py``'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tether.records import Checkpoint
+from tether.trainer.checkpoint import checkpoint_state, save_checkpoint
+from tether.trainer.errors import RankFailed
+
+if TYPE_CHECKING:
+    from tether.run._parts import RunParts
+
+__all__ = ["rank_failed", "save_step"]
+
+
+def save_step(parts: RunParts, folder: Path, step: int, keep: int) -> Path:
+    """Write the checkpoint of ``step`` (``folder/step-{step:06d}``, keeping the run's
+    newest ``keep``) from the run's ``parts``, and record it in the run's store."""
+    path = save_checkpoint(
+        folder,
+        step,
+        trainer=parts.trainer,
+        tokenizer=parts.tokenizer,
+        base_model_dir=parts.model_path,
+        config=parts.record_config,
+        keep=keep,
+        run=parts.lineage,
+        run_id=parts.run_record.id,
+        policy_version=parts.engine.policy_version,
+    )
+    parts.store.add_checkpoint(Checkpoint(run_id=parts.run_record.id, step=step, path=str(path)))
+    return path
+
+
+def rank_failed(
+    exc: RankFailed,
+    parts: RunParts,
+    step: int,
+    last: Path | None,
+    clean_steps: int,
+    save: Callable[[int], Path],
+) -> RankFailed:
+    """A training process died or hung during update ``step``: keep a checkpoint of the
+    last finished step (with ``save``, unless ``last`` is it), as rank 0's weights and
+    optimizer are that step's unless an optimizer step of the failed update already ran
+    (the trainer's count is past ``clean_steps``), and say how to go on."""
+    exits = parts.ranks.exits() if parts.ranks else ""
+    where = f"{exc}; {exits}" if exits else str(exc)
+    ckpt, finished = last, step - 1
+    done = ckpt is not None and ckpt.name == f"step-{finished:06d}"
+    if not done and parts.trainer.optimizer_steps == clean_steps:
+        ckpt = save(finished)
+    kept = (
+        f"checkpoint of step {checkpoint_state(ckpt).get('step')}: {ckpt}"
+        if ckpt
+        else "no checkpoint"
+    )
+    return RankFailed(f"{where}; {kept}; continue it with --resume")
