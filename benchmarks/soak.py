@@ -13,9 +13,13 @@ updates). After every ``--every`` updates it samples:
 - ``tensorboard_mib``, ``checkpoints_mib``: those folders;
 - ``step_s``: seconds per update (the mean of the updates since the last sample), and
   its two parts, ``rollout_s`` (collecting the groups) and ``update_s`` (the trainer);
-- ``tokens``: tokens the policy generated per update, and ``ms_per_token``: ``step_s``
-  over them. A policy that learns to write longer answers makes its updates slower
-  without anything in tether growing; ``ms_per_token`` tells the two apart.
+- ``cpu_s``: CPU seconds the process spent per update (all its threads; an eval's
+  excluded): unlike ``step_s`` it hardly moves when other programs share the cores;
+- ``tokens``: tokens the policy generated per update (async: those of the batch it
+  trained); ``ms_per_token`` and
+  ``cpu_ms_per_token``: ``step_s`` and ``cpu_s`` over them. A policy that learns to write
+  longer answers makes its updates slower without anything in tether growing; the time
+  per token tells the two apart (``cpu_ms_per_token`` also when the cores are shared).
 
 Like the ``tether`` command, it caps glibc's heap arenas first (``limit_arenas``);
 ``--default-arenas`` keeps glibc's default, the baseline that grew (docs/memory.md).
@@ -51,9 +55,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "calc" / "config.yaml"
 FIGURES = ("rss_mib", "objects", "fds", "threads", "store_mib", "wal_mib",
-           "tensorboard_mib", "checkpoints_mib", "step_s", "rollout_s", "update_s", "tokens",
-           "ms_per_token")  # fmt: skip
-TIMES = ("step_s", "rollout_s", "update_s", "tokens")  # per update, averaged over a sample
+           "tensorboard_mib", "checkpoints_mib", "step_s", "rollout_s", "update_s", "cpu_s",
+           "tokens", "ms_per_token", "cpu_ms_per_token")  # fmt: skip
+TIMES = ("step_s", "rollout_s", "update_s", "cpu_s", "tokens")  # per update, averaged over a sample
 
 
 def overrides(args: argparse.Namespace, out: Path) -> list[str]:
@@ -90,17 +94,22 @@ class Sampler:
         self.types_first: Counter[str] | None = None
         self.types_last: Counter[str] = Counter()
         self._steps: dict[str, list[float]] = {name: [] for name in TIMES}
+        self._cpu = time.process_time()
 
     def on_event(self, event: Any) -> None:
-        from tether.run._events import StepDone
+        from tether.run._events import EvalDone, StepDone
 
+        if isinstance(event, EvalDone):  # cpu_s: an update's, not the eval's before it
+            self._cpu = time.process_time()
         if not isinstance(event, StepDone):
             return
         report, m = event.report, event.report.metrics
-        tokens = m.get("gen_tokens_per_s", math.nan) * m.get("rollout_s", math.nan)
-        for name, value in zip(
-            TIMES, (m.get("step_s"), m.get("rollout_s"), m.get("update_s"), tokens), strict=True
-        ):
+        # gen_tokens_per_s is over rollout_s (sync) or over the step (async: wait + pause)
+        span = m.get("rollout_s", m.get("wait_s", math.nan) + m.get("paused_s", math.nan))
+        tokens = m.get("gen_tokens_per_s", math.nan) * span
+        cpu, self._cpu = time.process_time() - self._cpu, time.process_time()
+        figures = (m.get("step_s"), m.get("rollout_s"), m.get("update_s"), cpu, tokens)
+        for name, value in zip(TIMES, figures, strict=True):
             if value is not None and not math.isnan(value):  # no update_s: nothing trained
                 self._steps[name].append(value)
         if report.step % self.every == 0:
@@ -129,7 +138,8 @@ class Sampler:
         for name, values in self._steps.items():
             row[name] = sum(values) / len(values) if values else math.nan
             values.clear()
-        row["ms_per_token"] = 1000 * row["step_s"] / row["tokens"] if row["tokens"] else math.nan
+        for name, seconds in (("ms_per_token", "step_s"), ("cpu_ms_per_token", "cpu_s")):
+            row[name] = 1000 * row[seconds] / row["tokens"] if row["tokens"] else math.nan
         self.rows.append(row)
         print(" ".join(f"{k}={v:.6g}" for k, v in row.items()), flush=True)
 
@@ -174,7 +184,7 @@ def print_drift(rows: list[dict[str, float]], warmup: int, k: int = 3) -> None:
     kept = [r for r in rows if r["update"] >= warmup]
     if len(kept) < 2 * k:
         return
-    for name in ("step_s", "rollout_s", "update_s", "tokens", "ms_per_token"):
+    for name in FIGURES[FIGURES.index("step_s") :]:
         values = [r[name] for r in kept if not math.isnan(r[name])]
         if len(values) < 2 * k:
             continue
