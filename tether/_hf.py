@@ -15,7 +15,9 @@ one of them would make the others import a sibling's internals.
   (``cache.layers`` from 4.56 on, ``key_cache``/``value_cache`` before).
 - :func:`shared_prefix_forward`: rows that share a prefix run it once and
   broadcast its KV cache (gradients flow through it).
-- :func:`merged_copy`: a LoRA (peft) model's adapters merged into a copy.
+- :func:`merged_copy`: a LoRA (peft) model's adapters merged into a copy;
+  :func:`merged_weights`: the same from a state dict held elsewhere (FSDP2 shards
+  gathered on rank 0).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ __all__ = [
     "cache_kwarg",
     "cache_layers",
     "merged_copy",
+    "merged_weights",
     "shared_prefix_forward",
     "takes_kwarg",
 ]
@@ -92,12 +95,44 @@ def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
     return merge()
 
 
-def adapter_weights(model: Any) -> dict[str, torch.Tensor]:
+def merged_weights(model: Any, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``merged_copy(model).state_dict()`` computed from ``weights``, the peft ``model``'s
+    own state dict held elsewhere (gathered from shards): each LoRA target's base weight
+    plus its default adapter's ``B @ A × scaling``, under the base model's names."""
+    targets = {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(getattr(module, "scaling", None), dict) and "default" in module.scaling
+    }
+    if any(getattr(m, "use_dora", {}).get("default") for m in targets.values()):
+        raise ValueError("merged_weights does not merge DoRA adapters")
+    merged: dict[str, torch.Tensor] = {}
+    for key, value in weights.items():
+        if ".lora_" in key:
+            continue
+        owner = key.removesuffix(".base_layer.weight")
+        if owner != key and owner in targets:
+            a, b = (
+                weights[f"{owner}.lora_A.default.weight"],
+                weights[f"{owner}.lora_B.default.weight"],
+            )
+            delta = b.float() @ a.float()
+            delta = delta.T if getattr(targets[owner], "fan_in_fan_out", False) else delta
+            value = (value.float() + delta * targets[owner].scaling["default"]).to(value.dtype)
+        merged[key.removeprefix("base_model.model.").replace(".base_layer.", ".")] = value
+    return merged
+
+
+def adapter_weights(
+    model: Any, weights: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
     """A peft model's adapter tensors as ``save_pretrained`` writes them (names without
-    the adapter's name), on the CPU."""
+    the adapter's name), on the CPU; from ``weights`` (its state dict held elsewhere,
+    e.g. gathered from shards) when given."""
     from peft import get_peft_model_state_dict
 
-    return {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(model).items()}
+    chosen = get_peft_model_state_dict(model, state_dict=weights)
+    return {k: v.detach().cpu().clone() for k, v in chosen.items()}
 
 
 def adapter_config(model: Any) -> dict[str, Any]:

@@ -16,8 +16,10 @@ forced out, takes them with it.
 
 Rank 0 → the others, in order: ``hello`` (the model folder and the trainer's
 config: they load the same model), ``sync`` (rank 0's weights and optimizer
-state, after a resume too), then ``update`` per step (``PolicyTrainer.update``)
-and finally ``stop``.
+state, after a resume too; not when sharded), then ``update`` per step
+(``PolicyTrainer.update``) and finally ``stop``. Sharded (``trainer.strategy: fsdp2``),
+rank 0 also sends ``gather`` (the full weights onto rank 0), ``save`` and ``load`` (a
+checkpoint's shards), which every rank runs together.
 """
 
 from __future__ import annotations
@@ -131,7 +133,13 @@ class RankGroup:
         self.ranks.send(("hello", info))
 
     def sync(self, trainer: PolicyTrainer) -> None:
-        """Every rank takes rank 0's weights and optimizer state (at the start, after a resume)."""
+        """Every rank takes rank 0's weights and optimizer state (at the start, after a resume).
+
+        Not when sharded (``trainer.strategy: fsdp2``): each rank built its shards from the
+        same model folder and the same LoRA seed, and a resume loads every rank's own.
+        """
+        if trainer.root is not None:
+            return
         self.ranks.send(("sync",))
         self.ranks.sync_from_main(trainer.model, trainer.optimizer)
 
@@ -215,6 +223,12 @@ def _serve(ranks: Ranks) -> None:
             _, parts, stats = command
             with contextlib.suppress(FloatingPointError):  # rank 0 reports it; same on every rank
                 trainer.train_on(parts[ranks.rank], stats)
+        elif command[0] == "gather":  # sharded: the full weights onto rank 0
+            trainer.gather()
+        elif command[0] == "save":  # sharded: every rank writes its shards
+            trainer.save_sharded(Path(command[1]))
+        elif command[0] == "load":
+            trainer.load_sharded(Path(command[1]))
         else:
             raise RankFailed(f"rank {ranks.rank}: unknown command {command[0]!r} from rank 0")
 

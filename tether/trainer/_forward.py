@@ -134,13 +134,17 @@ def _hidden(decoder: Any, ids: Tensor, attn: Tensor, cut: int) -> Tensor:
     cache = out.past_key_values if cache is None else cache
     cache.batch_repeat_interleave(rows)
     positions = torch.arange(cut, cut + width, device=ids.device).expand(rows, -1)
-    return decoder(
+    hidden = decoder(
         input_ids=ids[:, cut:],
         attention_mask=attn,
         position_ids=positions,
         use_cache=True,
         **{cache_kwarg(decoder): _read_only(cache)},
     ).last_hidden_state
+    # The prefix's own output, weighted 0: the backward then passes through each prefix
+    # layer's output as well as through its KV cache, which is where FSDP2's hooks gather
+    # a sharded layer's weights for the backward (trainer/_fsdp.py). Same values.
+    return hidden + 0.0 * out.last_hidden_state.sum()
 
 
 def forward_logprobs(

@@ -49,12 +49,19 @@ class StepSums:
         for k, v in metrics.items():
             self.totals[k] = self.totals.get(k, 0.0) + float(v) * tokens
 
-    def reduced(self, ranks: Ranks, params: list[torch.nn.Parameter], names: list[str]) -> StepSums:
+    def reduced(
+        self,
+        ranks: Ranks,
+        params: list[torch.nn.Parameter],
+        names: list[str],
+        device: torch.device | None = None,
+    ) -> StepSums:
         """The sums over every rank (and the gradients of ``params`` added up in place);
-        ``names``: the metrics every rank reports, in one order."""
+        ``names``: the metrics every rank reports, in one order; ``device``: where the
+        collective's tensors live (the training group's device)."""
         local = [self.loss, self.gap_sum, self.n_tokens, self.entropy_sum]
         local += [self.totals.get(k, 0.0) for k in names]
-        total, gap_max = ranks.reduce_step(params, local, self.gap_max)
+        total, gap_max = ranks.reduce_step(params, local, self.gap_max, device)
         return StepSums(
             loss=total[0],
             gap_sum=total[1],

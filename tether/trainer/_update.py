@@ -28,23 +28,19 @@ import math
 import threading
 from collections.abc import Sequence
 from contextlib import nullcontext
+from functools import partial
 from typing import Any
 
 import torch
 
-from tether._hf import adapter_config, adapter_weights, merged_copy
 from tether._memory import map_large_blocks
 from tether.errors import UserError
 from tether.trainer import algorithms as A
-from tether.trainer._adapters import (
-    activate,
-    adapters_weights,
-    add_adapters,
-    by_adapter,
-    serving_model,
-)
+from tether.trainer._adapters import activate, add_adapters, by_adapter
 from tether.trainer._forward import enable_gradient_checkpointing, forward_logprobs
+from tether.trainer._fsdp import ShardedPolicy, agree, shard_policy
 from tether.trainer._sums import StepSums, aggregate_stats, metric_names
+from tether.trainer._weights import TrainerWeights
 from tether.trainer.config import TrainerConfig
 from tether.trainer.distributed import Ranks, shard_by_tokens
 from tether.trainer.samples import Sample, collate, make_micro_batches
@@ -67,7 +63,12 @@ class UpdateStopped(Exception):
     """:meth:`PolicyTrainer.stop` ended an update part-way; the weights are not to be used."""
 
 
-class PolicyTrainer:
+#: One micro-batch of a step: the adapter it trains (None: the default), its tensors (None:
+#: an idle one, run by a sharded rank that has fewer than the others) and its shared-prefix cut.
+MicroBatch = tuple[str | None, dict[str, torch.Tensor] | None, int]
+
+
+class PolicyTrainer(TrainerWeights):
     def __init__(
         self,
         model: torch.nn.Module,
@@ -96,7 +97,11 @@ class PolicyTrainer:
         self._stop = threading.Event()
         self.optimizer_steps = 0  # taken by this object (not restored from a checkpoint)
         self._shared_lock: Any = None  # the engine's weights lock once the weights are shared
-        self.model = self._maybe_lora(model).to(self.device)
+        sharded = cfg.strategy == "fsdp2" and ranks is not None
+        with torch.random.fork_rng(devices=[]) if sharded else nullcontext():
+            if sharded:  # every rank draws the same LoRA initialisation (no broadcast after)
+                torch.manual_seed(cfg.seed)
+            self.model = self._maybe_lora(model).to(self.device)
         self.model.train()
         self.ref_model = None
         if cfg.kl_coef > 0:
@@ -105,6 +110,20 @@ class PolicyTrainer:
                 p.requires_grad_(False)
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(self.model, cfg.checkpoint_every_n_layers)
+        #: With trainer.strategy fsdp2 and several ranks: the FSDP2 roots of the policy and
+        #: of the reference model (``_fsdp.py``); None when every rank holds the whole model.
+        self.root: ShardedPolicy | None = None
+        self.ref_root: ShardedPolicy | None = None
+        #: Rank 0, sharded: the full weights gathered after the last change, until taken.
+        self._full: dict[str, torch.Tensor] | None = None
+        if sharded:
+            assert ranks is not None
+            bf16 = self.autocast and self.device.type == "cuda"  # FSDP2's mixed precision
+            self.autocast = self.autocast and not bf16
+            shard = dict(bf16=bf16, offload=cfg.offload)
+            self.root = shard_policy(self.model, ranks.world, self.device, **shard)
+            if self.ref_model is not None:
+                self.ref_root = shard_policy(self.ref_model, ranks.world, self.device, **shard)
         # every adapter's parameters, even while another one is active
         self.params = params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -132,68 +151,21 @@ class PolicyTrainer:
             add_adapters(peft, self.adapters, config)
         return peft
 
-    # -- weights --------------------------------------------------------------
-
-    def can_share_weights(self) -> bool:
-        """Whether an engine may decode with :attr:`model` itself.
-
-        Not with LoRA (the engine needs the merged weights, the trainer keeps the
-        adapters apart) and not with dropout (the trainer runs in train mode and
-        the engine in eval mode on one module; without dropout the two agree).
-        """
-        if self.cfg.lora is not None:
-            return False
-        config = getattr(self.model, "config", None)
-        rates = [v for k, v in vars(config or object()).items() if "dropout" in k]
-        rates += [m.p for m in self.model.modules() if isinstance(m, torch.nn.Dropout)]
-        return not any(isinstance(r, int | float) and r > 0 for r in rates)
-
-    def share_weights(self, lock: Any) -> None:
-        """The engine decodes with :attr:`model`; ``lock`` (its weights lock) guards each step."""
-        if not self.can_share_weights():
-            raise ValueError("these weights cannot be shared (LoRA or dropout)")
-        self._shared_lock = lock
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Full weights for the engine (LoRA merged into a copy, base names); empty when
-        the engine shares :attr:`model` (it already decodes with the updated tensors)."""
-        if self._shared_lock is not None:
-            return {}
-        if self.cfg.lora is not None:
-            merged = merged_copy(self.model)
-            return {k: v.detach().cpu() for k, v in merged.state_dict().items()}
-        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-
-    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
-        """The LoRA adapter's weights as peft saves them (a remote engine's ``lora`` push)."""
-        if self.cfg.lora is None:
-            raise ValueError("adapter_state_dict needs trainer.lora")
-        return adapter_weights(self.model)
-
-    def adapters_state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Every adapter's weights by name (``default``: the shared policy; one per role
-        with its own adapter): what an engine serving adapters takes."""
-        if self.cfg.lora is None:
-            raise ValueError("adapters_state_dict needs trainer.lora")
-        return adapters_weights(self.model)
-
-    def serving_model(self, base: torch.nn.Module) -> Any:
-        """``base`` (the base weights, the engine's copy) wrapped in every adapter of
-        :attr:`model` with its weights, unmerged: an engine serving per-role adapters."""
-        if self.cfg.lora is None:
-            raise ValueError("serving_model needs trainer.lora")
-        return serving_model(base, self.model)
-
-    def adapter_config(self) -> dict[str, Any]:
-        """The LoRA adapter's ``adapter_config.json`` (JSON-safe); needs trainer.lora."""
-        if self.cfg.lora is None:
-            raise ValueError("adapter_config needs trainer.lora")
-        return adapter_config(self.model)
-
     # -- the update -------------------------------------------------------------
 
+    def _cut(self, batch: dict[str, torch.Tensor]) -> int:
+        """Where ``batch``'s shared prefix ends, or 0 for the plain forward."""
+        ids = batch["input_ids"]
+        cut = shared_prefix(ids, batch["loss_mask"]) if self.share_prefix else 0
+        return 0 if cut < MIN_SHARED_PREFIX or ids.shape[0] < 2 else cut
+
     def _forward_logprobs(
-        self, model: torch.nn.Module, batch: dict[str, torch.Tensor], *, entropy: bool = False
+        self,
+        model: torch.nn.Module,
+        batch: dict[str, torch.Tensor],
+        *,
+        entropy: bool = False,
+        cut: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Token logprobs ``[B, L]`` aligned with ``input_ids`` (see _forward.token_logprobs),
         and with ``entropy`` the next-token entropies ``[B, L]`` from the same logits
@@ -205,20 +177,22 @@ class PolicyTrainer:
         row; gradients flow through it as in the plain forward, and the
         result is the same up to float rounding (tested). With
         ``logprob_chunk_tokens`` the LM head runs that many positions at a time
-        and the ``[B, L, V]`` logits never exist (see ``_forward.py``).
+        and the ``[B, L, V]`` logits never exist (see ``_forward.py``). ``cut``: the shared
+        prefix's end as the ranks agreed it (sharded), else found here.
+
+        Sharded, the policy and the reference model run through their FSDP2 roots.
         """
         ctx = (
             torch.autocast(self.device.type, dtype=torch.bfloat16)
             if self.autocast
             else nullcontext()
         )
-        ids = batch["input_ids"]
-        cut = shared_prefix(ids, batch["loss_mask"]) if self.share_prefix else 0
-        cut = 0 if cut < MIN_SHARED_PREFIX or ids.shape[0] < 2 else cut
+        cut = self._cut(batch) if cut is None else cut
+        roots = {id(self.model): self.root, id(self.ref_model): self.ref_root}
+        run: Any = roots.get(id(model)) or partial(forward_logprobs, model)
         with ctx:
-            return forward_logprobs(
-                model,
-                ids,
+            return run(
+                batch["input_ids"],
                 batch["attention_mask"],
                 batch["temperature"],
                 cut=cut,
@@ -278,17 +252,35 @@ class PolicyTrainer:
             for adapter, samples in groups
             for b in make_micro_batches(samples, cfg.max_tokens_per_micro_batch)
         ]
+        plan = self._plan(collated)
         log.info(
             "updating the policy: %d samples, %d micro-batches × %d optimizer steps",
             len(active),
             len(collated),
             cfg.updates_per_batch,
         )
-        metrics = first = self._step(collated, stats, first=True)
+        metrics = first = self._step(plan, stats, first=True)
         for _ in range(1, cfg.updates_per_batch):
-            metrics = self._step(collated, stats, first=False)
+            metrics = self._step(plan, stats, first=False)
+        if self.root is not None:  # the new weights, gathered onto rank 0 for the engine
+            self.gather()
         first = {m: first[m] for m in ("logprob_gap", "logprob_gap_max", "entropy")}
         return {**metrics, **first, "micro_batches": float(len(collated))}
+
+    def _plan(self, collated: list[tuple[str | None, dict[str, torch.Tensor]]]) -> list[MicroBatch]:
+        """The micro-batches to run, each with its shared-prefix cut. Sharded, every rank
+        runs as many (idle ones at the end) and cuts on the same ones (``_fsdp.agree``)."""
+        cuts = [self._cut(batch) for _, batch in collated]
+        if self.root is None:
+            return [(a, b, c) for (a, b), c in zip(collated, cuts, strict=True)]
+        assert self.ranks is not None
+        with self.ranks.collective("agreeing on the micro-batches"):
+            total, ok = agree(len(collated), [c > 0 for c in cuts], self.device)
+        plan: list[MicroBatch] = [
+            (a, b, c if ok[i] else 0)
+            for i, ((a, b), c) in enumerate(zip(collated, cuts, strict=True))
+        ]
+        return plan + [(None, None, 0)] * (total - len(plan))
 
     def stop(self) -> None:
         """End a running (and every later) :meth:`update` at its next micro-batch.
@@ -298,34 +290,33 @@ class PolicyTrainer:
         self._stop.set()
 
     def _step(
-        self,
-        collated: list[tuple[str | None, dict[str, torch.Tensor]]],
-        stats: A.AggregateStats,
-        *,
-        first: bool,
+        self, plan: list[MicroBatch], stats: A.AggregateStats, *, first: bool
     ) -> dict[str, float]:
-        """One optimizer step over ``collated`` (micro-batches, each with the adapter that
-        trains it: None the default); with ``first`` also the entropy (see :meth:`update`)."""
+        """One optimizer step over the micro-batches of ``plan``; with ``first`` also the
+        entropy (see :meth:`update`)."""
         self.optimizer.zero_grad(set_to_none=True)  # None, not 0: AdamW skips an idle adapter
         sums = StepSums()
         try:
-            for adapter, batch in collated:
+            for adapter, batch, cut in plan:
                 if self._stop.is_set():
                     raise UpdateStopped("the update was stopped (the run is being interrupted)")
                 if self.adapters:
                     activate(self.model, adapter)
-                self._micro_batch(batch, stats, sums, entropy=first)
+                if batch is None:
+                    self._idle_micro_batch()
+                else:
+                    self._micro_batch(batch, stats, sums, entropy=first, cut=cut)
         finally:
             if self.adapters:
                 activate(self.model, None)
-        params = self.params
         if self.ranks is not None:  # one step over every rank: gradients and sums added up
-            sums = sums.reduced(
-                self.ranks, params, metric_names(self.cfg, self.ref_model is not None)
-            )
+            names = metric_names(self.cfg, self.ref_model is not None)
+            summed = [] if self.root is not None else self.params  # FSDP2 summed them already
+            sums = sums.reduced(self.ranks, summed, names, self.device)
         grad_norm = 0.0
         if self.cfg.grad_clip > 0:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
+            norm: Any = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if not math.isfinite(sums.loss) or not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(
@@ -344,11 +335,14 @@ class PolicyTrainer:
         sums: StepSums,
         *,
         entropy: bool,
+        cut: int,
     ) -> None:
         """Forward and backward of one micro-batch; its figures are added to ``sums``."""
         cfg = self.cfg
         mask = batch["loss_mask"]
-        logprobs, token_entropy = self._forward_logprobs(self.model, batch, entropy=entropy)
+        logprobs, token_entropy = self._forward_logprobs(
+            self.model, batch, entropy=entropy, cut=cut
+        )
         old = batch["old_logprobs"]
         prox = is_weights = None
         if cfg.tis_cap > 0:  # decoupled PPO + TIS, see the algorithms module docstring
@@ -362,7 +356,7 @@ class PolicyTrainer:
         )  # fmt: skip
         if self.ref_model is not None:
             with torch.no_grad():
-                ref, _ = self._forward_logprobs(self.ref_model, batch)
+                ref, _ = self._forward_logprobs(self.ref_model, batch, cut=cut)
             kl = A.KL_ESTIMATORS[cfg.kl_estimator](logprobs, ref)
             per_token = per_token + cfg.kl_coef * kl * mask
             metrics["kl_ref"] = A.masked_mean(kl.detach(), mask)
@@ -371,6 +365,21 @@ class PolicyTrainer:
         )
         loss.backward()
         sums.add(loss.item(), logprobs.detach(), old, mask, token_entropy, metrics)
+
+    def _idle_micro_batch(self) -> None:
+        """A sharded rank with fewer micro-batches than another: the forward and backward
+        of a two-token row with zero weight, for the collectives every rank must run."""
+        pad = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.device)
+        batch = {
+            "input_ids": pad,
+            "attention_mask": torch.ones_like(pad),
+            "temperature": torch.ones(1, device=self.device),
+        }
+        logprobs, _ = self._forward_logprobs(self.model, batch, cut=0)
+        if self.ref_model is not None:
+            with torch.no_grad():
+                self._forward_logprobs(self.ref_model, batch, cut=0)
+        (logprobs.sum() * 0.0).backward()
 
 
 def shared_prefix(ids: torch.Tensor, loss_mask: torch.Tensor) -> int:

@@ -8,7 +8,11 @@ A checkpoint folder ``step-000010/`` holds
                   peft's ``save_pretrained`` writes them (the policy's ``default``
                   at the top, each role's in ``adapters/{role}/``);
 - ``trainer.pt``  trainable weights (every adapter), optimizer state and RNG states — what
-                  resuming needs to continue exactly as if never stopped;
+                  resuming needs to continue exactly as if never stopped; with
+                  ``trainer.strategy: fsdp2`` only the step and RNG states, and
+- ``sharded/``    (fsdp2) every rank's shards of the weights and of the optimizer state
+                  (``torch.distributed.checkpoint``), loadable at any number of ranks;
+                  ``model/`` is then the full model gathered onto rank 0;
 - ``state.json``  the step, the engine's policy version, the run it belongs to
                   (``run``: the id of the run's first record, the same across
                   ``--resume``; ``run_id``: the record that wrote it) and the
@@ -34,7 +38,7 @@ from typing import Any
 
 import torch
 
-from tether._hf import merged_copy
+from tether._hf import merged_copy, merged_weights
 from tether.errors import UserError
 from tether.store import redact_secrets
 from tether.trainer.errors import CheckpointConflict
@@ -88,28 +92,27 @@ def save_checkpoint(
     for stale in directory.glob("*.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"step-{step:06d}.tmp-", dir=directory))
-    model = trainer.model
-    if trainer.cfg.lora is not None:
-        model = merged_copy(model)
-    save: Any = model.save_pretrained  # a transformers model's method
-    save(tmp / "model", safe_serialization=True)
+    rng = {"step": step, "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}
+    if getattr(trainer, "root", None) is not None:  # trainer.strategy fsdp2
+        _save_sharded(tmp, trainer)
+        torch.save(rng, tmp / "trainer.pt")
+    else:
+        model = trainer.model
+        if trainer.cfg.lora is not None:
+            model = merged_copy(model)
+        save: Any = model.save_pretrained  # a transformers model's method
+        save(tmp / "model", safe_serialization=True)
+        if getattr(trainer, "adapters", ()):  # roles with their own adapter: every adapter
+            trainer.model.save_pretrained(tmp / "adapters", safe_serialization=True)
+        optimizer = trainer.optimizer.state_dict()
+        torch.save(
+            {**rng, "model": trainer.model.state_dict(), "optimizer": optimizer}, tmp / "trainer.pt"
+        )
     tokenizer.save_pretrained(tmp / "model")
-    if getattr(trainer, "adapters", ()):  # roles with their own adapter: every adapter
-        trainer.model.save_pretrained(tmp / "adapters", safe_serialization=True)
     if base_model_dir is not None:
         for marker in ("tether_starter.json",):
             if (base_model_dir / marker).exists():
                 shutil.copy2(base_model_dir / marker, tmp / "model" / marker)
-    torch.save(
-        {
-            "step": step,
-            "model": trainer.model.state_dict(),
-            "optimizer": trainer.optimizer.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "python_rng": random.getstate(),
-        },
-        tmp / "trainer.pt",
-    )
     (tmp / "state.json").write_text(
         json.dumps(
             {
@@ -138,6 +141,19 @@ def save_checkpoint(
         shutil.rmtree(old, ignore_errors=True)
     prune_checkpoints(directory, run, keep)
     return final
+
+
+def _save_sharded(folder: Path, trainer: Any) -> None:
+    """An FSDP2 trainer's checkpoint: ``sharded/`` (every rank's shards of the weights and
+    of the optimizer state, torch.distributed.checkpoint) and ``model/``, the full model
+    gathered onto rank 0 (LoRA merged), as ``save_pretrained`` writes it."""
+    weights = trainer.full_weights()
+    model = trainer.model
+    if trainer.cfg.lora is not None:
+        weights, model = merged_weights(model, weights), model.get_base_model()
+    save: Any = model.save_pretrained
+    save(folder / "model", state_dict=weights, safe_serialization=True)
+    trainer.save_sharded(folder / "sharded")
 
 
 def _complete(directory: Path) -> list[Path]:
@@ -181,9 +197,31 @@ def load_checkpoint(path: Path, trainer: Any) -> int:
     """Restore weights, optimizer and RNG states into ``trainer``; return the step.
 
     Loads with ``weights_only=True``: a checkpoint holds tensors and plain
-    values only, so a tampered file cannot run code.
+    values only, so a tampered file cannot run code. An FSDP2 trainer loads the
+    ``sharded/`` folder on every rank, resharded to the current number of processes.
     """
     state = torch.load(path / "trainer.pt", weights_only=True)
+    sharded = (path / "sharded").is_dir()
+    if getattr(trainer, "root", None) is not None:
+        if not sharded:
+            raise UserError(
+                f"{path} holds one process's weights (trainer.strategy=replicate): resume it "
+                "with trainer.strategy=replicate, or start a new run from its model/ folder"
+            )
+        trainer.load_sharded(path / "sharded")
+    elif sharded:
+        raise UserError(
+            f"{path} holds FSDP2 shards: resume it with trainer.strategy=fsdp2 and "
+            f"run.processes >= 2, or start a new run from {path / 'model'} (model.path=...)"
+        )
+    else:
+        _load_whole(path, state, trainer)
+    torch.set_rng_state(state["torch_rng"])
+    random.setstate(state["python_rng"])
+    return int(state["step"])
+
+
+def _load_whole(path: Path, state: dict[str, Any], trainer: Any) -> None:
     extra = sorted(set(state["model"]) ^ set(trainer.model.state_dict()))
     if extra:
         raise UserError(
@@ -192,6 +230,3 @@ def load_checkpoint(path: Path, trainer: Any) -> int:
         )
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["torch_rng"])
-    random.setstate(state["python_rng"])
-    return int(state["step"])

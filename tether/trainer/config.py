@@ -123,6 +123,14 @@ class TrainerConfig:
     #: Seconds any collective between the training processes may wait before the run
     #: ends with an error (a rank died or hangs); a checkpoint of the last step is kept.
     collective_timeout_s: float = 300.0
+    #: How several training processes hold the model: "replicate" (every rank holds all of
+    #: the weights, gradients and AdamW state; the gradients are all-reduced) or "fsdp2"
+    #: (PyTorch's fully_shard per decoder layer: each of N ranks holds 1/N of each, for a
+    #: model that does not fit one device; docs/distributed.md). One process: no effect.
+    strategy: Literal["replicate", "fsdp2"] = "replicate"
+    #: With strategy fsdp2 on GPUs: keep the parameter, gradient and optimizer shards in
+    #: CPU memory (FSDP2's CPUOffloadPolicy), for a model whose shards do not fit.
+    offload: bool = False
     #: The LM head runs on this many positions at a time in the update (each chunk
     #: checkpointed), so the full [batch, length, vocabulary] logits never exist; 0 = all
     #: positions at once. Same logprobs and gradients up to float rounding (tested); costs
@@ -201,6 +209,10 @@ class TrainerConfig:
             raise UserError(
                 f"trainer.betas ({list(self.betas)}) must be two numbers in [0, 1), e.g. [0.9, 0.99]"
             )
+        if self.strategy not in ("replicate", "fsdp2"):
+            raise UserError(f"trainer.strategy ({self.strategy!r}) must be 'replicate' or 'fsdp2'")
+        if self.offload and self.strategy != "fsdp2":
+            raise UserError("trainer.offload needs trainer.strategy=fsdp2 (it offloads the shards)")
         if self.logprob_chunk_tokens < 0:
             raise UserError(
                 f"trainer.logprob_chunk_tokens ({self.logprob_chunk_tokens}) must be >= 0 "

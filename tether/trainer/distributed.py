@@ -104,7 +104,9 @@ class Ranks:
         return self.rank == 0
 
     @contextlib.contextmanager
-    def _guard(self, what: str) -> Iterator[None]:
+    def collective(self, what: str) -> Iterator[None]:
+        """Run collectives: a failed one (or any after a failure) raises :class:`RankFailed`
+        naming ``what``."""
         if self.failure is not None:
             raise RankFailed(self.failure)
         try:
@@ -122,13 +124,13 @@ class Ranks:
 
     def send(self, command: tuple[Any, ...]) -> None:
         """Rank 0: broadcast ``command`` (a picklable tuple whose first item names it)."""
-        with self._guard(f"sending {command[0]!r}"):
+        with self.collective(f"sending {command[0]!r}"):
             dist.broadcast_object_list([command], src=0, group=self.control)
 
     def receive(self) -> tuple[Any, ...]:
         """Ranks 1..: wait (as long as it takes) for rank 0's next command."""
         box: list[Any] = [None]
-        with self._guard("waiting for rank 0"):
+        with self.collective("waiting for rank 0"):
             dist.broadcast_object_list(box, src=0, group=self.control)
         return box[0]
 
@@ -136,7 +138,7 @@ class Ranks:
 
     def sync_from_main(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Every rank: rank 0's parameters and optimizer state (a start or a resume)."""
-        with self._guard("copying rank 0's weights"):
+        with self.collective("copying rank 0's weights"):
             for p in model.parameters():
                 dist.broadcast(p.data, src=0)
             box: list[Any] = [optimizer.state_dict() if self.is_main else None]
@@ -145,16 +147,22 @@ class Ranks:
             optimizer.load_state_dict(box[0])
 
     def reduce_step(
-        self, params: list[torch.nn.Parameter], sums: list[float], peak: float
+        self,
+        params: list[torch.nn.Parameter],
+        sums: list[float],
+        peak: float,
+        device: torch.device | None = None,
     ) -> tuple[list[float], float]:
-        """Sum every parameter's gradient and ``sums`` over the ranks, ``peak`` by max.
+        """Sum every parameter's gradient and ``sums`` over the ranks, ``peak`` by max
+        (on ``device``, by default the parameters' or the CPU).
 
         A parameter without a gradient on every rank keeps none (as in one
         process, where the optimizer then skips it); with one on any rank, the
-        ranks without one add zeros.
+        ranks without one add zeros. Sharded ranks (FSDP2 reduced the gradients
+        already) pass no ``params``.
         """
-        device = params[0].device if params else torch.device("cpu")
-        with self._guard("the gradient all-reduce"):
+        device = device or (params[0].device if params else torch.device("cpu"))
+        with self.collective("the gradient all-reduce"):
             head = [float(p.grad is not None) for p in params]
             scalars = torch.tensor([*head, *sums], dtype=torch.float64, device=device)
             dist.all_reduce(scalars)
