@@ -16,6 +16,7 @@ from tether.cli._progress import Progress, plot_curve, quiet_loading
 from tether.cli._starter import starter_model
 from tether.engine import EngineLost
 from tether.errors import UserError
+from tether.gateway import resolve_admin_key
 from tether.models import model_folder
 from tether.run import (
     CheckpointConfig,
@@ -173,6 +174,7 @@ def run_train(
         raise SystemExit(serve_rank(cfg.trainer.collective_timeout_s, cfg.model.device))
     if not cfg.resume:
         check_new_run(Path(cfg.dir), cfg.name)
+    resolve_admin_key(cfg.gateway.host, Path(cfg.dir), cfg.gateway.admin_key)  # refused: now
     # the starter on a cold start: built here, saying so, not inside the live display
     model_path = starter_model(console) if cfg.model.path == "starter" else None
     evals, run = _train(cfg, console, interrupts or Interrupts(), command, model_path)
