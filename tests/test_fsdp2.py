@@ -16,6 +16,7 @@ other ranks as ``run.processes`` does. Every process runs with ``OMP_NUM_THREADS
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,16 @@ from typing import Any
 import pytest
 import torch
 
-from tests.test_distributed import ATOL, CASES, ROOT, _args, _env, _samples, _trainer
+from tests.test_distributed import (
+    ATOL,
+    CASES,
+    ROOT,
+    _args,
+    _env,
+    _rank_children,
+    _samples,
+    _trainer,
+)
 from tether.errors import UserError
 from tether.store import Store
 from tether.trainer.checkpoint import checkpoint_state, latest_checkpoint
@@ -246,6 +256,45 @@ def test_a_sharded_run_through_the_gateway_and_its_resume_at_four_processes(
     final = checkpoint_state(last)
     assert final["step"] == 3 and final["policy_version"] == 3
     assert max(_metric(run_dir, "logprob_gap")) < 1e-5
+
+
+@pytest.mark.slow
+def test_killing_a_sharded_rank_names_the_last_checkpoint_which_resume_continues(
+    starter_dir: Path, tmp_path: Path
+) -> None:
+    """Sharded, rank 0 holds half the weights and cannot write a checkpoint alone: the line
+    names the last one written (checkpoint.every), and --resume continues from it."""
+    args = _args(tmp_path, starter_dir, 3, "trainer.strategy=fsdp2", "checkpoint.every=1")
+    env = {**_env(), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        args, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # until step 1's checkpoint is written
+            lines.append(line)
+            if line.startswith("checkpoint:"):
+                break
+        (rank1,) = _rank_children(proc.pid)
+        rank1.send_signal(signal.SIGKILL)
+        lines += proc.stdout.readlines()
+        code = proc.wait(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    errors = [line for line in lines if line.startswith("error:")]
+    assert code == 1 and len(errors) == 1, "".join(lines)[-3000:]
+    assert "rank 1 was killed by SIGKILL" in errors[0]
+    assert "checkpoint of step 1:" in errors[0] and "--resume" in errors[0]
+    assert not _rank_children(proc.pid)
+
+    done = subprocess.run(
+        [*args, "--resume"], env=_env(), capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = latest_checkpoint(tmp_path / "calc/checkpoints")
+    assert last is not None and checkpoint_state(last)["policy_version"] == 3
 
 
 if __name__ == "__main__":

@@ -286,7 +286,7 @@ def test_two_step_training_through_gateway_and_subprocess_agents(
 
 def test_shared_prefix_forward_matches_plain_forward(starter_dir: Path) -> None:
     """Computing the shared prompt once gives the same logprobs and gradients as the plain forward."""
-    from tether.trainer._update import shared_prefix
+    from tether.trainer._forward import shared_prefix
     from tether.trainer.samples import collate
 
     g = torch.Generator().manual_seed(1)

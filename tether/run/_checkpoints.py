@@ -51,16 +51,18 @@ def rank_failed(
     """A training process died or hung during update ``step``: keep a checkpoint of the
     last finished step (with ``save``, unless ``last`` is it), as rank 0's weights and
     optimizer are that step's unless an optimizer step of the failed update already ran
-    (the trainer's count is past ``clean_steps``), and say how to go on."""
+    (the trainer's count is past ``clean_steps``), and say how to go on. Sharded, rank 0
+    alone cannot write one (the other shards went with their ranks): the line names the
+    last one written."""
     exits = parts.ranks.exits() if parts.ranks else ""
     where = f"{exc}; {exits}" if exits else str(exc)
     ckpt, finished = last, step - 1
     done = ckpt is not None and ckpt.name == f"step-{finished:06d}"
-    if not done and parts.trainer.optimizer_steps == clean_steps:
+    # sharded (trainer.strategy fsdp2), rank 0 holds 1/N of the weights: nothing to save alone
+    alone = parts.trainer.root is None
+    if not done and alone and parts.trainer.optimizer_steps == clean_steps:
         ckpt = save(finished)
-    kept = (
-        f"checkpoint of step {checkpoint_state(ckpt).get('step')}: {ckpt}"
-        if ckpt
-        else "no checkpoint"
-    )
+    if ckpt is None:  # sharded, before the first checkpoint.every steps
+        return RankFailed(f"{where}; no checkpoint yet: start the run again")
+    kept = f"checkpoint of step {checkpoint_state(ckpt).get('step')}: {ckpt}"
     return RankFailed(f"{where}; {kept}; continue it with --resume")

@@ -43,8 +43,10 @@ from tether._hf import cache_kwarg, cache_layers
 from tether.errors import UserError
 
 __all__ = [
+    "MIN_SHARED_PREFIX",
     "enable_gradient_checkpointing",
     "forward_logprobs",
+    "shared_prefix",
     "split_head",
     "token_entropy",
     "token_logprobs",
@@ -145,6 +147,24 @@ def _hidden(decoder: Any, ids: Tensor, attn: Tensor, cut: int) -> Tensor:
     # layer's output as well as through its KV cache, which is where FSDP2's hooks gather
     # a sharded layer's weights for the backward (trainer/_fsdp.py). Same values.
     return hidden + 0.0 * out.last_hidden_state.sum()
+
+
+#: Below this many shared tokens the plain forward is as fast.
+MIN_SHARED_PREFIX = 16
+
+
+def shared_prefix(ids: torch.Tensor, loss_mask: torch.Tensor) -> int:
+    """Length ``cut`` of the prefix that every row shares and that holds no loss token.
+
+    Positions ``0..cut`` carry no loss (a token's logprob comes from the
+    previous position's logits, so position ``cut`` itself needs no logits
+    from the prefix), and ``ids[:, :cut]`` is identical in every row.
+    """
+    same = (ids == ids[:1]).all(dim=0)
+    lcp = int(same.long().cumprod(0).sum())
+    masked = loss_mask.bool().any(dim=0)
+    first_loss = int(masked.float().argmax()) if bool(masked.any()) else ids.shape[1]
+    return max(0, min(lcp, first_loss - 1))
 
 
 def forward_logprobs(

@@ -37,7 +37,12 @@ from tether._memory import map_large_blocks
 from tether.errors import UserError
 from tether.trainer import algorithms as A
 from tether.trainer._adapters import activate, add_adapters, by_adapter
-from tether.trainer._forward import enable_gradient_checkpointing, forward_logprobs
+from tether.trainer._forward import (
+    MIN_SHARED_PREFIX,
+    enable_gradient_checkpointing,
+    forward_logprobs,
+    shared_prefix,
+)
 from tether.trainer._fsdp import ShardedPolicy, agree, shard_policy
 from tether.trainer._sums import StepSums, aggregate_stats, metric_names
 from tether.trainer._weights import TrainerWeights
@@ -45,7 +50,7 @@ from tether.trainer.config import TrainerConfig
 from tether.trainer.distributed import Ranks, shard_by_tokens
 from tether.trainer.samples import Sample, collate, make_micro_batches
 
-__all__ = ["PolicyTrainer", "UpdateStopped", "shared_prefix"]
+__all__ = ["PolicyTrainer", "UpdateStopped"]
 
 #: Parameters from which the trainer fixes glibc's mmap threshold on CPU (map_large_blocks):
 #: at a real model's size it keeps an update's freed activations from staying resident
@@ -53,8 +58,6 @@ __all__ = ["PolicyTrainer", "UpdateStopped", "shared_prefix"]
 #: time, mapping each MiB-sized block anew (its update 1.1-1.6x slower; docs/memory.md).
 _REAL_MODEL = 100_000_000
 
-#: Below this many shared tokens the plain forward is as fast.
-MIN_SHARED_PREFIX = 16
 
 log = logging.getLogger(__name__)
 
@@ -297,15 +300,8 @@ class PolicyTrainer(TrainerWeights):
         self.optimizer.zero_grad(set_to_none=True)  # None, not 0: AdamW skips an idle adapter
         sums = StepSums()
         try:
-            for adapter, batch, cut in plan:
-                if self._stop.is_set():
-                    raise UpdateStopped("the update was stopped (the run is being interrupted)")
-                if self.adapters:
-                    activate(self.model, adapter)
-                if batch is None:
-                    self._idle_micro_batch()
-                else:
-                    self._micro_batch(batch, stats, sums, entropy=first, cut=cut)
+            with self._sharded("the sharded forward and backward"):
+                self._run_plan(plan, stats, sums, first=first)
         finally:
             if self.adapters:
                 activate(self.model, None)
@@ -315,8 +311,9 @@ class PolicyTrainer(TrainerWeights):
             sums = sums.reduced(self.ranks, summed, names, self.device)
         grad_norm = 0.0
         if self.cfg.grad_clip > 0:
-            norm: Any = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
-            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+            with self._sharded("the gradient norm"):  # sharded: an all-reduce of the shards'
+                norm: Any = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+                grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if not math.isfinite(sums.loss) or not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(
@@ -327,6 +324,27 @@ class PolicyTrainer(TrainerWeights):
         self.optimizer_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
         return {"grad_norm": grad_norm, **sums.metrics(entropy=first)}
+
+    def _sharded(self, what: str) -> Any:
+        """Sharded: a guard that turns a collective's failure inside ``what`` into
+        :class:`RankFailed` (as ``distributed.Ranks.collective``); else nothing."""
+        if self.root is None or self.ranks is None:
+            return nullcontext()
+        return self.ranks.collective(what, mixed=True)
+
+    def _run_plan(
+        self, plan: list[MicroBatch], stats: A.AggregateStats, sums: StepSums, *, first: bool
+    ) -> None:
+        """Forward and backward of every micro-batch of ``plan``, gradients accumulated."""
+        for adapter, batch, cut in plan:
+            if self._stop.is_set():
+                raise UpdateStopped("the update was stopped (the run is being interrupted)")
+            if self.adapters:
+                activate(self.model, adapter)
+            if batch is None:
+                self._idle_micro_batch()
+            else:
+                self._micro_batch(batch, stats, sums, entropy=first, cut=cut)
 
     def _micro_batch(
         self,
@@ -380,17 +398,3 @@ class PolicyTrainer(TrainerWeights):
             with torch.no_grad():
                 self._forward_logprobs(self.ref_model, batch, cut=0)
         (logprobs.sum() * 0.0).backward()
-
-
-def shared_prefix(ids: torch.Tensor, loss_mask: torch.Tensor) -> int:
-    """Length ``cut`` of the prefix that every row shares and that holds no loss token.
-
-    Positions ``0..cut`` carry no loss (a token's logprob comes from the
-    previous position's logits, so position ``cut`` itself needs no logits
-    from the prefix), and ``ids[:, :cut]`` is identical in every row.
-    """
-    same = (ids == ids[:1]).all(dim=0)
-    lcp = int(same.long().cumprod(0).sum())
-    masked = loss_mask.bool().any(dim=0)
-    first_loss = int(masked.float().argmax()) if bool(masked.any()) else ids.shape[1]
-    return max(0, min(lcp, first_loss - 1))

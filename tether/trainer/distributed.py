@@ -104,14 +104,17 @@ class Ranks:
         return self.rank == 0
 
     @contextlib.contextmanager
-    def collective(self, what: str) -> Iterator[None]:
+    def collective(self, what: str, *, mixed: bool = False) -> Iterator[None]:
         """Run collectives: a failed one (or any after a failure) raises :class:`RankFailed`
-        naming ``what``."""
+        naming ``what``. ``mixed``: the block also computes (a sharded forward and backward),
+        so only a backend's error is taken for a peer's failure; others pass unchanged."""
         if self.failure is not None:
             raise RankFailed(self.failure)
         try:
             yield
         except Exception as exc:  # gloo/nccl report a dead or silent peer as RuntimeError & co
+            if mixed and not _backend_error(exc):
+                raise
             first = _first_line(exc)
             self.failure = (
                 f"rank {self.rank} of {self.world}: {what} failed: another training process "
@@ -189,6 +192,17 @@ class Ranks:
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
+
+
+#: What gloo and nccl say when a peer died or hung (they raise RuntimeError or DistError).
+_BACKEND = re.compile(r"gloo|nccl|connection|timed out|timeout|peer|socket", re.IGNORECASE)
+
+
+def _backend_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective's failure rather than a local one (an OOM, a bug)."""
+    return isinstance(exc, dist.DistError) or (
+        isinstance(exc, RuntimeError) and bool(_BACKEND.search(str(exc)))
+    )
 
 
 def _first_line(exc: BaseException) -> str:
