@@ -12,6 +12,8 @@
 #   train_memory.txt     one GRPO update's time and peak memory, full and LoRA
 #                        (benchmarks/train_memory.py --quick; one LoRA row with --fast)
 #   logprob_gap.txt      engine (fp32 / bf16 / int8 copies) vs trainer (fp32 / bf16) logprobs
+#   fsdp2.txt            two sharded updates (trainer.strategy=fsdp2; bf16 on a GPU; 2
+#                        processes with 2 GPUs, else 1), a checkpoint and its --resume
 #   demo.txt             tether demo --device DEVICE: wall time and held-out gain
 # --fast: tiny sizes (a random 0.18M-parameter model, 1 demo update on 2 held-out tasks);
 # with --device cpu it is the default test suite's check that this script still runs
@@ -73,6 +75,22 @@ train_memory() {
     $([ $FAST = 1 ] && echo "--rows lora/chunked+ckpt")
 }
 
+fsdp2() {  # two sharded updates of the starter (trainer.strategy=fsdp2): bf16 on a GPU, over
+  # 2 processes when there are 2 GPUs, else 1 (a group of one); one checkpoint, resumed once
+  local n=1 model=${DEMO_MODEL:-starter}
+  if [ "$DEVICE" = cuda ]; then
+    [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ] && n=2
+  fi
+  local args=("$ROOT/examples/calc/config.yaml" "dir=$OUT/fsdp2" "model.path=$model"
+    "model.device=$DEVICE" "trainer.strategy=fsdp2" "run.processes=$n" "tasks.train_size=8"
+    "eval.enabled=false" "checkpoint.every=1" "rollout.batch_groups=2"
+    "gateway.default_max_tokens=24")
+  [ "$DEVICE" = cuda ] && args+=("model.train_dtype=bfloat16")
+  echo "fsdp2: $n process(es) on $DEVICE"
+  "$PY" -m tether.cli train "${args[@]}" trainer.steps=1 \
+    && "$PY" -m tether.cli train "${args[@]}" trainer.steps=2 --resume
+}
+
 demo() {  # in OUT, so its runs/ folder lands there
   local args=(--device "$DEVICE" --steps "${DEMO_STEPS:-$([ $FAST = 1 ] && echo 1 || echo 40)}")
   [ $FAST = 1 ] && args+=(--eval-tasks 2)
@@ -103,6 +121,7 @@ step real_servers real_servers
 step engine_throughput "$PY" benchmarks/engine_throughput.py --device "$DEVICE" "${SHAPE[@]}" --dtype "$DTYPE" "${ENGINE[@]}"
 step train_memory train_memory
 step logprob_gap "$PY" benchmarks/logprob_gap.py --device "$DEVICE" "${SHAPE[@]}" "${GAP[@]}"
+step fsdp2 fsdp2
 step demo demo
 
 {
@@ -115,6 +134,7 @@ step demo demo
   grep -h "TransformersEngine\|model.generate" "$OUT/engine_throughput.txt"
   head -20 "$OUT/train_memory.txt"
   cat "$OUT/logprob_gap.txt" | grep -v "^Loading"
+  grep -h "^fsdp2:\|^step \|resumed from" "$OUT/fsdp2.txt"
   grep -h "held-out success:" "$OUT/demo.txt"
 } > "$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"

@@ -72,7 +72,8 @@ def _drive_update(out: Path, model_dir: Path, world: int) -> None:
     from tether.run import RankGroup
     from tether.trainer import TrainerConfig
 
-    group = RankGroup.start(world, TrainerConfig(collective_timeout_s=60), "cpu")
+    config = TrainerConfig(collective_timeout_s=60, strategy="fsdp2")  # 1: a group of one
+    group = RankGroup.start(world, config, "cpu")
     assert group is not None and group.ranks.world == world
     results = {}
     try:
@@ -92,7 +93,9 @@ def _update_norm(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
     return float(sum(((a[k] - b[k]).double() ** 2).sum() for k in a) ** 0.5)
 
 
-@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "world", [2, pytest.param(1, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)]
+)
 def test_sharded_update_equals_the_one_process_update(
     starter_dir: Path, tmp_path: Path, world: int
 ) -> None:

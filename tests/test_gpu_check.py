@@ -28,6 +28,7 @@ def test_gpu_check_runs_on_cpu_in_fast_mode(tmp_path: Path, starter_dir: Path) -
         "engine_throughput",
         "train_memory",
         "logprob_gap",
+        "fsdp2",
         "demo",
     ]
     timings = (out / "timings.txt").read_text().splitlines()
@@ -39,6 +40,9 @@ def test_gpu_check_runs_on_cpu_in_fast_mode(tmp_path: Path, starter_dir: Path) -
     assert "model.generate, one at a time" in engine and "TransformersEngine" in engine
     gap = (out / "logprob_gap.txt").read_text()
     assert all(f"{d} " in gap for d in ("float32", "bfloat16", "int8"))
+    fsdp2 = (out / "fsdp2.txt").read_text()
+    assert "fsdp2: 1 process(es) on cpu" in fsdp2 and "resumed from" in fsdp2
+    assert "step   2/2" in fsdp2 and "gap" in fsdp2
     summary = (out / "summary.txt").read_text()
     assert "held-out success: before" in summary and "device=cpu fast=1" in summary
     assert "lora/chunked+ckpt" in (out / "train_memory.txt").read_text()

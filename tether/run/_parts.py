@@ -203,7 +203,8 @@ async def open_parts(
     admin_key = resolve_admin_key(cfg.gateway.host, Path(cfg.dir), cfg.gateway.admin_key)
     grader = await open_grader(cfg.rollout)  # a judge that cannot be reached stops it
     ranks = None
-    if command == "train" and (cfg.run.processes > 1 or world_from_env() > 1):
+    sharded = cfg.trainer.strategy == "fsdp2"  # sharded even alone: offload, bf16 policy
+    if command == "train" and (cfg.run.processes > 1 or world_from_env() > 1 or sharded):
         say(Status("starting the training processes"))
         ranks = group = RankGroup.start(cfg.run.processes, cfg.trainer, cfg.model.device)
         if group is not None:  # None: one process after all

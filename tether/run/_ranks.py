@@ -86,9 +86,9 @@ class RankGroup:
                     world_from_env(),
                 )
             return cls(join_ranks(timeout, cpu=cpu))
-        if processes <= 1:
+        if processes <= 1 and trainer.strategy != "fsdp2":
             return None
-        n = processes
+        n = max(processes, 1)  # fsdp2 alone: a group of one (CPU offload on one GPU)
         env = {
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(_free_port()),

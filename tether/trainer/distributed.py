@@ -232,6 +232,18 @@ def _buckets(params: list[torch.nn.Parameter]) -> Iterator[list[torch.nn.Paramet
         yield bucket
 
 
+def _join_alone(timeout_s: float, *, cpu: bool) -> Ranks:
+    """A process group of this process alone (accelerate makes none for one process)."""
+    dist.init_process_group(
+        backend="gloo" if cpu else "nccl",
+        rank=0,
+        world_size=1,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+    return Ranks(rank=0, world=1, local_rank=0, timeout_s=timeout_s, control=control)
+
+
 def join_ranks(timeout_s: float, *, cpu: bool = True) -> Ranks:
     """Join the process group the environment describes (``RANK``, ``WORLD_SIZE``,
     ``MASTER_ADDR``, ``MASTER_PORT``, as torchrun, ``accelerate launch`` and
@@ -248,6 +260,8 @@ def join_ranks(timeout_s: float, *, cpu: bool = True) -> Ranks:
 
     os.environ.setdefault("LOCAL_RANK", os.environ.get("RANK", "0"))
     try:
+        if world_from_env() == 1:  # a group of one (trainer.strategy fsdp2 alone)
+            return _join_alone(timeout_s, cpu=cpu)
         state = PartialState(cpu=cpu, timeout=timedelta(seconds=timeout_s))
         if state.num_processes < 2 or not dist.is_initialized():
             raise RuntimeError(f"accelerate saw {state.num_processes} process, no process group")
