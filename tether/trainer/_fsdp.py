@@ -12,9 +12,12 @@ a root module around the whole (plain or peft) model whose forward is the traine
 :func:`~tether.trainer._forward.forward_logprobs`. The root unit holds what the layers
 leave: the embedding, the final norm and the LM head (tied or not), gathered once per
 micro-batch and kept until its backward, however many times the chunked head or the
-shared-prefix forward call them. This is how prime-rl, SkyRL and TRL wrap Qwen2-style
-models (per decoder layer, then the root); the root here is a module of our own
-because the trainer calls the decoder and the head itself (chunked head).
+shared-prefix forward call them. Each layer's full weights are freed after its forward
+and gathered again for its backward, except the last layer's, whose backward comes
+first. This is how prime-rl wraps Hugging Face models (``setup_fsdp``: per decoder
+layer, bf16 parameters with fp32 reduction, the last layer not resharded, then the
+root); the root here is a module of our own because the trainer calls the decoder and
+the head itself (chunked head).
 
 **Every rank runs the same collectives.** A layer's all-gather and reduce-scatter are
 collectives, so all ranks must run as many micro-batches, and the shared-prefix
@@ -120,8 +123,9 @@ def shard_policy(
         if offload
         else OffloadPolicy(),
     }
-    for layer in _layers(model):
-        fully_shard(layer, **kwargs)
+    layers = _layers(model)
+    for i, layer in enumerate(layers):  # the last layer's backward comes first: kept whole
+        fully_shard(layer, reshard_after_forward=i < len(layers) - 1, **kwargs)
     root = ShardedPolicy(model)
     fully_shard(root, **kwargs)
     for unit in root.modules():
