@@ -11,7 +11,7 @@ import pytest
 
 from tether.engine.testing import FaultyEngine, NullEngine
 from tether.gateway import create_app
-from tether.records import RolloutStatus
+from tether.records import AttemptEnd, RolloutStatus
 from tether.store import InvalidRecord
 
 from .conftest import ADMIN_KEY
@@ -118,7 +118,7 @@ async def test_a_finished_rollouts_history_is_forgotten(make_gateway: Any, end: 
     if end != "record":  # a record-mode rollout ends with its call
         assert len(gw.calls.history._entries) == 1
         status = {"finish": "succeeded", "fail": "failed", "cancel": "cancelled"}[end]
-        gw.finish_rollout("r-h", RolloutStatus(status))
+        gw.finish_rollout(AttemptEnd("r-h", opened.attempt, RolloutStatus(status)))
     assert len(gw.calls.history._entries) == 0
 
 
@@ -159,7 +159,7 @@ async def test_a_chat_call_looks_its_rollout_up_once(
                              headers=_h(opened.token))  # fmt: skip
             assert r.status_code == 200, r.text
             assert reads == ["rollout_auth"]
-        gw.finish_rollout(opened.rollout_id, RolloutStatus.FAILED)
+        gw.finish_rollout(AttemptEnd(opened.rollout_id, opened.attempt, RolloutStatus.FAILED))
         again = gw.retry_rollout(opened.rollout_id, sampling={"top_p": 0.5})
         reads.clear()
         r = await c.post(f"/rollouts/{opened.rollout_id}/v1/chat/completions", json=body,

@@ -13,7 +13,7 @@ never stored as one)::
         store.create_rollout(Rollout(id="r1", run_id=run.id, task={"q": "2+2"}))
         attempt = store.start_attempt("r1", token_hash=hash_of_token)
         seq = store.record_call(call)  # call.attempt == attempt
-        store.finish_rollout("r1", "succeeded", attempt=attempt, reward=1.0)
+        store.finish_rollout(AttemptEnd("r1", attempt, RolloutStatus.SUCCEEDED), reward=1.0)
 
 Errors (see ``_errors``)::
 

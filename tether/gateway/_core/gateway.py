@@ -35,7 +35,7 @@ class Gateway:
 
     ``seed`` (the run's; random when None) is the root of the seeds of calls that ask
     for none (:class:`~.rollouts.RolloutLifecycle`). The rollout methods
-    (``open_rollout``, ``retry_rollout``, ``mark_running``, ``finish_rollout``,
+    (``open_rollout``, ``retry_rollout``, ``mark_running``, ``current_attempt``, ``finish_rollout``,
     ``record_reward``, ``authorize``, ``rollouts``, ``rollout``) are the lifecycle's own,
     bound here (one signature each, in ``rollouts``); what the services keep (the render
     cache, the context limit, the count of engine calls, the seed) is read from them:
@@ -64,6 +64,7 @@ class Gateway:
         self.open_rollout = lc.open_rollout
         self.retry_rollout = lc.retry_rollout
         self.mark_running = lc.mark_running
+        self.current_attempt = lc.current_attempt
         self.finish_rollout = lc.finish_rollout
         self.record_reward = lc.record_reward
         self.authorize = lc.authorize
