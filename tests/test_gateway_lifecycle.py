@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 from typing import Any
 
@@ -182,3 +183,25 @@ def test_a_restarted_gateway_derives_the_same_seeds(store: Any, tokenizer: Any) 
     seeds = [first.lifecycle.derived_seed("r-1", o.attempt) for _ in range(3)]
     assert [later.lifecycle.derived_seed("r-1", o.attempt) for _ in range(3)] == seeds
     assert len(set(seeds)) == 3
+
+
+ROLLOUT_METHODS = [
+    "open_rollout", "retry_rollout", "mark_running", "current_attempt", "finish_rollout",
+    "record_reward", "authorize", "rollouts", "rollout",
+]  # fmt: skip
+
+
+def test_the_gateway_rollout_methods_are_its_own_and_keep_the_lifecycle_signatures(
+    make_gateway: Any,
+) -> None:
+    gw = make_gateway(NullEngine())
+    for name in [*ROLLOUT_METHODS, "admission_state"]:
+        assert name not in vars(gw), f"{name} is copied onto the instance"
+        assert callable(getattr(type(gw), name)), name
+    for name in ROLLOUT_METHODS:
+        mine, theirs = getattr(type(gw), name), getattr(type(gw.lifecycle), name)
+        assert inspect.signature(mine) == inspect.signature(theirs), name
+    opened = gw.open_rollout({}, rollout_id="r-own")
+    assert gw.current_attempt("r-own") == opened.attempt == gw.authorize("r-own", opened.token)
+    done = gw.finish_rollout(AttemptEnd("r-own", opened.attempt, RolloutStatus.FAILED))
+    assert done.status is RolloutStatus.FAILED and gw.rollout("r-own")[0] == done
