@@ -46,7 +46,7 @@ _EXPORTS = {
     "EngineError": "._protocol",
     "EngineFailed": "._protocol",
     "EngineLost": "._protocol",
-    "EngineStats": "._worker",
+    "EngineStats": "._scheduler",
     "EngineTimeout": "._protocol",
     "EngineUnreachable": "._protocol",
     "GenerateResult": "._protocol",
@@ -95,8 +95,8 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._remote import RemoteEngine as RemoteEngine
     from ._rollout_copy import rollout_copy as rollout_copy
     from ._rollout_copy import weight_bytes as weight_bytes
+    from ._scheduler import EngineStats as EngineStats
     from ._stream import TokenDelta as TokenDelta
     from ._stream import stream_via_generate as stream_via_generate
     from ._transformers import TransformersEngine as TransformersEngine
     from ._turns import end_of_turn_ids as end_of_turn_ids
-    from ._worker import EngineStats as EngineStats
