@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from tether.records import Call, Rollout
+from tether.records import AttemptEnd, Call, Rollout
 from tether.store import Store
 
 KEY = "bench-admin-key-0123456789"
@@ -52,7 +52,7 @@ def _template(path: Path, run_id: str) -> None:
                                    response={"choices": [{"message": {"content": "a" * 80}}]}))  # fmt: skip
                 prompt += completion + [rng.randrange(50, 500) for _ in range(20)]
             s.finish_rollout(
-                rid, "succeeded", attempt=a, reward=float(i % 2), reward_source="grader"
+                AttemptEnd(rid, a, "succeeded"), reward=float(i % 2), reward_source="grader"
             )
 
 

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tether.records import (
+    AttemptEnd,
     Call,
     CallStatus,
     GroupFate,
@@ -54,7 +55,7 @@ def add_rollout(
     a = s.start_attempt(rid)
     for c in calls:
         s.record_call(Call(rollout_id=rid, seq=0, attempt=a, policy_version=0, **c))
-    s.finish_rollout(rid, status, attempt=a, reward=reward, reward_source="grader")
+    s.finish_rollout(AttemptEnd(rid, a, status), reward=reward, reward_source="grader")
 
 
 def _train(step: int, index: int) -> Place:

@@ -253,7 +253,7 @@ class FakeBackend:
 
     async def flush_cache(self) -> None:
         """Drop the embedded engine's prefix cache (in its worker thread, between steps)."""
-        worker = self.engine._worker
+        worker = self.engine._scheduler
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         clear = lambda _: worker.prefix.clear() if worker.prefix is not None else None  # noqa: E731

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tether.records import Call, RewardSource, Rollout, RolloutStatus
+from tether.records import AttemptEnd, Call, RewardSource, Rollout, RolloutStatus
 from tether.store import AlreadyExists, Store
 
 __all__ = ["CrashStats", "crash_loop", "expected_call", "verify"]
@@ -86,7 +86,7 @@ def _writer(path: str, mode: str, prefix: str) -> None:
             status = "failed" if i < tries - 1 else "succeeded"
             reward = expected_reward(rid) if status == "succeeded" else None
             store.finish_rollout(
-                rid, status, attempt=attempt, reward=reward, reward_source=RewardSource.GRADER
+                AttemptEnd(rid, attempt, status), reward=reward, reward_source=RewardSource.GRADER
             )
             print(f"finish {rid} {attempt} {status}", flush=True)
 

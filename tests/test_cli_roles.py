@@ -11,7 +11,7 @@ import pytest
 from tests.dashboard_stores import KEY, get_all
 from tether.cli._views import print_rollout
 from tether.dashboard import Catalog, create_server_app
-from tether.records import Call, Rollout
+from tether.records import AttemptEnd, Call, Rollout
 from tether.store import Store
 from tether.tracking import export_attempts
 
@@ -23,7 +23,7 @@ def _store(path: Path) -> None:
         a = s.start_attempt("b-1-s1-g0-0")
         for role in ("solver", "critic", None):
             s.record_call(Call("b-1-s1-g0-0", -1, [1, 2], [3], [-0.5], 0, attempt=a, role=role))
-        s.finish_rollout("b-1-s1-g0-0", "succeeded", attempt=a, reward=1.0)
+        s.finish_rollout(AttemptEnd("b-1-s1-g0-0", a, "succeeded"), reward=1.0)
 
 
 def test_rollouts_show_names_each_calls_role(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -25,7 +25,7 @@ from tests.dashboard_stores import (
     visible,
 )
 from tether.dashboard import Catalog, create_server_app
-from tether.records import Call, Phase, Place, Reward, RewardSource, Rollout
+from tether.records import AttemptEnd, Call, Phase, Place, Reward, RewardSource, Rollout
 from tether.store import Store, StoreError
 
 # -- the pages ------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def test_the_outcome_badge_is_the_tasks_and_the_time_is_each_attempts_own(tmp_pa
             a = s.start_attempt(rid)
             with s._db.write() as conn:  # the agent started at 10 + i, ran (i + 1) s
                 conn.execute("UPDATE rollouts SET started_at = ? WHERE id = ?", (10.0 + i, rid))
-            s.finish_rollout(rid, status, attempt=a, reward=reward, success=success)
+            s.finish_rollout(AttemptEnd(rid, a, status, success=success), reward=reward)
             with s._db.write() as conn:
                 conn.execute(
                     "UPDATE rollouts SET finished_at = ? WHERE id = ?", (11.0 + 2 * i, rid)
@@ -200,7 +200,7 @@ def _many(path: Path, n: int = 60) -> list[Rollout]:
             for _ in range(rng.randrange(3)):
                 s.record_call(Call(rid, 0, [1], [2, 3], [-0.1, -0.2], 0, attempt=a))
             reward = rng.choice([None, 0.0, 0.5, 1.0, float("nan")])
-            s.finish_rollout(rid, rng.choice(["succeeded", "failed"]), attempt=a, reward=reward)
+            s.finish_rollout(AttemptEnd(rid, a, rng.choice(["succeeded", "failed"])), reward=reward)
         return s.list_rollouts()
 
 
@@ -325,13 +325,15 @@ def test_the_rollout_page_shows_what_the_grader_raised_and_the_run_its_held_out_
         s.create_rollout(Rollout(id="g-1-s0-g0-0", run_id=run.id, group_id="g-1-s0-g0", task={}))
         a = s.start_attempt("g-1-s0-g0-0")
         s.finish_rollout(
-            "g-1-s0-g0-0",
-            "succeeded",
-            attempt=a,
-            error="the grader raised KeyError: 'answr' (grader.py:6 in grade)",
-            grader_error="KeyError: 'answr' (grader.py:6 in grade)\nTraceback (most recent "
-            'call last):\n  File "/x/grader.py", line 6, in grade\n    return task["answr"]\n'
-            "KeyError: 'answr'",
+            AttemptEnd(
+                "g-1-s0-g0-0",
+                a,
+                "succeeded",
+                error="the grader raised KeyError: 'answr' (grader.py:6 in grade)",
+                grader_error="KeyError: 'answr' (grader.py:6 in grade)\nTraceback (most recent "
+                'call last):\n  File "/x/grader.py", line 6, in grade\n    return task["answr"]\n'
+                "KeyError: 'answr'",
+            )
         )
     app = create_server_app(Catalog(runs_dir=tmp_path), KEY)
     page, run_page = get_all(app, ["/ui/s/g/rollout/g-1-s0-g0-0", "/ui/s/g/run/g-1"])
@@ -370,9 +372,16 @@ def test_the_rollout_page_shows_what_the_judge_saw_and_said_escaped(tmp_path: Pa
             a = s.start_attempt(rid)
             fault = None if reward is not None else f"{why}\nthe judge's answer:\n{HOSTILE}"
             s.finish_rollout(
-                rid, "succeeded", attempt=a, reward=reward, error=fault and why,
-                grader_error=fault, grade_detail=detail,
-            )  # fmt: skip
+                AttemptEnd(
+                    rid,
+                    a,
+                    "succeeded",
+                    error=fault and why,
+                    grader_error=fault,
+                    grade_detail=detail,
+                ),
+                reward=reward,
+            )
     app = create_server_app(Catalog(runs_dir=tmp_path), KEY)
     pages = get_all(app, ["/ui/s/j/rollout/j-1-s1-g0-0", "/ui/s/j/rollout/j-1-s1-g1-0"])
     for page in pages:

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import ADMIN_KEY
-from tether.records import Call, Rollout
+from tether.records import AttemptEnd, Call, Rollout
 from tether.run import (
     CheckpointConfig,
     EvalConfig,
@@ -155,7 +155,7 @@ def _add_hostile_rollout(path: Path, run_id: str, tokenizer: Any) -> str:
                 response={"choices": [{"message": {"role": "assistant", "content": HOSTILE}}]},
             )
         )
-        s.finish_rollout(rid, "succeeded", attempt=a, reward=1.0, reward_source="grader")
+        s.finish_rollout(AttemptEnd(rid, a, "succeeded"), reward=1.0, reward_source="grader")
     return rid
 
 

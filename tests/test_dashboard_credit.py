@@ -27,6 +27,7 @@ from tests.test_credit_state import ref_state_credit
 from tether.dashboard import Catalog, create_server_app
 from tether.dashboard._render import _num
 from tether.records import (
+    AttemptEnd,
     Call,
     GroupFate,
     Phase,
@@ -158,7 +159,7 @@ def _state_store(path: Path) -> list[list[RolloutRewards]]:
                 for seq, value in turns.items():
                     db.record_reward(Reward(rid, value, RewardSource.AGENT, attempt, call_seq=seq))
                 db.record_reward(Reward(rid, reward, RewardSource.GRADER, attempt))
-                db.finish_rollout(rid, RolloutStatus.SUCCEEDED, attempt=attempt)
+                db.finish_rollout(AttemptEnd(rid, attempt, RolloutStatus.SUCCEEDED))
                 prompts_ids = tuple(tuple(p) for p in prompts)
                 group.append(RolloutRewards(reward, len(prompts), turns, (), prompts_ids))
             groups.append(group)
@@ -218,7 +219,7 @@ def _roles_store(path: Path) -> list[list[RolloutRewards]]:
                         Call(rid, seq, [1, 2 + seq], [3], [-0.5], 0, attempt=attempt, role=role)
                     )
                 db.record_reward(Reward(rid, reward, RewardSource.GRADER, attempt))
-                db.finish_rollout(rid, RolloutStatus.SUCCEEDED, attempt=attempt)
+                db.finish_rollout(AttemptEnd(rid, attempt, RolloutStatus.SUCCEEDED))
                 group.append(RolloutRewards(reward, len(roles), {}, tuple(roles)))
             groups.append(group)
     return groups

@@ -323,7 +323,7 @@ async def test_batched_prefill_on_different_prefixes_is_exact(model):
         ]
         prefills, hits = eng.stats.prefills, eng.stats.prefix_hits
         loop = asyncio.get_running_loop()  # keep the worker busy while all four queue up
-        eng._worker.inbox.put((time.sleep, 0.3, loop.create_future(), loop))
+        eng._scheduler.inbox.put((time.sleep, 0.3, loop.create_future(), loop))
         results = await asyncio.gather(*(eng.generate(p, params) for p in prompts))
         assert eng.stats.prefills - prefills == 1  # one forward for all four
         assert eng.stats.prefix_hits - hits == 3
@@ -384,7 +384,7 @@ async def test_from_pretrained_loads_model_and_tokenizer(model, tokenizer, tmp_p
     tokenizer.save_pretrained(tmp_path)
     eng = TransformersEngine.from_pretrained(str(tmp_path), max_batch_size=4)
     try:
-        assert eng.tokenizer is not None and eng._worker.max_batch_size == 4
+        assert eng.tokenizer is not None and eng._scheduler.max_batch_size == 4
         res = await eng.generate(PROMPTS[0], greedy(5, stop=("x",)))
         assert len(res.completions[0].token_ids) <= 5
     finally:

@@ -82,10 +82,10 @@ async def test_closing_the_stream_stops_the_generation(engine):
         await anext(stream)
     await stream.aclose()
     for _ in range(500):  # the worker drops the rows at its next step
-        if not engine._worker._rows:
+        if not engine._scheduler._rows:
             break
         await asyncio.sleep(0.01)
-    assert not engine._worker._rows
+    assert not engine._scheduler._rows
     stopped_at = engine.stats.tokens
     assert stopped_at < 800
     # Nothing more is generated for it, and the engine serves the next call.
@@ -109,10 +109,10 @@ async def test_cancelling_the_consumer_stops_the_generation(engine):
     with pytest.raises(asyncio.CancelledError):
         await task
     for _ in range(500):
-        if not engine._worker._rows:
+        if not engine._scheduler._rows:
             break
         await asyncio.sleep(0.01)
-    assert not engine._worker._rows and engine.stats.tokens < 800
+    assert not engine._scheduler._rows and engine.stats.tokens < 800
 
 
 async def test_fake_engines_stream_too():

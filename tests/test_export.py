@@ -24,7 +24,7 @@ from tests.helpers import TETHER
 from tests.tracking_run import Tracked
 from tether.cli._track_run import run_export
 from tether.errors import UserError
-from tether.records import Rollout
+from tether.records import AttemptEnd, Rollout
 from tether.store import Store
 from tether.tracking import (
     CALL_FIELDS,
@@ -212,12 +212,13 @@ def test_each_attempt_row_carries_what_the_judge_saw_and_said(tmp_path: Path) ->
         run = s.create_run({"name": "j"}, "j-1")
         s.create_rollout(Rollout(id="j-1-s1-g0-0", run_id=run.id, group_id="j-1-s1-g0", task={}))
         a = s.start_attempt("j-1-s1-g0-0")
-        s.finish_rollout("j-1-s1-g0-0", "failed", attempt=a, error="lost worker; retried")
+        s.finish_rollout(AttemptEnd("j-1-s1-g0-0", a, "failed", error="lost worker; retried"))
         a = s.start_attempt("j-1-s1-g0-0")
         s.finish_rollout(
-            "j-1-s1-g0-0", "succeeded", attempt=a, reward=1.0, reward_source="grader",
-            success=True, grade_detail=detail,
-        )  # fmt: skip
+            AttemptEnd("j-1-s1-g0-0", a, "succeeded", success=True, grade_detail=detail),
+            reward=1.0,
+            reward_source="grader",
+        )
         rows = list(export_attempts(s))
     assert (rows[0]["attempt"], rows[0]["grade_detail"]) == (1, None)  # the retried one
     assert json.loads(rows[1]["grade_detail"]) == detail

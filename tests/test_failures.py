@@ -22,7 +22,7 @@ import pytest
 from tests.helpers import TINY_RUN
 from tether.engine.testing import NullEngine
 from tether.errors import UserError
-from tether.records import Call, RolloutStatus, Task, usable_reward
+from tether.records import AttemptEnd, Call, RolloutStatus, Task, usable_reward
 from tether.run import RolloutConfig, RolloutOutcome
 from tether.run._collect import is_success, read_grade
 from tether.run._failures import check_collection
@@ -224,7 +224,7 @@ def test_one_usable_reward_rule_through_the_grader_and_the_store(
     assert out.usable is usable and gw.store.get_rollout("graded").usable is usable
     assert out.reward == (float(value) if usable else None)
     stored = gw.open_rollout({}, rollout_id="stored")
-    row = gw.store.finish_rollout("stored", "succeeded", attempt=stored.attempt, reward=value)
+    row = gw.store.finish_rollout(AttemptEnd("stored", stored.attempt, "succeeded"), reward=value)
     assert row.usable is usable and row.reward == out.reward
     if not usable:
         assert "no usable reward" in (out.error or "") and "reward" in (row.error or "")

@@ -29,7 +29,7 @@ from tether.chat import render_prompt
 from tether.engine import TransformersEngine
 from tether.engine.testing import ScriptedEngine
 from tether.models import load_model
-from tether.records import Call, RewardSource, Rollout, RolloutStatus
+from tether.records import AttemptEnd, Call, RewardSource, Rollout, RolloutStatus
 from tether.runner import AttemptResult, Launch, ProcessRunner, RunnerConfig
 from tether.starter.calc import CALCULATOR_TOOL, grade
 
@@ -164,12 +164,9 @@ async def run_agent(live: LiveGateway, command: list[str], rid: str) -> Outcome:
         await runner.close()
     reward = grade(TASK, result.final_answer) if result.ok else None
     rollout = live.gw.finish_rollout(
-        rid,
-        result.status,
-        attempt=opened.attempt,
+        AttemptEnd(rid, opened.attempt, result.status, error=result.error),
         reward=reward,
         final_answer=result.final_answer,
-        error=result.error,
     )
     return Outcome(result, rollout, live.store.calls(rid))
 

@@ -14,7 +14,7 @@ import pytest
 
 from tether.engine.testing import FaultyEngine, NullEngine
 from tether.gateway import Gateway, GatewayConfig, create_app
-from tether.records import RolloutStatus
+from tether.records import AttemptEnd, RolloutStatus
 from tether.store import Store
 
 from .conftest import ADMIN_KEY
@@ -146,7 +146,7 @@ async def test_token_cannot_write_to_another_rollout(client: httpx.AsyncClient, 
 
 async def test_token_stops_working_when_rollout_ends(client: httpx.AsyncClient, gw: Any) -> None:
     a = gw.open_rollout({}, rollout_id="r-end")
-    gw.finish_rollout("r-end", RolloutStatus.SUCCEEDED, reward=1.0)
+    gw.finish_rollout(AttemptEnd("r-end", a.attempt, RolloutStatus.SUCCEEDED), reward=1.0)
     r = await client.post("/rollouts/r-end/v1/chat/completions", json=CHAT, headers=_h(a.token))
     assert r.status_code == 401 and "ended" in r.json()["error"]["message"]
 

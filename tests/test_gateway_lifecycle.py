@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 
 from tether.engine.testing import FaultyEngine, NullEngine
 from tether.gateway import create_app
-from tether.records import RolloutStatus
+from tether.records import AttemptEnd, RolloutStatus
 from tether.store import InvalidRecord
 
 from .conftest import ADMIN_KEY
@@ -118,7 +119,7 @@ async def test_a_finished_rollouts_history_is_forgotten(make_gateway: Any, end: 
     if end != "record":  # a record-mode rollout ends with its call
         assert len(gw.calls.history._entries) == 1
         status = {"finish": "succeeded", "fail": "failed", "cancel": "cancelled"}[end]
-        gw.finish_rollout("r-h", RolloutStatus(status))
+        gw.finish_rollout(AttemptEnd("r-h", opened.attempt, RolloutStatus(status)))
     assert len(gw.calls.history._entries) == 0
 
 
@@ -159,7 +160,7 @@ async def test_a_chat_call_looks_its_rollout_up_once(
                              headers=_h(opened.token))  # fmt: skip
             assert r.status_code == 200, r.text
             assert reads == ["rollout_auth"]
-        gw.finish_rollout(opened.rollout_id, RolloutStatus.FAILED)
+        gw.finish_rollout(AttemptEnd(opened.rollout_id, opened.attempt, RolloutStatus.FAILED))
         again = gw.retry_rollout(opened.rollout_id, sampling={"top_p": 0.5})
         reads.clear()
         r = await c.post(f"/rollouts/{opened.rollout_id}/v1/chat/completions", json=body,
@@ -182,3 +183,25 @@ def test_a_restarted_gateway_derives_the_same_seeds(store: Any, tokenizer: Any) 
     seeds = [first.lifecycle.derived_seed("r-1", o.attempt) for _ in range(3)]
     assert [later.lifecycle.derived_seed("r-1", o.attempt) for _ in range(3)] == seeds
     assert len(set(seeds)) == 3
+
+
+ROLLOUT_METHODS = [
+    "open_rollout", "retry_rollout", "mark_running", "current_attempt", "finish_rollout",
+    "record_reward", "authorize", "rollouts", "rollout",
+]  # fmt: skip
+
+
+def test_the_gateway_rollout_methods_are_its_own_and_keep_the_lifecycle_signatures(
+    make_gateway: Any,
+) -> None:
+    gw = make_gateway(NullEngine())
+    for name in [*ROLLOUT_METHODS, "admission_state"]:
+        assert name not in vars(gw), f"{name} is copied onto the instance"
+        assert callable(getattr(type(gw), name)), name
+    for name in ROLLOUT_METHODS:
+        mine, theirs = getattr(type(gw), name), getattr(type(gw.lifecycle), name)
+        assert inspect.signature(mine) == inspect.signature(theirs), name
+    opened = gw.open_rollout({}, rollout_id="r-own")
+    assert gw.current_attempt("r-own") == opened.attempt == gw.authorize("r-own", opened.token)
+    done = gw.finish_rollout(AttemptEnd("r-own", opened.attempt, RolloutStatus.FAILED))
+    assert done.status is RolloutStatus.FAILED and gw.rollout("r-own")[0] == done

@@ -9,7 +9,7 @@ import pytest
 
 from tether.engine import RemoteEngine, server_api
 from tether.gateway import create_app
-from tether.records import RolloutStatus
+from tether.records import AttemptEnd, RolloutStatus
 
 CHAT = {"model": "policy", "messages": [{"role": "user", "content": "2+3?"}], "max_tokens": 4}
 
@@ -63,6 +63,6 @@ async def test_a_call_that_cannot_reach_its_server_marks_the_attempt_until_it_en
         await engine.close()
     assert r.status_code == 502, r.text
     assert gw.lost_engine("r-1", rollout.attempt)
-    gw.finish_rollout("r-1", RolloutStatus.FAILED, attempt=rollout.attempt)
+    gw.finish_rollout(AttemptEnd("r-1", rollout.attempt, RolloutStatus.FAILED))
     assert not gw.lost_engine("r-1", rollout.attempt)
     assert gw.calls.lost_engine == set()

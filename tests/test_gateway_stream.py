@@ -150,9 +150,9 @@ def test_client_disconnect_stops_generation_and_records_a_cancelled_call(
     (call,) = live.store.calls("r-gone")
     assert call.status is CallStatus.CANCELLED and call.finish_reason is None
     assert 0 < len(call.completion_ids) < 1500
-    while engine._worker._rows and time.monotonic() < deadline:
+    while engine._scheduler._rows and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not engine._worker._rows  # the engine dropped the request
+    assert not engine._scheduler._rows  # the engine dropped the request
     produced = engine.stats.tokens
     assert produced < 1500
     assert live.gw.gate.in_flight == 0

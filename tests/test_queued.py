@@ -12,7 +12,7 @@ import pytest
 
 from tether.engine.testing import NullEngine
 from tether.gateway import create_app
-from tether.records import Rollout, RolloutStatus
+from tether.records import AttemptEnd, Rollout, RolloutStatus
 from tether.runner import InProcessRunner, Launch, RunnerConfig
 from tether.store import IllegalRolloutTransition, StaleAttempt
 
@@ -28,13 +28,13 @@ def test_store_queued_attempts_and_their_transitions(store: Any) -> None:
         store.mark_running("r1", 2)
     # queued → succeeded skips running: refused, and nothing changes
     with pytest.raises(IllegalRolloutTransition, match="'queued' to 'succeeded'"):
-        store.finish_rollout("r1", RolloutStatus.SUCCEEDED, attempt=1)
+        store.finish_rollout(AttemptEnd("r1", 1, RolloutStatus.SUCCEEDED))
     assert store.mark_running("r1", 1) is True
     assert store.mark_running("r1", 1) is False  # already running
-    store.finish_rollout("r1", RolloutStatus.FAILED, attempt=1)
+    store.finish_rollout(AttemptEnd("r1", 1, RolloutStatus.FAILED))
     assert store.start_attempt("r1", "h2", queued=True) == 2  # a retry waits its turn too
     assert store.rollout_auth("r1") == (Q, 2, "h2")
-    store.finish_rollout("r1", RolloutStatus.CANCELLED, attempt=2)  # never started: cancelled
+    store.finish_rollout(AttemptEnd("r1", 2, RolloutStatus.CANCELLED))  # never started: cancelled
     with pytest.raises(IllegalRolloutTransition):
         store.mark_running("r1", 2)
     store.create_rollout(Rollout(id="r2"))
@@ -70,7 +70,7 @@ async def test_rollouts_wait_queued_behind_the_runners_concurrency(make_gateway:
     results = await asyncio.gather(*tasks)
     await runner.close()
     for o, res in zip(opened, results, strict=True):
-        gw.finish_rollout(o.rollout_id, res.status, attempt=o.attempt)
+        gw.finish_rollout(AttemptEnd(o.rollout_id, o.attempt, res.status))
     assert {gw.store.get_rollout(o.rollout_id).status for o in opened} == {RolloutStatus.SUCCEEDED}
 
 
@@ -94,7 +94,7 @@ async def test_an_agents_first_call_moves_an_unreported_rollout_to_running(
     assert gw.store.get_rollout("q-call").status is R and len(gw.store.calls("q-call")) == 1
     # A runner that never reported the start still ends the rollout through running.
     o2 = gw.open_rollout({}, rollout_id="q-quiet", queued=True)
-    done = gw.finish_rollout("q-quiet", RolloutStatus.FAILED, attempt=o2.attempt)
+    done = gw.finish_rollout(AttemptEnd("q-quiet", o2.attempt, RolloutStatus.FAILED))
     assert done.status is RolloutStatus.FAILED
     # The admin route (bring your own runner) opens rollouts running, as before.
     assert gw.open_rollout({}, rollout_id="byo").attempt == 1

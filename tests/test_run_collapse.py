@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tether.records import Phase, Place, Rollout
+from tether.records import AttemptEnd, Phase, Place, Rollout
 from tether.run._diagnostics import check_collapse, first_rollout, no_signal_line
 from tether.store import Store
 from tether.trainer.errors import NoLearningSignal, PolicyCollapsed
@@ -74,11 +74,11 @@ def test_the_rollout_named_is_a_train_one_even_when_the_run_name_holds_eval(
         assert first_rollout(store, "calc-eval-1") is None  # nothing finished yet
         for rid, place in places.items():
             store.create_rollout(Rollout(id=rid, run_id="calc-eval-1", place=place))
-            store.finish_rollout(rid, "succeeded", attempt=store.start_attempt(rid), reward=0.0)
+            store.finish_rollout(AttemptEnd(rid, store.start_attempt(rid), "succeeded"), reward=0.0)
         assert first_rollout(store, "calc-eval-1") == "calc-eval-1-s1-g0-0"
         store.create_run({}, run_id="only-evals")
         store.create_rollout(Rollout(id="e", run_id="only-evals", place=Place(Phase.EVAL, 0)))
-        store.finish_rollout("e", "succeeded", attempt=store.start_attempt("e"), reward=0.0)
+        store.finish_rollout(AttemptEnd("e", store.start_attempt("e"), "succeeded"), reward=0.0)
         assert first_rollout(store, "only-evals") == "e"  # no train rollout: the eval's
 
 

@@ -21,7 +21,7 @@ import uvicorn
 from tether.engine.testing import NullEngine
 from tether.errors import UserError
 from tether.gateway import GatewayConfig, create_app, resolve_admin_key
-from tether.records import RolloutStatus
+from tether.records import AttemptEnd, RolloutStatus
 
 from .conftest import ADMIN_KEY
 
@@ -247,7 +247,9 @@ async def test_second_final_reward_is_409_and_ended_token_is_401(make_gateway: A
             "/admin/rollouts/r-twice/finish", json={"reward": 1.0}, headers=_h(ADMIN_KEY)
         )
         assert (first.status_code, again.status_code, admin.status_code) == (200, 409, 409)
-        gw.finish_rollout("r-twice", RolloutStatus.SUCCEEDED)
+        gw.finish_rollout(
+            AttemptEnd("r-twice", gw.current_attempt("r-twice"), RolloutStatus.SUCCEEDED)
+        )
         for method, path, body in (
             ("POST", "v1/chat/completions", CHAT),
             ("POST", "reward", {"value": 1.0}),
@@ -263,7 +265,7 @@ async def test_second_final_reward_is_409_and_ended_token_is_401(make_gateway: A
 async def test_retry_refuses_the_previous_attempts_token(make_gateway: Any) -> None:
     gw = make_gateway(NullEngine(token_ids=[40]))
     first = gw.open_rollout({}, rollout_id="r-retry")
-    gw.finish_rollout("r-retry", RolloutStatus.FAILED, attempt=first.attempt)
+    gw.finish_rollout(AttemptEnd("r-retry", first.attempt, RolloutStatus.FAILED))
     second = gw.retry_rollout("r-retry")
     async with _client(gw) as c:
         old = await c.post(

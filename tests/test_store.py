@@ -19,6 +19,7 @@ import tether.store as store_pkg
 from tests.store_crash import crash_loop, verify
 from tether.errors import TetherError, UserError
 from tether.records import (
+    AttemptEnd,
     Call,
     CallStatus,
     Checkpoint,
@@ -170,9 +171,11 @@ def test_every_record_round_trips(db):
 
     db.record_reward(Reward("r1", 0.5, RewardSource.GRADER, attempt, call_seq=0, created_at=9.0))
     done = db.finish_rollout(
-        "r1", "succeeded", attempt=attempt, reward=0.1 + 0.2, reward_source="agent",
+        AttemptEnd("r1", attempt, "succeeded"),
+        reward=0.1 + 0.2,
+        reward_source="agent",
         final_answer="4",
-    )  # fmt: skip
+    )
     assert done.reward == 0.1 + 0.2  # float64, bit for bit
     assert (done.status, done.reward_source, done.final_answer) == (
         RolloutStatus.SUCCEEDED, RewardSource.AGENT, "4",
@@ -254,7 +257,7 @@ def test_data_survives_close_and_reopen(tmp_path):
         attempt = running(store, run_id=store.create_run({"x": 1}, run_id="run").id)
         for _ in range(3):
             store.record_call(call(attempt=attempt))
-        store.finish_rollout("r1", RolloutStatus.SUCCEEDED, attempt=attempt, reward=-2.0)
+        store.finish_rollout(AttemptEnd("r1", attempt, RolloutStatus.SUCCEEDED), reward=-2.0)
         before = (store.get_rollout("r1"), store.calls("r1"), store.rewards("r1"))
     with Store(path) as store:
         assert (store.get_rollout("r1"), store.calls("r1"), store.rewards("r1")) == before
@@ -270,13 +273,19 @@ def test_every_attempt_keeps_its_end_and_output_tail(db):
     first = db.start_attempt("r1")
     flood = "x" * 10_000 + "\nImportError: no module named 'openai'\n"
     db.finish_rollout(
-        "r1", "failed", attempt=first, error="agent exited with code 1; retried", exit_code=1,
-        output_tail=flood,
-    )  # fmt: skip
+        AttemptEnd(
+            "r1",
+            first,
+            "failed",
+            error="agent exited with code 1; retried",
+            exit_code=1,
+            output_tail=flood,
+        )
+    )
     second = db.start_attempt("r1")
     assert db.get_rollout("r1").error is None
     db.finish_rollout(
-        "r1", "succeeded", attempt=second, reward=0.5, output_tail="ok", success=False
+        AttemptEnd("r1", second, "succeeded", output_tail="ok", success=False), reward=0.5
     )
     one, two = db.attempts("r1")
     assert (one.attempt, one.status, one.exit_code, one.success) == (
@@ -303,12 +312,12 @@ def test_each_attempt_keeps_its_own_start_and_end(db, monkeypatch):
     a = db.start_attempt("r1", queued=True)
     assert db.get_rollout("r1").started_at is None  # waiting for a runner
     db.mark_running("r1", a)  # 100
-    db.finish_rollout("r1", "succeeded", attempt=a, reward=1.0)  # 101
+    db.finish_rollout(AttemptEnd("r1", a, "succeeded"), reward=1.0)  # 101
     a = db.start_attempt("r2")  # 102
-    db.finish_rollout("r2", "failed", attempt=a)  # 103
+    db.finish_rollout(AttemptEnd("r2", a, "failed"))  # 103
     a = db.start_attempt("r2")  # 104
     assert db.get_rollout("r2").finished_at is None
-    db.finish_rollout("r2", "succeeded", attempt=a, reward=0.0)  # 105
+    db.finish_rollout(AttemptEnd("r2", a, "succeeded"), reward=0.0)  # 105
     r1, r2 = db.get_rollout("r1"), db.get_rollout("r2")
     assert (r1.created_at, r1.started_at, r1.finished_at) == (1.0, 100.0, 101.0)
     assert (r2.created_at, r2.started_at, r2.finished_at) == (1.0, 104.0, 105.0)
@@ -338,17 +347,17 @@ def test_state_machine_and_retry(db):
     assert db.rollout_auth("r1") == (RolloutStatus.QUEUED, 0, None)
     assert db.rollout_auth("nope") is None and db.get_rollout("nope") is None
     with pytest.raises(IllegalRolloutTransition, match="'queued' to 'succeeded'"):
-        db.finish_rollout("r1", "succeeded", attempt=0)
+        db.finish_rollout(AttemptEnd("r1", 0, "succeeded"))
     with pytest.raises(RolloutClosed, match="queued"):
         db.record_call(call(attempt=0))
     assert db.start_attempt("r1", token_hash="h1") == 1
     with pytest.raises(IllegalRolloutTransition, match="'running' to 'running'"):
         db.start_attempt("r1")
     with pytest.raises(IllegalRolloutTransition, match="needs a final status"):
-        db.finish_rollout("r1", "queued", attempt=1)
+        db.finish_rollout(AttemptEnd("r1", 1, "queued"))
     db.record_call(call(attempt=1))
     db.record_call(call(attempt=1))
-    db.finish_rollout("r1", "timeout", attempt=1, error="agent hung")
+    db.finish_rollout(AttemptEnd("r1", 1, "timeout", error="agent hung"))
 
     assert db.start_attempt("r1", token_hash="h2") == 2  # the retry
     retried = db.get_rollout("r1")
@@ -357,7 +366,7 @@ def test_state_machine_and_retry(db):
     with pytest.raises(StaleAttempt, match="attempt 2; a write from attempt 1"):
         db.record_call(call(attempt=1))
     with pytest.raises(StaleAttempt):
-        db.finish_rollout("r1", "succeeded", attempt=1, reward=1.0)
+        db.finish_rollout(AttemptEnd("r1", 1, "succeeded"), reward=1.0)
     with pytest.raises(StaleAttempt):
         db.record_reward(Reward("r1", 1.0, RewardSource.AGENT, attempt=1))
     assert db.calls("r1") == [] and db.rewards("r1") == []  # nothing stored by the stale writes
@@ -365,14 +374,16 @@ def test_state_machine_and_retry(db):
 
     assert db.record_call(call(attempt=2)) == 0  # seq restarts per attempt
     assert [c.seq for c in db.calls("r1", attempt=1)] == [0, 1]
-    db.finish_rollout("r1", "succeeded", attempt=2, reward=1.0)
+    db.finish_rollout(AttemptEnd("r1", 2, "succeeded"), reward=1.0)
     with pytest.raises(RolloutClosed, match="succeeded, not running"):
         db.record_call(call(attempt=2))
     for bad in ("running", "failed"):
         with pytest.raises(IllegalRolloutTransition):
-            db.finish_rollout("r1", bad, attempt=2) if bad != "running" else db.start_attempt("r1")
+            db.finish_rollout(AttemptEnd("r1", 2, bad)) if bad != "running" else db.start_attempt(
+                "r1"
+            )
     db.create_rollout(Rollout(id="r2"))
-    assert db.finish_rollout("r2", "cancelled", attempt=0).status is RolloutStatus.CANCELLED
+    assert db.finish_rollout(AttemptEnd("r2", 0, "cancelled")).status is RolloutStatus.CANCELLED
     with pytest.raises(IllegalRolloutTransition):
         db.start_attempt("r2")
 
@@ -383,7 +394,7 @@ def test_unknown_ids_and_duplicates(db):
     with pytest.raises(NotFound):
         db.start_attempt("ghost")
     with pytest.raises(NotFound):
-        db.finish_rollout("ghost", "failed", attempt=1)
+        db.finish_rollout(AttemptEnd("ghost", 1, "failed"))
     with pytest.raises(NotFound):
         db.get_run("ghost")
     with pytest.raises(NotFound):
@@ -426,9 +437,9 @@ def test_duplicate_final_reward_refused(db):
     with pytest.raises(DuplicateReward):
         db.record_reward(Reward("r1", 0.0, RewardSource.GRADER, attempt))
     with pytest.raises(DuplicateReward):
-        db.finish_rollout("r1", "succeeded", attempt=attempt, reward=0.0)
+        db.finish_rollout(AttemptEnd("r1", attempt, "succeeded"), reward=0.0)
     assert db.get_rollout("r1").status is RolloutStatus.RUNNING  # the refused finish left no trace
-    done = db.finish_rollout("r1", "succeeded", attempt=attempt)  # keeps the agent's reward
+    done = db.finish_rollout(AttemptEnd("r1", attempt, "succeeded"))  # keeps the agent's reward
     assert (done.reward, done.reward_source, done.usable) == (1.0, RewardSource.AGENT, True)
     db.record_reward(Reward("r1", 0.0, RewardSource.GRADER, attempt, call_seq=0))
     assert len(db.rewards("r1")) == 5
@@ -443,10 +454,10 @@ def test_duplicate_final_reward_refused(db):
 def test_unusable_reward_is_never_a_number(db, value, via):
     attempt = running(db)
     if via == "finish":
-        done = db.finish_rollout("r1", "succeeded", attempt=attempt, reward=value, error="late")
+        done = db.finish_rollout(AttemptEnd("r1", attempt, "succeeded", error="late"), reward=value)
     else:
         db.record_reward(Reward("r1", value, RewardSource.AGENT, attempt))
-        done = db.finish_rollout("r1", "succeeded", attempt=attempt, error="late")
+        done = db.finish_rollout(AttemptEnd("r1", attempt, "succeeded", error="late"))
     assert done.reward is None and not done.usable
     assert "late" in done.error and "reward" in done.error
     assert raw(db, "SELECT reward FROM rollouts") == [(None,)]
@@ -468,9 +479,9 @@ def test_counts_and_listing(db):
     for rid in ("a0", "a1", "a2", "b0"):
         attempt = db.start_attempt(rid)
         db.record_call(call(rid=rid, attempt=attempt))
-    db.finish_rollout("a0", "succeeded", attempt=1, reward=1.0)
-    db.finish_rollout("a1", "succeeded", attempt=1)
-    db.finish_rollout("a2", "failed", attempt=1)
+    db.finish_rollout(AttemptEnd("a0", 1, "succeeded"), reward=1.0)
+    db.finish_rollout(AttemptEnd("a1", 1, "succeeded"))
+    db.finish_rollout(AttemptEnd("a2", 1, "failed"))
     assert [r.id for r in db.list_rollouts(run_id="a")] == ["a0", "a1", "a2", "a3", "a4"]
     assert [r.id for r in db.list_rollouts(group_id="g0")] == ["a0", "a2", "a4"]
     assert [r.id for r in db.list_rollouts(status="running")] == ["b0"]
@@ -555,15 +566,15 @@ def test_a_judged_attempt_reads_the_prompt_its_group_stores_once(tmp_path) -> No
             s.create_rollout(Rollout(id=f"g-{i}", group_id="g", task={}))
             s.start_attempt(f"g-{i}")
         s.finish_rollout(
-            "g-0", "succeeded", attempt=1, grade_detail={"candidate": "1", "messages": prompt}
+            AttemptEnd("g-0", 1, "succeeded", grade_detail={"candidate": "1", "messages": prompt})
         )
         ref = {"rollout_id": "g-0", "attempt": 1}
         s.finish_rollout(
-            "g-1", "succeeded", attempt=1, grade_detail={"candidate": "2", "prompt_from": ref}
+            AttemptEnd("g-1", 1, "succeeded", grade_detail={"candidate": "2", "prompt_from": ref})
         )
         gone = {"rollout_id": "nowhere", "attempt": 1}
         s.finish_rollout(
-            "g-2", "succeeded", attempt=1, grade_detail={"candidate": "3", "prompt_from": gone}
+            AttemptEnd("g-2", 1, "succeeded", grade_detail={"candidate": "3", "prompt_from": gone})
         )
         (one,), (two,), (three,) = (s.attempts(f"g-{i}") for i in range(3))
     assert two.grade_detail == {"candidate": "2", "prompt_from": ref, "messages": prompt}

@@ -12,7 +12,7 @@ from contextlib import closing
 
 import pytest
 
-from tether.records import Call, Phase, Place, Rollout, Task
+from tether.records import AttemptEnd, Call, Phase, Place, Rollout, Task
 from tether.store import AlreadyExists, Store, StoreError, _migrations
 
 SCHEMA = {
@@ -123,7 +123,7 @@ def test_migration_2_adds_attempts_to_an_existing_file(tmp_path, monkeypatch):
         assert store.schema_version() == len(_migrations.MIGRATIONS)
         assert store.get_rollout("r-old") is not None and store.attempts("r-old") == []
         attempt = store.start_attempt("r-old")
-        store.finish_rollout("r-old", "failed", attempt=attempt, output_tail="boom\n")
+        store.finish_rollout(AttemptEnd("r-old", attempt, "failed", output_tail="boom\n"))
         assert [a.output_tail for a in store.attempts("r-old")] == ["boom\n"]
 
 
@@ -198,7 +198,7 @@ def test_migration_5_adds_attempt_start_times_and_keeps_old_rows(tmp_path, monke
         assert store.get_rollout("r1").started_at is None
         attempt = store.start_attempt("r1")
         assert store.get_rollout("r1").started_at is not None
-        store.finish_rollout("r1", "succeeded", attempt=attempt, reward=1.0)
+        store.finish_rollout(AttemptEnd("r1", attempt, "succeeded"), reward=1.0)
         one, two = store.attempts("r1")
         assert (one.started_at, one.finished_at) == (None, 5.0)
         assert two.started_at is not None and two.finished_at >= two.started_at
@@ -224,7 +224,9 @@ def test_migration_6_adds_the_grader_error_and_keeps_old_attempts(tmp_path, monk
         assert store._db.migrations_run == len(_migrations.MIGRATIONS) - 5
         attempt = store.start_attempt("r1")
         store.finish_rollout(
-            "r1", "succeeded", attempt=attempt, grader_error="KeyError: 'answr' (g.py:3 in grade)"
+            AttemptEnd(
+                "r1", attempt, "succeeded", grader_error="KeyError: 'answr' (g.py:3 in grade)"
+            )
         )
         one, two = store.attempts("r1")
         assert (one.error, one.grader_error) == ("x", None)
@@ -250,8 +252,10 @@ def test_migration_8_adds_the_grade_detail_and_keeps_old_attempts(tmp_path, monk
     detail = {"model": "j", "raw": "{}", "scores": {"1": 0.5}, "candidate": "1"}
     with Store(path) as store:
         assert store._db.migrations_run == len(_migrations.MIGRATIONS) - 7
-        store.finish_rollout("r1", "succeeded", attempt=store.start_attempt("r1"), reward=0.5,
-                             grade_detail=detail)  # fmt: skip
+        store.finish_rollout(
+            AttemptEnd("r1", store.start_attempt("r1"), "succeeded", grade_detail=detail),
+            reward=0.5,
+        )
         one, two = store.attempts("r1")
         assert (one.error, one.grade_detail) == ("x", None)
         assert two.grade_detail == detail
@@ -287,7 +291,7 @@ def test_migration_7_numbers_train_steps_from_one(tmp_path, monkeypatch):
                 attempt = old.start_attempt(rid)
                 with old._db.write() as conn:  # a call as tether before migration 9 wrote it
                     conn.execute(_CALL_BEFORE_9, (rid,))
-                old.finish_rollout(rid, "succeeded", attempt=attempt, reward=float(len(rid)))
+                old.finish_rollout(AttemptEnd(rid, attempt, "succeeded"), reward=float(len(rid)))
     with Store(path) as store:
         assert store._db.migrations_run == 5  # 7, 8 and 10 finding their columns, 9, 11
         got = [(m.step, m.name, m.value) for m in store.metrics("r")]

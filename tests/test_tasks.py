@@ -26,7 +26,7 @@ import pytest
 from tether.configio import load_config
 from tether.engine.testing import ScriptedEngine
 from tether.gateway import BackgroundServer, create_app
-from tether.records import RewardSource, RolloutStatus
+from tether.records import AttemptEnd, RewardSource, RolloutStatus
 from tether.run import TrainConfig, TrainingRun
 from tether.store import Store
 
@@ -113,9 +113,7 @@ def test_agent_solves_a_task_through_the_gateway(
     reward = real_reward(task_name, task, answer)
     assert reward == 1.0, answer
     rollout = gw.finish_rollout(
-        opened.rollout_id,
-        RolloutStatus.SUCCEEDED,
-        attempt=opened.attempt,
+        AttemptEnd(opened.rollout_id, opened.attempt, RolloutStatus.SUCCEEDED),
         reward=reward,
         source=RewardSource.GRADER,
         final_answer=answer,

@@ -1,19 +1,27 @@
-"""Lazy package exports: a package names what it exports and the module each lives in,
-and a name's module is imported on first use (PEP 562), so importing the package stays
-cheap (e.g. ``tether.starter.calc`` without torch, ``tether.gateway`` without FastAPI)::
+"""Lazy package exports: a name's module is imported on first use (PEP 562), so importing
+the package stays cheap (e.g. ``tether.starter.calc`` without torch, ``tether.gateway``
+without FastAPI). A package names each export once, as an import for type checkers, and
+:func:`lazy_face` reads those imports (as ``lazy_loader.attach_stub`` reads a stub)::
 
-    __getattr__, __dir__ = lazy_exports(__name__, {"TrainingRun": "tether.run._loop"})
+    if TYPE_CHECKING:  # the face, imported on first use (tether._lazy)
+        from ._app import create_app as create_app
+
+    __getattr__, __dir__, __all__ = lazy_face(__name__)
+
+A package whose exports are cheap to import imports them plainly, with ``__all__``.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
-__all__ = ["lazy_exports"]
+__all__ = ["lazy_exports", "lazy_face"]
 
 
 def lazy_exports(
@@ -41,6 +49,34 @@ def lazy_exports(
         return sorted(shown | set(exports))
 
     return __getattr__, __dir__
+
+
+def lazy_face(
+    package: str,
+) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
+    """The package's ``__getattr__``, ``__dir__`` and ``__all__`` from the relative imports
+    under ``if TYPE_CHECKING:`` in its ``__init__.py`` (name → module, in that order)."""
+    exports = type_checking_imports(package)
+    return (*lazy_exports(package, exports), list(exports))
+
+
+def type_checking_imports(package: str) -> dict[str, str]:
+    """name → module (absolute) of the imports under ``if TYPE_CHECKING:`` in the
+    package's ``__init__.py``."""
+    path = sys.modules[package].__file__
+    assert path is not None, f"{package} has no source to read its face from"
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    found: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            for imp in node.body:
+                if isinstance(imp, ast.ImportFrom):
+                    home = importlib.util.resolve_name(
+                        "." * imp.level + (imp.module or ""), package
+                    )
+                    found.update((a.asname or a.name, home) for a in imp.names)
+    return found
 
 
 def _submodule(value: Any, package: str) -> bool:

@@ -25,34 +25,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tether._lazy import lazy_exports
+from tether._lazy import lazy_face
 
-#: The package's face: each name and the module it lives in, imported on first use
-#: (none needs more than the tokenizers the caller already has).
-_EXPORTS = {
-    "ChatError": "._errors",
-    "HistoryCache": "._history",
-    "InvalidMessages": "._errors",
-    "LiveText": "._incremental",
-    "MissingChatTemplate": "._errors",
-    "ParsedMessage": "._parsers",
-    "PromptEncoder": "._prompt",
-    "TemplateRenderError": "._errors",
-    "ToolCallParser": "._parsers",
-    "UnknownParser": "._errors",
-    "UnsupportedContent": "._errors",
-    "decode_completion": "._render",
-    "finish_reason_for": "._parsers",
-    "get_parser": "._parsers",
-    "parser_names": "._parsers",
-    "register_parser": "._parsers",
-    "render_prompt": "._render",
-    "render_text": "._render",
-}
-__all__ = list(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-
-if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+#: The package's face, read by tether._lazy.lazy_face: each name is imported on first use
+#: (`tether` starts with two of its modules; the rest load when a run renders prompts).
+if TYPE_CHECKING:
     from ._errors import ChatError as ChatError
     from ._errors import InvalidMessages as InvalidMessages
     from ._errors import MissingChatTemplate as MissingChatTemplate
@@ -71,3 +48,5 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._render import decode_completion as decode_completion
     from ._render import render_prompt as render_prompt
     from ._render import render_text as render_text
+
+__getattr__, __dir__, __all__ = lazy_face(__name__)

@@ -16,9 +16,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from tether._lazy import lazy_exports
+from ._app import app, main
 
 # Each command module registers its commands on the app when imported; this order is
 # the order of `tether --help`.
@@ -33,14 +31,7 @@ from tether.cli import _config  # noqa: F401
 
 # isort: on
 
-#: The package's face: each name and the module it lives in.
-_EXPORTS = {
-    "app": "._app",
-    "main": "._app",
-}
-__all__ = list(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-
-if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
-    from ._app import app as app
-    from ._app import main as main
+__all__ = [
+    "app",
+    "main",
+]

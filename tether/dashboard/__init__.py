@@ -21,23 +21,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tether._lazy import lazy_exports
+from tether._lazy import lazy_face
 
-#: The package's face: each name and the module it lives in, imported on first use
+#: The package's face, read by tether._lazy.lazy_face: each name is imported on first use
 #: (the app needs FastAPI and Jinja2; the catalog does not).
-_EXPORTS = {
-    "Catalog": "._catalog",
-    "DEFAULT_PORT": "._catalog",
-    "PREFIX": "._app",
-    "STORE_FILE": "._catalog",
-    "create_dashboard": "._app",
-    "create_server_app": "._app",
-    "mount_dashboard": "._app",
-}
-__all__ = list(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-
-if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+if TYPE_CHECKING:
     from ._app import PREFIX as PREFIX
     from ._app import create_dashboard as create_dashboard
     from ._app import create_server_app as create_server_app
@@ -45,3 +33,5 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._catalog import DEFAULT_PORT as DEFAULT_PORT
     from ._catalog import STORE_FILE as STORE_FILE
     from ._catalog import Catalog as Catalog
+
+__getattr__, __dir__, __all__ = lazy_face(__name__)

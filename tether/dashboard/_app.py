@@ -24,6 +24,8 @@ from tether.dashboard import _pages as pages
 from tether.dashboard._auth import COOKIE, Sessions, safe_next, same_origin
 from tether.dashboard._catalog import Catalog
 from tether.dashboard._render import render
+from tether.dashboard._rollout_page import rollout_page
+from tether.dashboard._rollouts_page import rollouts_page
 
 __all__ = ["PREFIX", "create_dashboard", "create_server_app", "mount_dashboard"]
 
@@ -190,12 +192,12 @@ def _add_pages(app: FastAPI, catalog: Catalog, sessions: Sessions) -> None:
     def rollouts(request: Request, key: str, run_id: str) -> Response:
         _need_session(sessions, request)
         query = dict(request.query_params)
-        return _page("rollouts.html", request, pages.rollouts_page(catalog, key, run_id, query))
+        return _page("rollouts.html", request, rollouts_page(catalog, key, run_id, query))
 
     @app.get("/s/{key}/rollout/{rollout_id}", response_class=HTMLResponse)
     def rollout(request: Request, key: str, rollout_id: str) -> Response:
         _need_session(sessions, request)
-        context = pages.rollout_page(catalog, key, rollout_id, app.state.tokenizers)
+        context = rollout_page(catalog, key, rollout_id, app.state.tokenizers)
         return _page("rollout.html", request, context)
 
 

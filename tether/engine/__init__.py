@@ -30,46 +30,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tether._lazy import lazy_exports
+from tether._lazy import lazy_face
 
-#: The package's face: each name and the module it lives in, imported on first use
+#: The package's face, read by tether._lazy.lazy_face: each name is imported on first use
 #: (importing tether.engine does not import torch).
-_EXPORTS = {
-    "AdmissionGate": "._gate",
-    "AdmissionTimeout": "._gate",
-    "BASE_ADAPTER": "._protocol",
-    "Completion": "._protocol",
-    "Constraint": "._constraint",
-    "ConstraintError": "._constraint",
-    "Engine": "._protocol",
-    "EngineConfig": "._config",
-    "EngineError": "._protocol",
-    "EngineFailed": "._protocol",
-    "EngineLost": "._protocol",
-    "EngineStats": "._worker",
-    "EngineTimeout": "._protocol",
-    "EngineUnreachable": "._protocol",
-    "GenerateResult": "._protocol",
-    "MissingStructuredExtra": "._constraint",
-    "Outage": "._protocol",
-    "RemoteEngine": "._remote",
-    "SamplingParams": "._protocol",
-    "TokenDelta": "._stream",
-    "TransformersEngine": "._transformers",
-    "UnsupportedConstraint": "._constraint",
-    "UnsupportedParams": "._protocol",
-    "connect_engine": "._connect",
-    "end_of_turn_ids": "._turns",
-    "json_schema_format": "._constraint",
-    "rollout_copy": "._rollout_copy",
-    "server_api": "._connect",
-    "stream_via_generate": "._stream",
-    "weight_bytes": "._rollout_copy",
-}
-__all__ = list(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-
-if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+if TYPE_CHECKING:
     from ._config import EngineConfig as EngineConfig
     from ._connect import connect_engine as connect_engine
     from ._connect import server_api as server_api
@@ -95,8 +60,10 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._remote import RemoteEngine as RemoteEngine
     from ._rollout_copy import rollout_copy as rollout_copy
     from ._rollout_copy import weight_bytes as weight_bytes
+    from ._scheduler import EngineStats as EngineStats
     from ._stream import TokenDelta as TokenDelta
     from ._stream import stream_via_generate as stream_via_generate
     from ._transformers import TransformersEngine as TransformersEngine
     from ._turns import end_of_turn_ids as end_of_turn_ids
-    from ._worker import EngineStats as EngineStats
+
+__getattr__, __dir__, __all__ = lazy_face(__name__)

@@ -1,7 +1,7 @@
 """The embedded engine: a transformers model served with continuous batching.
 
 :class:`TransformersEngine` is the asyncio face; the model runs on one
-worker thread (:mod:`tether.engine._worker`), so the event loop never
+worker thread (:mod:`tether.engine._scheduler`), so the event loop never
 blocks. Concurrent requests share batches: newly arrived requests join the
 running batch at the next decode step.
 
@@ -25,9 +25,9 @@ from tether.engine._constraint import GrammarBook
 from tether.engine._gate import AdmissionGate
 from tether.engine._protocol import BASE_ADAPTER, Engine, GenerateResult, Outage, SamplingParams
 from tether.engine._rollout_copy import rollout_copy
+from tether.engine._scheduler import STOP, EngineStats, Request, Scheduler
 from tether.engine._stream import TokenDelta, TokenFeed
 from tether.engine._turns import end_of_turn_ids
-from tether.engine._worker import STOP, EngineStats, Request, Scheduler
 from tether.errors import UserError
 
 __all__ = ["TransformersEngine"]
@@ -105,7 +105,7 @@ class TransformersEngine(Engine):
         rng = torch.Generator()
         rng.manual_seed(seed) if seed is not None else rng.seed()
         self._gate = AdmissionGate()
-        self._worker = Scheduler(
+        self._scheduler = Scheduler(
             self.model,
             tokenizer,
             max_batch_size=max_batch_size,
@@ -116,7 +116,7 @@ class TransformersEngine(Engine):
             max_prefill_tokens=max_prefill_tokens,
             adapters=bool(self.adapters),
         )
-        self._worker.start()
+        self._scheduler.start()
 
     @classmethod
     def from_pretrained(
@@ -145,7 +145,7 @@ class TransformersEngine(Engine):
 
     @property
     def policy_version(self) -> int:
-        return self._worker.version
+        return self._scheduler.version
 
     @property
     def weights_lock(self) -> threading.Lock:
@@ -157,22 +157,22 @@ class TransformersEngine(Engine):
         ``rollout_dtype`` the trainer shares the full-precision model given to the
         constructor, and the update rebuilds the served copy from it under this lock.
         """
-        return self._worker.weights_lock
+        return self._scheduler.weights_lock
 
     @property
     def stats(self) -> EngineStats:
         """Batch sizes and counters recorded by the worker."""
-        return self._worker.stats
+        return self._scheduler.stats
 
     async def outage(self) -> Outage | None:
-        """Lost for good once the worker thread has died (``_worker.py``); else None."""
-        return self._worker.outage()
+        """Lost for good once the worker thread has died (``_scheduler.py``); else None."""
+        return self._scheduler.outage()
 
     def _queue(self, item: Any, fut: asyncio.Future[Any], loop: asyncio.AbstractEventLoop) -> None:
         """Hand ``item`` to the worker; ``fut`` is failed if the worker dies first. It may
         die after the item was queued and its waiters were failed (it marks itself first):
         then ``fut`` is failed here."""
-        worker = self._worker
+        worker = self._scheduler
         worker.waiters[fut] = loop
         fut.add_done_callback(lambda f: worker.waiters.pop(f, None))
         worker.inbox.put(item)
@@ -208,16 +208,16 @@ class TransformersEngine(Engine):
 
     def grammars(self) -> GrammarBook:
         """The compiled grammars of this engine's tokenizer (made on first use; needs xgrammar)."""
-        if self._worker.grammars is None:
+        if self._scheduler.grammars is None:
             if self.tokenizer is None:
                 raise UserError("constrained decoding needs a tokenizer: pass tokenizer=")
             stop = end_of_turn_ids(self.tokenizer, self.model)[0]
-            self._worker.grammars = GrammarBook(self.tokenizer, self._vocab, stop)
-        return self._worker.grammars
+            self._scheduler.grammars = GrammarBook(self.tokenizer, self._vocab, stop)
+        return self._scheduler.grammars
 
     async def _submit(self, prompt_ids: list[int], params: SamplingParams, on_token: Any = None):
-        if self._worker.died is not None:
-            raise self._worker.lost_error()
+        if self._scheduler.died is not None:
+            raise self._scheduler.lost_error()
         loop = asyncio.get_running_loop()
         stop_ids = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else self._eos
@@ -282,10 +282,10 @@ class TransformersEngine(Engine):
             self._load_adapters(state_dict)
         else:
             self._load_full(state_dict)
-        if self._worker.prefix is not None:
-            self._worker.prefix.clear()  # cached KVs belong to the old weights
-        self._worker.version = self._worker.version + 1 if version is None else int(version)
-        return self._worker.version
+        if self._scheduler.prefix is not None:
+            self._scheduler.prefix.clear()  # cached KVs belong to the old weights
+        self._scheduler.version = self._scheduler.version + 1 if version is None else int(version)
+        return self._scheduler.version
 
     def _load_adapters(self, weights: dict[str, Any]) -> None:
         from peft import set_peft_model_state_dict
@@ -308,12 +308,12 @@ class TransformersEngine(Engine):
         with torch.no_grad():
             target.load_state_dict(state_dict, strict=False)
         if self._source is not None and self._rollout_dtype:  # re-quantize (or re-cast) the copy
-            with self._worker.weights_lock:  # a trainer sharing the source writes under it
-                self._worker.model = self.model = rollout_copy(self._source, self._rollout_dtype)
+            with self._scheduler.weights_lock:  # a trainer sharing the source writes under it
+                self._scheduler.model = self.model = rollout_copy(self._source, self._rollout_dtype)
 
     async def close(self) -> None:
         """Stop the worker; requests still queued or running fail with EngineFailed."""
         self._gate.close()
-        if self._worker.is_alive():
-            self._worker.inbox.put(STOP)
-            await asyncio.to_thread(self._worker.join, 30)
+        if self._scheduler.is_alive():
+            self._scheduler.inbox.put(STOP)
+            await asyncio.to_thread(self._scheduler.join, 30)

@@ -21,39 +21,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tether._lazy import lazy_exports
+from tether._lazy import lazy_face
 
-#: The package's face: each name and the module it lives in, imported on first use
+#: The package's face, read by tether._lazy.lazy_face: each name is imported on first use
 #: (GatewayConfig and Gateway without FastAPI or uvicorn).
-_EXPORTS = {
-    "AdminKey": "._keyfile",
-    "BackgroundServer": "._http.server",
-    "Conflict": "._errors",
-    "ContextLengthExceeded": "._errors",
-    "DEFAULT_PORT": "._config",
-    "EngineDown": "._errors",
-    "Forbidden": "._errors",
-    "Gateway": "._core.gateway",
-    "GatewayConfig": "._config",
-    "GatewayError": "._errors",
-    "InvalidRequest": "._errors",
-    "LoadingApp": "._http.loading",
-    "LoopServer": "._http.server",
-    "ModelLoading": "._errors",
-    "OpenedRollout": "._core.gateway",
-    "Unauthenticated": "._errors",
-    "UnknownRollout": "._errors",
-    "bind_socket": "._http.server",
-    "constraint_for": "._core.constrain",
-    "create_app": "._app",
-    "is_loopback": "._config",
-    "make_server": "._http.server",
-    "resolve_admin_key": "._keyfile",
-}
-__all__ = list(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-
-if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+if TYPE_CHECKING:
     from ._app import create_app as create_app
     from ._config import DEFAULT_PORT as DEFAULT_PORT
     from ._config import GatewayConfig as GatewayConfig
@@ -77,3 +49,5 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._http.server import make_server as make_server
     from ._keyfile import AdminKey as AdminKey
     from ._keyfile import resolve_admin_key as resolve_admin_key
+
+__getattr__, __dir__, __all__ = lazy_face(__name__)

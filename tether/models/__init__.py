@@ -30,23 +30,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tether._lazy import lazy_exports
+from tether._lazy import lazy_face
 
-#: The package's face: each name and the module it lives in, imported on first use
+#: The package's face, read by tether._lazy.lazy_face: each name is imported on first use
 #: (importing the package loads neither torch nor transformers).
-_EXPORTS = {
-    "ModelError": "._errors",
-    "ModelNotFound": "._errors",
-    "cached_snapshot": "._source",
-    "load_model": "._load",
-    "load_tokenizer": "._load",
-    "model_folder": "._folders",
-    "model_source": "._source",
-}
-__all__ = list(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-
-if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+if TYPE_CHECKING:
     from ._errors import ModelError as ModelError
     from ._errors import ModelNotFound as ModelNotFound
     from ._folders import model_folder as model_folder
@@ -54,3 +42,5 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._load import load_tokenizer as load_tokenizer
     from ._source import cached_snapshot as cached_snapshot
     from ._source import model_source as model_source
+
+__getattr__, __dir__, __all__ = lazy_face(__name__)

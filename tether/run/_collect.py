@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tether.gateway import Gateway, OpenedRollout
-from tether.records import Phase, Place, RolloutStatus, Task
+from tether.records import AttemptEnd, Phase, Place, RolloutStatus, Task
 from tether.run._finish import (
     RolloutOutcome,
     end_quietly,
@@ -156,13 +156,16 @@ async def run_attempts(
             o.attempt + 1,
         )
         status = result.status if result.status is RolloutStatus.TIMEOUT else RolloutStatus.FAILED
+        error = f"{why}: {result.error}; retried"
         gw.finish_rollout(
-            o.rollout_id,
-            status,
-            attempt=o.attempt,
-            error=f"{why}: {result.error}; retried",
-            exit_code=result.exit_code,
-            output_tail=result.output_tail,
+            AttemptEnd(
+                o.rollout_id,
+                o.attempt,
+                status,
+                error=error,
+                exit_code=result.exit_code,
+                output_tail=result.output_tail,
+            )
         )
         o = gw.retry_rollout(o.rollout_id, sampling=sampling, queued=True)
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether.gateway import Gateway, OpenedRollout
-from tether.records import Call, RewardSource, RolloutStatus, Task, read_reward
+from tether.records import AttemptEnd, Call, RewardSource, RolloutStatus, Task, read_reward
 from tether.run._grading import (
     AnyGrader,
     Grade,
@@ -142,13 +142,10 @@ def finish_outcome(
     elif result.ok and reward is None:
         error = "no usable reward (missing, NaN, inf or not a number)"
     success = result.ok and is_success(reward, flag, success_threshold)
-    rollout = gw.finish_rollout(
+    end = AttemptEnd(
         opened.rollout_id,
+        opened.attempt,
         result.status,
-        attempt=opened.attempt,
-        reward=reward,
-        source=source,
-        final_answer=result.final_answer,
         error=error,
         exit_code=result.exit_code,
         output_tail=result.output_tail,
@@ -156,6 +153,7 @@ def finish_outcome(
         grader_error=fault.detail if fault else None,
         grade_detail=grader.detail if isinstance(grader, GroupGrade) and result.ok else None,
     )
+    rollout = gw.finish_rollout(end, reward=reward, source=source, final_answer=result.final_answer)
     calls = gw.store.calls(opened.rollout_id, attempt=opened.attempt)
     rewards_per_call = turn_rewards(gw, opened)
     return RolloutOutcome(
@@ -224,13 +222,19 @@ def end_quietly(
     error: str,
     *,
     current: bool = False,
-    **attempt_end: Any,
+    exit_code: int | None = None,
+    output_tail: str = "",
 ) -> None:
     """End ``opened``'s attempt (``current``: whatever attempt the rollout is at) with
     ``status`` and ``error`` on the way out of a failure; a rollout that already ended
     stays as it ended, and a store fault here must not hide the failure being handled."""
+    rid = opened.rollout_id
     try:
-        attempt = None if current else opened.attempt
-        gw.finish_rollout(opened.rollout_id, status, attempt=attempt, error=error, **attempt_end)
+        attempt = gw.current_attempt(rid) if current else opened.attempt
+        gw.finish_rollout(
+            AttemptEnd(
+                rid, attempt, status, error=error, exit_code=exit_code, output_tail=output_tail
+            )
+        )
     except Exception as exc:
         log.debug("rollout %s not ended as %s: %s", opened.rollout_id, status.value, exc)

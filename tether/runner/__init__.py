@@ -27,36 +27,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tether._lazy import lazy_exports
+from tether._lazy import lazy_face
 
-#: The package's face: each name and the module it lives in, imported on first use
+#: The package's face, read by tether._lazy.lazy_face: each name is imported on first use
 #: (a runner class starts processes and registers exit hooks: not on import).
-_EXPORTS = {
-    "AgentLoadError": "._base",
-    "Attempt": "._base",
-    "AttemptResult": "._base",
-    "InProcessRunner": "._inprocess",
-    "KubernetesConfig": "._remote_config",
-    "Launch": "._base",
-    "MODES": "._config",
-    "PoolRunner": "._pool",
-    "ProcessRunner": "._process",
-    "RayConfig": "._remote_config",
-    "Runner": "._base",
-    "RunnerBase": "._runner_base",
-    "RunnerConfig": "._config",
-    "RunnerConfigError": "._base",
-    "RunnerError": "._base",
-    "WorkerError": "._base",
-    "agent_env": "._base",
-    "kill_live_groups": "._child",
-    "load_callable": "._pool_worker",
-    "make_runner": "._factory",
-}
-__all__ = list(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-
-if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+if TYPE_CHECKING:
     from ._base import AgentLoadError as AgentLoadError
     from ._base import Attempt as Attempt
     from ._base import AttemptResult as AttemptResult
@@ -77,3 +52,5 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._remote_config import KubernetesConfig as KubernetesConfig
     from ._remote_config import RayConfig as RayConfig
     from ._runner_base import RunnerBase as RunnerBase
+
+__getattr__, __dir__, __all__ = lazy_face(__name__)

@@ -23,29 +23,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tether._lazy import lazy_exports
+from tether._lazy import lazy_face
 
-#: The package's face: each name and the module it lives in, imported on first use
+#: The package's face, read by tether._lazy.lazy_face: each name is imported on first use
 #: (`tether.starter.calc`, used by agents, graders and an MCP server, must not pull in
 #: torch and transformers).
-_EXPORTS = {
-    "CalcError": "._errors",
-    "ModelRecipe": "._model",
-    "Recipe": "._build",
-    "StarterError": "._errors",
-    "TokenizerRecipe": "._tokenizer",
-    "WarmupRecipe": "._warmup",
-    "build_starter": "._build",
-    "encode_transcript": "._warmup",
-    "is_starter": "._build",
-    "read_info": "._build",
-    "starter_path": "._build",
-    "train_on_transcripts": "._warmup",
-}
-__all__ = list(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-
-if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+if TYPE_CHECKING:
     from ._build import Recipe as Recipe
     from ._build import build_starter as build_starter
     from ._build import is_starter as is_starter
@@ -58,3 +41,5 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from ._warmup import WarmupRecipe as WarmupRecipe
     from ._warmup import encode_transcript as encode_transcript
     from ._warmup import train_on_transcripts as train_on_transcripts
+
+__getattr__, __dir__, __all__ = lazy_face(__name__)

@@ -267,43 +267,38 @@ class Store(RunLog, Browse):
 
     def finish_rollout(
         self,
-        rollout_id: str,
-        status: RolloutStatus | str,
+        end: AttemptEnd,
         *,
-        attempt: int,
         reward: float | None = None,
         reward_source: RewardSource | str | None = None,
         final_answer: str | None = None,
-        error: str | None = None,
-        exit_code: int | None = None,
-        output_tail: str = "",
-        success: bool | None = None,
-        grader_error: str | None = None,
-        grade_detail: dict[str, Any] | None = None,
     ) -> Rollout:
-        """End the current attempt with a final status; return the stored rollout.
+        """End attempt ``end.attempt`` of rollout ``end.rollout_id`` as ``end`` says; return
+        the stored rollout.
 
-        The attempt's end (status, ``error``, ``exit_code``, the last
+        The attempt's end (its status, ``error``, ``exit_code``, the last
         :data:`TAIL_BYTES` of ``output_tail``, ``success``, what the grader raised
         as ``grader_error``, what a judge saw and said as ``grade_detail``) is also kept
-        in its own row, which a retry does not
-        clear (:meth:`attempts`).
+        in its own row, which a retry does not clear (:meth:`attempts`); its
+        ``finished_at`` and ``started_at`` are the store's to set.
 
         A ``reward`` is stored as the attempt's final reward (source defaults to
         ``admin``); one that is not a finite number is stored as NULL, the reason
-        goes to ``error``, and the rollout stays unusable. Refuses a stale
+        goes to ``error``, and the rollout stays unusable. ``final_answer`` is kept
+        with the rollout. Refuses a stale
         ``attempt`` (:class:`StaleAttempt`), an illegal change
         (:class:`IllegalRolloutTransition`) and a second final reward
         (:class:`DuplicateReward`); nothing is stored then.
         """
-        new = RolloutStatus(status)
+        rollout_id, attempt, error = end.rollout_id, end.attempt, end.error
+        new = RolloutStatus(end.status)
         if not new.is_final:
             raise IllegalRolloutTransition(
                 f"rollout {rollout_id!r}: finish_rollout needs a final status, not "
                 f"{new.value!r}; use start_attempt to run it again"
             )
         source = RewardSource(reward_source or RewardSource.ADMIN)
-        detail = None if grade_detail is None else dump_json(grade_detail, "grade_detail")
+        detail = None if end.grade_detail is None else dump_json(end.grade_detail, "grade_detail")
         with self._db.write() as conn:
             old, current = _state(conn, rollout_id)
             _check_attempt(rollout_id, attempt, current)
@@ -323,9 +318,10 @@ class Store(RunLog, Browse):
                 "INSERT OR REPLACE INTO attempts (rollout_id, attempt, status, error, exit_code, "
                 "output_tail, success, finished_at, grader_error, grade_detail, started_at) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?,(SELECT started_at FROM rollouts WHERE id = ?))",
-                (rollout_id, attempt, new.value, error, exit_code, keep_tail(output_tail or ""),
-                 None if success is None else int(bool(success)), now,
-                 None if grader_error is None else grader_error[:TAIL_BYTES], detail,
+                (rollout_id, attempt, new.value, error, end.exit_code,
+                 keep_tail(end.output_tail or ""),
+                 None if end.success is None else int(bool(end.success)), now,
+                 None if end.grader_error is None else end.grader_error[:TAIL_BYTES], detail,
                  rollout_id),
             )  # fmt: skip
             row = conn.execute(

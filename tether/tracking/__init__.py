@@ -22,53 +22,32 @@ torch nor any sink's package.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from ._export import CALL_FIELDS, EXPORT_FORMATS, ROW_FIELDS, export_attempts, write_rows
+from ._fanout import Tracking, open_tracking, sample_rows
+from ._groups import Fate, credit_label, place_kind, rollout_fates
+from ._report import write_report
+from ._steps import StepSamples, step_samples, training_sample_rows
+from ._tensorboard import run_tensorboard
+from .config import TrackingConfig, normalize_tracking
 
-from tether._lazy import lazy_exports
-
-#: The package's face: each name and the module it lives in, imported on first use
-#: (neither torch nor any sink's package loads on import).
-_EXPORTS = {
-    "CALL_FIELDS": "._export",
-    "EXPORT_FORMATS": "._export",
-    "ROW_FIELDS": "._export",
-    "Fate": "._groups",
-    "StepSamples": "._steps",
-    "Tracking": "._fanout",
-    "TrackingConfig": ".config",
-    "credit_label": "._groups",
-    "export_attempts": "._export",
-    "normalize_tracking": ".config",
-    "open_tracking": "._fanout",
-    "place_kind": "._groups",
-    "rollout_fates": "._groups",
-    "run_tensorboard": "._tensorboard",
-    "sample_rows": "._fanout",
-    "step_samples": "._steps",
-    "training_sample_rows": "._steps",
-    "write_report": "._report",
-    "write_rows": "._export",
-}
-__all__ = list(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-
-if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
-    from ._export import CALL_FIELDS as CALL_FIELDS
-    from ._export import EXPORT_FORMATS as EXPORT_FORMATS
-    from ._export import ROW_FIELDS as ROW_FIELDS
-    from ._export import export_attempts as export_attempts
-    from ._export import write_rows as write_rows
-    from ._fanout import Tracking as Tracking
-    from ._fanout import open_tracking as open_tracking
-    from ._fanout import sample_rows as sample_rows
-    from ._groups import Fate as Fate
-    from ._groups import credit_label as credit_label
-    from ._groups import place_kind as place_kind
-    from ._groups import rollout_fates as rollout_fates
-    from ._report import write_report as write_report
-    from ._steps import StepSamples as StepSamples
-    from ._steps import step_samples as step_samples
-    from ._steps import training_sample_rows as training_sample_rows
-    from ._tensorboard import run_tensorboard as run_tensorboard
-    from .config import TrackingConfig as TrackingConfig
-    from .config import normalize_tracking as normalize_tracking
+__all__ = [
+    "CALL_FIELDS",
+    "EXPORT_FORMATS",
+    "ROW_FIELDS",
+    "Fate",
+    "StepSamples",
+    "Tracking",
+    "TrackingConfig",
+    "credit_label",
+    "export_attempts",
+    "normalize_tracking",
+    "open_tracking",
+    "place_kind",
+    "rollout_fates",
+    "run_tensorboard",
+    "sample_rows",
+    "step_samples",
+    "training_sample_rows",
+    "write_report",
+    "write_rows",
+]

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
-from tether.records import RewardSource, RolloutStatus
+from tether.records import AttemptEnd, RewardSource, RolloutStatus
 
 from .._core.auth import check_rollout_id
 from .._core.gateway import Gateway
@@ -72,13 +72,12 @@ async def get_rollout(rollout_id: str, gw: Gateway = Depends(gateway)) -> dict[s
 async def finish(rollout_id: str, request: Request, gw: Gateway = Depends(gateway)) -> dict:
     check_rollout_id(rollout_id)
     req: FinishRolloutRequest = await parse(request, FinishRolloutRequest)
-    rollout = gw.finish_rollout(  # 404 for an unknown rollout
-        rollout_id,
-        RolloutStatus(req.status),
+    attempt = gw.current_attempt(rollout_id)  # 404 for an unknown rollout
+    rollout = gw.finish_rollout(
+        AttemptEnd(rollout_id, attempt, RolloutStatus(req.status), error=req.error),
         reward=req.reward,
         source=RewardSource.ADMIN,
         final_answer=req.final_answer,
-        error=req.error,
     )
     return rollout_view(rollout)
 

@@ -18,6 +18,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from tether.engine import Engine
+from tether.records import AttemptEnd, Call, Place, RewardSource, Rollout
 from tether.store import Store
 
 from .._config import GatewayConfig
@@ -34,10 +35,8 @@ class Gateway:
     """Serves model calls for rollouts and records every one of them.
 
     ``seed`` (the run's; random when None) is the root of the seeds of calls that ask
-    for none (:class:`~.rollouts.RolloutLifecycle`). The rollout methods
-    (``open_rollout``, ``retry_rollout``, ``mark_running``, ``finish_rollout``,
-    ``record_reward``, ``authorize``, ``rollouts``, ``rollout``) are the lifecycle's own,
-    bound here (one signature each, in ``rollouts``); what the services keep (the render
+    for none (:class:`~.rollouts.RolloutLifecycle`). The rollout methods hand over to
+    ``gw.lifecycle``, where each is documented; what the services keep (the render
     cache, the context limit, the count of engine calls, the seed) is read from them:
     ``gw.calls``, ``gw.lifecycle``.
     """
@@ -60,16 +59,6 @@ class Gateway:
         self.lifecycle = RolloutLifecycle(
             store, self.keys, config, self.calls.end_conversation, root
         )
-        lc = self.lifecycle  # the public rollout methods, not copies of their signatures
-        self.open_rollout = lc.open_rollout
-        self.retry_rollout = lc.retry_rollout
-        self.mark_running = lc.mark_running
-        self.finish_rollout = lc.finish_rollout
-        self.record_reward = lc.record_reward
-        self.authorize = lc.authorize
-        self.rollouts = lc.rollouts
-        self.rollout = lc.rollout
-        self.admission_state = self.calls.admission_state
 
     # -- what callers read --------------------------------------------------
 
@@ -110,7 +99,87 @@ class Gateway:
         """One token as text, special tokens included (for logprobs in answers)."""
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
+    # -- rollouts (RolloutLifecycle) ----------------------------------------
+
+    def open_rollout(
+        self,
+        task: dict[str, Any] | None = None,
+        *,
+        rollout_id: str | None = None,
+        run_id: str | None = None,
+        group_id: str | None = None,
+        task_id: str | None = None,
+        sampling: dict[str, float] | None = None,
+        queued: bool = False,
+        place: Place | None = None,
+    ) -> OpenedRollout:
+        """Create a rollout, start its first attempt and mint its token."""
+        return self.lifecycle.open_rollout(
+            task, rollout_id=rollout_id, run_id=run_id, group_id=group_id, task_id=task_id,
+            sampling=sampling, queued=queued, place=place,
+        )  # fmt: skip
+
+    def retry_rollout(
+        self, rollout_id: str, *, sampling: dict[str, float] | None = None, queued: bool = False
+    ) -> OpenedRollout:
+        """Start a new attempt (after a failure or timeout); the old token then gets 409."""
+        return self.lifecycle.retry_rollout(rollout_id, sampling=sampling, queued=queued)
+
+    def mark_running(self, rollout_id: str, attempt: int) -> None:
+        """A ``queued`` attempt's agent has started (runners call this); no-op if running."""
+        self.lifecycle.mark_running(rollout_id, attempt)
+
+    def current_attempt(self, rollout_id: str) -> int:
+        """The attempt the rollout is at; UnknownRollout when there is no such rollout."""
+        return self.lifecycle.current_attempt(rollout_id)
+
+    def finish_rollout(
+        self,
+        end: AttemptEnd,
+        *,
+        reward: float | None = None,
+        source: RewardSource = RewardSource.GRADER,
+        final_answer: str | None = None,
+    ) -> Rollout:
+        """End a rollout's attempt as ``end`` says, with an optional final reward."""
+        return self.lifecycle.finish_rollout(
+            end, reward=reward, source=source, final_answer=final_answer
+        )
+
+    def record_reward(
+        self,
+        rollout_id: str,
+        value: float,
+        *,
+        call_seq: int | None = None,
+        attempt: int | None = None,
+        source: RewardSource = RewardSource.AGENT,
+    ) -> None:
+        """Record a reward for the rollout's ``attempt`` (default: its current one)."""
+        self.lifecycle.record_reward(
+            rollout_id, value, call_seq=call_seq, attempt=attempt, source=source
+        )
+
+    def authorize(self, rollout_id: str, token: str | None) -> int:
+        """The rollout's current attempt if ``token`` is its own (400/401/403/409 otherwise)."""
+        return self.lifecycle.authorize(rollout_id, token)
+
+    def rollouts(
+        self, *, run_id: str | None = None, status: str | None = None, limit: int = 100
+    ) -> list[Rollout]:
+        """The stored rollouts, newest first, by run and status (a status name)."""
+        return self.lifecycle.rollouts(run_id=run_id, status=status, limit=limit)
+
+    def rollout(self, rollout_id: str) -> tuple[Rollout, list[Call]]:
+        """One rollout and its calls (404 if there is none)."""
+        return self.lifecycle.rollout(rollout_id)
+
     # -- admission ----------------------------------------------------------
+
+    def admission_state(self) -> dict[str, Any]:
+        """``paused``, ``in_flight``, ``held`` now and so far, the engine's
+        ``policy_version`` and the gateway's ``engine_calls``."""
+        return self.calls.admission_state()
 
     async def pause(self) -> None:
         """Hold new model calls and return once the calls in flight have finished."""

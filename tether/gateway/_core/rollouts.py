@@ -16,6 +16,7 @@ from typing import Any
 
 from tether.engine import SamplingParams
 from tether.records import (
+    AttemptEnd,
     Call,
     Place,
     Reward,
@@ -216,54 +217,41 @@ class RolloutLifecycle:
             reward_url=f"{base}/rollouts/{rollout_id}/reward",
         )
 
+    def current_attempt(self, rollout_id: str) -> int:
+        """The attempt the rollout is at (to end it without knowing which: the admin API);
+        UnknownRollout when there is no such rollout."""
+        auth = self.store.rollout_auth(rollout_id)
+        if auth is None:
+            raise UnknownRollout(f"no rollout {rollout_id!r}")
+        return auth[1]
+
     def finish_rollout(
         self,
-        rollout_id: str,
-        status: RolloutStatus,
+        end: AttemptEnd,
         *,
-        attempt: int | None = None,
         reward: float | None = None,
         source: RewardSource = RewardSource.GRADER,
         final_answer: str | None = None,
-        error: str | None = None,
-        exit_code: int | None = None,
-        output_tail: str = "",
-        success: bool | None = None,
-        grader_error: str | None = None,
-        grade_detail: dict[str, Any] | None = None,
     ) -> Rollout:
-        """End a rollout's attempt (its token stops working) with an optional final reward.
-
-        ``exit_code``, ``output_tail`` (what the agent printed), ``success``,
-        ``grader_error`` (what the grader raised) and ``grade_detail`` (what a judge saw
-        and said) are kept with the attempt (:meth:`Store.attempts`)."""
+        """End a rollout's attempt as ``end`` says (its token stops working), with an
+        optional final reward; the store keeps ``end`` with the attempt
+        (:meth:`Store.finish_rollout`, :meth:`Store.attempts`)."""
+        rollout_id, attempt = end.rollout_id, end.attempt
         self._attempts.pop(rollout_id, None)
         auth = self.store.rollout_auth(rollout_id)
-        if attempt is None:
-            if auth is None:
-                raise UnknownRollout(f"no rollout {rollout_id!r}")
-            attempt = auth[1]
         self.end_conversation((rollout_id, attempt))  # it takes no more calls
         if (
             auth is not None
             and auth[0] is RolloutStatus.QUEUED
             and auth[1] == attempt >= 1
-            and RolloutStatus(status) is not RolloutStatus.CANCELLED
+            and RolloutStatus(end.status) is not RolloutStatus.CANCELLED
         ):  # its runner ran it without saying so: queued → running → final, never a jump
             self.store.mark_running(rollout_id, attempt)
         return self.store.finish_rollout(
-            rollout_id,
-            status,
-            attempt=attempt,
+            end,
             reward=reward,
             reward_source=source if reward is not None else None,
             final_answer=final_answer,
-            error=error,
-            exit_code=exit_code,
-            output_tail=output_tail,
-            success=success,
-            grader_error=grader_error,
-            grade_detail=grade_detail,
         )
 
     def record_reward(
@@ -284,10 +272,7 @@ class RolloutLifecycle:
                 "this run does not accept rewards from agents (gateway.allow_agent_rewards is off)",
             )
         if attempt is None:
-            auth = self.store.rollout_auth(rollout_id)
-            if auth is None:
-                raise UnknownRollout(f"no rollout {rollout_id!r}")
-            attempt = auth[1]
+            attempt = self.current_attempt(rollout_id)
         self.store.record_reward(
             Reward(
                 rollout_id=rollout_id,

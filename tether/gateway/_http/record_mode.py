@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi import Request
 
-from tether.records import RolloutStatus
+from tether.records import AttemptEnd, RolloutStatus
 
 from .._core.gateway import Gateway
 from .deps import request_key
@@ -61,7 +61,7 @@ async def recording(gw: Gateway, request: Request, handler: Handler) -> Any:
     def on_end(status: RolloutStatus, error: str | None = None) -> None:
         if not ended:
             ended.append(status)
-            gw.finish_rollout(opened.rollout_id, status, attempt=opened.attempt, error=error)
+            gw.finish_rollout(AttemptEnd(opened.rollout_id, opened.attempt, status, error=error))
 
     try:
         return await handler(gw, opened.rollout_id, opened.attempt, request, on_end=on_end)
