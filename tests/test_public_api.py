@@ -3,8 +3,7 @@
 A package's ``__init__.py`` names each export once: as a plain import where importing
 it is cheap (with ``__all__``, as httpx does), or, where a lazy import saves real
 time (torch, FastAPI), as an import under ``TYPE_CHECKING`` that :mod:`tether._lazy`
-reads for ``__all__`` and the lazy loader. (``tether.trainer`` and ``tether.run`` still
-keep an ``_EXPORTS`` table beside their ``TYPE_CHECKING`` imports, checked to match.)
+reads for ``__all__`` and the lazy loader.
 In the spirit of httpx's ``test_exports``:
 
 - ``__all__`` is the face's names, without duplicates;
@@ -28,7 +27,7 @@ PACKAGES = sorted(f"tether.{p.parent.name}" for p in (ROOT / "tether").glob("*/_
 MODULES = ["tether.records", "tether.errors", "tether.configio"]
 
 # Names an ``__init__`` may define or import without exporting them.
-NOT_EXPORTS = {"annotations", "TYPE_CHECKING", "Any", "lazy_exports", "lazy_face"}
+NOT_EXPORTS = {"annotations", "TYPE_CHECKING", "Any", "lazy_face"}
 
 
 def _source(name: str) -> Path:
@@ -88,15 +87,9 @@ def _is_typevar(value: ast.expr | None) -> bool:
 
 
 def _table(package: str) -> dict[str, str]:
-    """The package's face, name → absolute module: its ``_EXPORTS`` table where it keeps
-    one, else its ``TYPE_CHECKING`` imports where it loads lazily, else its plain imports."""
-    module = importlib.import_module(package)
-    if hasattr(module, "_EXPORTS"):
-        return {k: importlib.util.resolve_name(v, package) for k, v in module._EXPORTS.items()}
+    """The package's face, name → absolute module: its ``TYPE_CHECKING`` imports where it
+    loads lazily, else its plain imports."""
     return _type_checking_imports(package) or _plain_imports(package)
-
-
-LISTED = [p for p in PACKAGES if not hasattr(importlib.import_module(p), "_EXPORTS")]
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -106,7 +99,7 @@ def test_all_is_the_table(package: str) -> None:
     assert sorted(module.__all__) == sorted(_table(package)), f"{package}: __all__ != its face"
 
 
-@pytest.mark.parametrize("package", LISTED)
+@pytest.mark.parametrize("package", PACKAGES)
 def test_a_package_lists_its_face_once(package: str) -> None:
     """Either plain imports or imports under TYPE_CHECKING (read lazily), never both."""
     lazy, plain = _type_checking_imports(package), _plain_imports(package)
@@ -120,11 +113,6 @@ def test_every_name_resolves_to_its_module(package: str) -> None:
     module = importlib.import_module(package)
     for name, home in _table(package).items():
         assert getattr(module, name) is getattr(importlib.import_module(home), name), name
-
-
-@pytest.mark.parametrize("package", sorted(set(PACKAGES) - set(LISTED)))
-def test_type_checking_imports_are_the_table(package: str) -> None:
-    assert _type_checking_imports(package) == _table(package)
 
 
 @pytest.mark.parametrize("name", PACKAGES + MODULES)
@@ -162,4 +150,4 @@ def test_dir_shows_the_face_not_the_inits_own_imports(package: str) -> None:
     """A lazy package's dir() lists its face before it is loaded (a plain one's is Python's)."""
     shown = {n for n in dir(importlib.import_module(package)) if not n.startswith("_")}
     assert set(importlib.import_module(package).__all__) <= shown
-    assert not shown & {"TYPE_CHECKING", "lazy_exports", "lazy_face", "annotations"}
+    assert not shown & {"TYPE_CHECKING", "lazy_face", "annotations"}

@@ -21,10 +21,10 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
-__all__ = ["lazy_exports", "lazy_face"]
+__all__ = ["lazy_face"]
 
 
-def lazy_exports(
+def _loader(
     package: str, exports: Mapping[str, str]
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The package's ``__getattr__`` and ``__dir__`` for ``exports`` (name → module).
@@ -43,7 +43,7 @@ def lazy_exports(
 
     def __dir__() -> list[str]:
         # the face, the submodules and the dunders; not what the __init__ imports for
-        # itself (TYPE_CHECKING, lazy_exports, annotations)
+        # itself (TYPE_CHECKING, lazy_face, annotations)
         own = vars(sys.modules[package])
         shown = {n for n, v in own.items() if n.startswith("_") or _submodule(v, package)}
         return sorted(shown | set(exports))
@@ -57,7 +57,7 @@ def lazy_face(
     """The package's ``__getattr__``, ``__dir__`` and ``__all__`` from the relative imports
     under ``if TYPE_CHECKING:`` in its ``__init__.py`` (name → module, in that order)."""
     exports = type_checking_imports(package)
-    return (*lazy_exports(package, exports), list(exports))
+    return (*_loader(package, exports), list(exports))
 
 
 def type_checking_imports(package: str) -> dict[str, str]:

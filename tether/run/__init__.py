@@ -25,55 +25,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tether._lazy import lazy_exports
+from tether._lazy import lazy_face
 
-#: The package's face: what a user (or the CLI) imports, each name and the module it
-#: lives in, imported on first use (the configs load neither FastAPI, uvicorn nor torch).
-_EXPORTS = {
-    "CheckpointConfig": ".config",
-    "CheckpointSaved": "._events",
-    "EvalConfig": ".config",
-    "EvalDone": "._events",
-    "EvalProgress": "._events",
-    "EvalResult": "._evaluate",
-    "EvalStart": "._events",
-    "Grader": "._collect",
-    "JudgeConfig": ".config",
-    "LoraConfig": ".config",
-    "MemoryWatch": "._memwatch",
-    "ModelConfig": ".config",
-    "RankGroup": "._ranks",
-    "Resumed": "._events",
-    "RetryPolicy": "._collect",
-    "RolloutConfig": ".config",
-    "RunConfig": ".config",
-    "RolloutOutcome": "._finish",
-    "RunEvent": "._events",
-    "Status": "._events",
-    "StepDone": "._events",
-    "StepReport": "._evaluate",
-    "TasksConfig": ".config",
-    "TrackingConfig": ".config",
-    "TrainConfig": ".config",
-    "TrainerConfig": ".config",
-    "TrainingRun": "._loop",
-    "batch_diagnostics": "._diagnostics",
-    "check_new_run": "._rundir",
-    "collect_groups": "._collect",
-    "end_status": "._rundir",
-    "holds_run": "._rundir",
-    "load_grader": "._grading",
-    "load_task_set": "._tasks",
-    "load_tasks": "._tasks",
-    "rank_from_env": "._ranks",
-    "resolve_model_path": "._paths",
-    "serve_rank": "._ranks",
-    "tasks_for_step": "._tasks",
-}
-__all__ = list(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-
-if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+#: The package's face, read by tether._lazy.lazy_face: each name is imported on first use.
+if TYPE_CHECKING:
     from ._collect import Grader as Grader
     from ._collect import RetryPolicy as RetryPolicy
     from ._collect import collect_groups as collect_groups
@@ -113,3 +68,5 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from .config import TrackingConfig as TrackingConfig
     from .config import TrainConfig as TrainConfig
     from .config import TrainerConfig as TrainerConfig
+
+__getattr__, __dir__, __all__ = lazy_face(__name__)

@@ -19,34 +19,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tether._lazy import lazy_exports
+from tether._lazy import lazy_face
 
-#: The package's face: each name and the module it lives in, imported on first use
+#: The package's face, read by tether._lazy.lazy_face: each name is imported on first use
 #: (the names that need torch load when used, so importing the config stays light).
-_EXPORTS = {
-    "AgentsFailing": ".errors",
-    "CheckpointConflict": ".errors",
-    "Credit": ".credit",
-    "GraderFailing": ".errors",
-    "LoraConfig": ".config",
-    "NoLearningSignal": ".errors",
-    "PolicyCollapsed": ".errors",
-    "PolicyTrainer": "._update",
-    "RankFailed": ".errors",
-    "RolloutRewards": ".credit",
-    "Sample": ".samples",
-    "SampleStats": ".samples",
-    "TrainerConfig": ".config",
-    "TrainerError": ".errors",
-    "UpdateStopped": "._update",
-    "assign_credit": ".credit",
-    "build_samples": ".samples",
-    "carries_signal": ".credit",
-}
-__all__ = list(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-
-if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py: they match)
+if TYPE_CHECKING:
     from ._update import PolicyTrainer as PolicyTrainer
     from ._update import UpdateStopped as UpdateStopped
     from .config import LoraConfig as LoraConfig
@@ -65,3 +42,5 @@ if TYPE_CHECKING:  # the same names for type checkers (tests/test_public_api.py:
     from .samples import Sample as Sample
     from .samples import SampleStats as SampleStats
     from .samples import build_samples as build_samples
+
+__getattr__, __dir__, __all__ = lazy_face(__name__)
