@@ -71,7 +71,9 @@ async def test_an_answer_equals_the_embedded_engines(kind: str, starter_dir: Pat
 def _pushed(starter_dir: Path, transport: str) -> tuple[dict[str, Any], dict | None, Any]:
     """What a trainer would push by ``transport``, its LoRA config, and the model whose
     answers the server must then give."""
-    from tether._hf import adapter_config, adapter_weights, merged_copy
+    import copy
+
+    from tether._hf import adapter_config, adapter_weights
     from tether.models import load_model
 
     torch.manual_seed(1)
@@ -87,7 +89,7 @@ def _pushed(starter_dir: Path, transport: str) -> tuple[dict[str, Any], dict | N
     for name, p in peft_model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.2)
-    merged = merged_copy(peft_model)
+    merged = copy.deepcopy(peft_model).merge_and_unload()  # peft's own merge: the reference
     return adapter_weights(peft_model), adapter_config(peft_model), merged
 
 

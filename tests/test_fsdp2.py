@@ -192,12 +192,15 @@ def test_a_sharded_checkpoint_is_refused_by_a_replicated_trainer_with_the_fix(
 
 
 def test_merged_weights_from_a_state_dict_equal_peft_merging_a_copy(starter_dir: Path) -> None:
-    """What rank 0 pushes from gathered shards (LoRA merged by hand) is peft's merge."""
-    from tether._hf import merged_copy, merged_weights
+    """What the trainer pushes and checkpoints with LoRA (merged tensor by tensor, from its
+    own weights or from shards gathered on rank 0) is peft's merge of a copy."""
+    import copy
+
+    from tether._hf import merged_weights
 
     trainer = _trainer(starter_dir, {"lora": "r4"})
     trainer.update(_samples(7))  # B != 0: the merge changes the weights
-    by_peft = merged_copy(trainer.model).state_dict()
+    by_peft = copy.deepcopy(trainer.model).merge_and_unload().state_dict()
     by_hand = merged_weights(trainer.model, trainer.model.state_dict())
     assert set(by_hand) == set(by_peft)
     changed = [k for k in by_peft if "q_proj.weight" in k]

@@ -15,14 +15,13 @@ one of them would make the others import a sibling's internals.
   (``cache.layers`` from 4.56 on, ``key_cache``/``value_cache`` before).
 - :func:`shared_prefix_forward`: rows that share a prefix run it once and
   broadcast its KV cache (gradients flow through it).
-- :func:`merged_copy`: a LoRA (peft) model's adapters merged into a copy;
-  :func:`merged_weights`: the same from a state dict held elsewhere (FSDP2 shards
-  gathered on rank 0).
+- :func:`merged_weights`: a LoRA (peft) model's adapters merged into its weights,
+  tensor by tensor, from its state dict or one held elsewhere (FSDP2 shards gathered
+  on rank 0); no copy of the model.
 """
 
 from __future__ import annotations
 
-import copy
 import inspect
 from typing import Any
 
@@ -31,7 +30,6 @@ import torch
 __all__ = [
     "cache_kwarg",
     "cache_layers",
-    "merged_copy",
     "merged_weights",
     "shared_prefix_forward",
     "takes_kwarg",
@@ -86,19 +84,11 @@ def shared_prefix_forward(
     )
 
 
-def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A peft model's LoRA adapters merged into a deep copy (base parameter names);
-    any other model as it is. The trained model itself is left untouched."""
-    if not hasattr(model, "merge_and_unload"):
-        return model
-    merge: Any = copy.deepcopy(model).merge_and_unload  # a peft model's method
-    return merge()
-
-
 def merged_weights(model: Any, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``merged_copy(model).state_dict()`` computed from ``weights``, the peft ``model``'s
-    own state dict held elsewhere (gathered from shards): each LoRA target's base weight
-    plus its default adapter's ``B @ A × scaling``, under the base model's names."""
+    """What peft's ``merge_and_unload`` of a copy of ``model`` would hold, from
+    ``weights`` (the peft ``model``'s state dict, its own or one gathered from shards):
+    each LoRA target's base weight plus its default adapter's ``B @ A × scaling``, under
+    the base model's names; the other tensors are ``weights``' own."""
     targets = {
         name: module
         for name, module in model.named_modules()

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from tether._hf import adapter_config, adapter_weights, merged_copy, merged_weights
+from tether._hf import adapter_config, adapter_weights, merged_weights
 from tether.trainer._adapters import adapters_weights, serving_model
 from tether.trainer._fsdp import ShardedPolicy, gather_full, load_shards, save_shards
 from tether.trainer.config import TrainerConfig
@@ -57,16 +57,18 @@ class TrainerWeights:
         self._shared_lock = lock
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Full weights for the engine (LoRA merged into a copy, base names); empty when
-        the engine shares :attr:`model` (it already decodes with the updated tensors)."""
+        """Full weights for the engine (LoRA merged, base names); empty when the engine
+        shares :attr:`model` (it already decodes with the updated tensors). With LoRA the
+        frozen base tensors are the trainer's own (never written), the merged ones new:
+        no copy of the model is made."""
         if self._shared_lock is not None:
             return {}
         if self.root is not None:  # gathered from the shards (rank 0 only), then merged
             full = self.full_weights()
             return merged_weights(self.model, full) if self.cfg.lora is not None else full
         if self.cfg.lora is not None:
-            merged = merged_copy(self.model)
-            return {k: v.detach().cpu() for k, v in merged.state_dict().items()}
+            own = {k: v.detach() for k, v in self.model.state_dict().items()}
+            return {k: v.cpu() for k, v in merged_weights(self.model, own).items()}
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
 
     def adapter_state_dict(self) -> dict[str, torch.Tensor]:

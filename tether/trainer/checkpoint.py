@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from tether._hf import merged_copy, merged_weights
+from tether._hf import merged_weights
 from tether.errors import UserError
 from tether.store import redact_secrets
 from tether.trainer.errors import CheckpointConflict
@@ -93,15 +93,12 @@ def save_checkpoint(
         shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"step-{step:06d}.tmp-", dir=directory))
     rng = {"step": step, "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}
-    if getattr(trainer, "root", None) is not None:  # trainer.strategy fsdp2
-        _save_sharded(tmp, trainer)
+    sharded = getattr(trainer, "root", None) is not None  # trainer.strategy fsdp2
+    _save_model(tmp / "model", trainer, trainer.full_weights() if sharded else None)
+    if sharded:
+        trainer.save_sharded(tmp / "sharded")
         torch.save(rng, tmp / "trainer.pt")
     else:
-        model = trainer.model
-        if trainer.cfg.lora is not None:
-            model = merged_copy(model)
-        save: Any = model.save_pretrained  # a transformers model's method
-        save(tmp / "model", safe_serialization=True)
         if getattr(trainer, "adapters", ()):  # roles with their own adapter: every adapter
             trainer.model.save_pretrained(tmp / "adapters", safe_serialization=True)
         optimizer = trainer.optimizer.state_dict()
@@ -143,17 +140,16 @@ def save_checkpoint(
     return final
 
 
-def _save_sharded(folder: Path, trainer: Any) -> None:
-    """An FSDP2 trainer's checkpoint: ``sharded/`` (every rank's shards of the weights and
-    of the optimizer state, torch.distributed.checkpoint) and ``model/``, the full model
-    gathered onto rank 0 (LoRA merged), as ``save_pretrained`` writes it."""
-    weights = trainer.full_weights()
+def _save_model(folder: Path, trainer: Any, weights: dict[str, Any] | None) -> None:
+    """The policy as ``save_pretrained`` writes it, LoRA merged (tensor by tensor, no copy
+    of the model): from ``weights`` (an FSDP2 trainer's, gathered onto rank 0) or the
+    trainer's own."""
     model = trainer.model
+    own: dict[str, Any] = model.state_dict() if weights is None else weights
     if trainer.cfg.lora is not None:
-        weights, model = merged_weights(model, weights), model.get_base_model()
-    save: Any = model.save_pretrained
-    save(folder / "model", state_dict=weights, safe_serialization=True)
-    trainer.save_sharded(folder / "sharded")
+        own, model = merged_weights(model, own), model.get_base_model()
+    save: Any = model.save_pretrained  # a transformers model's method
+    save(folder, state_dict=own, safe_serialization=True)
 
 
 def _complete(directory: Path) -> list[Path]:
