@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +75,61 @@ def test_map_large_blocks_gives_freed_large_blocks_back_at_once(mode: str) -> No
         assert got["freed"] > 90  # 100 MiB freed, 100 MiB given back
     else:
         assert got["freed"] < 20  # the same frees kept resident: what map_large_blocks fixes
+
+
+_ARENAS = """
+import ctypes, sys, tempfile, threading
+from pathlib import Path
+from tether.run import TrainConfig, TrainingRun
+
+libc = ctypes.CDLL("libc.so.6")
+libc.fopen.restype = ctypes.c_void_p
+libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+
+def arenas():  # glibc's malloc_info lists one <heap nr=...> per arena
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "malloc.xml"
+        fp = libc.fopen(str(path).encode(), b"w")
+        libc.malloc_info(0, fp)
+        libc.fclose(fp)
+        return path.read_text().count("<heap nr=")
+
+TrainingRun(TrainConfig(dir=sys.argv[1]))  # what a program of the user's does first
+kept, met = [], threading.Barrier(8)
+def allocate():  # eight threads at once, each with a heap block (under the mmap threshold)
+    met.wait()
+    kept.append(bytearray(64 * 1024))
+    met.wait()
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(arenas())
+"""
+
+
+@linux
+@pytest.mark.parametrize("user_max", [None, "4"])
+def test_a_training_run_built_from_python_caps_the_heap_arenas(
+    user_max: str | None, tmp_path: Path
+) -> None:
+    """The ``tether`` command caps glibc's arenas as it starts; a program that builds a
+    ``TrainingRun`` itself gets the same cap (2) from it, and a ``MALLOC_ARENA_MAX`` of
+    its own still wins. Without the cap eight threads make nine arenas (one each)."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    if user_max is not None:
+        env["MALLOC_ARENA_MAX"] = user_max
+    out = subprocess.run(
+        [sys.executable, "-c", _ARENAS, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
+    assert int(out.stdout) == int(user_max or 2)

@@ -21,7 +21,8 @@ so a run's resident memory kept rising with its length. ``tether demo --steps 40
 2-core x86_64 machine, twice each, A B A B: the slope after update 10 was +2.66 and +1.10
 MiB per update with glibc's default, +0.21 and -0.53 with ``MALLOC_ARENA_MAX=2`` (peak
 764/734 against 663/669 MiB), in 3.2 against 2.7 min for the unloaded pair.
-:func:`limit_arenas` caps them so, as the ``tether`` command starts.
+:func:`limit_arenas` caps them so, as the ``tether`` command starts and as a
+``TrainingRun`` is built (for a program that runs one itself).
 """
 
 from __future__ import annotations

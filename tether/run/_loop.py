@@ -59,7 +59,7 @@ from typing import TypeVar
 
 import torch
 
-from tether._memory import resident_mb, trim_heap
+from tether._memory import limit_arenas, resident_mb, trim_heap
 from tether.engine import Engine
 from tether.records import Phase, Task, UpdateGroup
 from tether.run._async import AsyncRollouts
@@ -117,6 +117,7 @@ class TrainingRun(PartsView):
         engine: Engine | None = None,
         command: str = "train",
     ):
+        limit_arenas()  # before the run's threads start, as the tether command does (_memory.py)
         self.cfg = cfg
         #: "train", or "eval" for ``tether eval``: its store record is then not a training
         #: run (``extra.command: eval`` in the record, see _rundir.py).
