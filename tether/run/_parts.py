@@ -238,7 +238,8 @@ async def _model(
     say(Status(f"loading the model {model_path or cfg.model.path}"))
     path = resolve_model_path(model_path or cfg.model.path)
     tokenizer = load_tokenizer(path)
-    policy = load_model(path, dtype=torch.float32, device=cfg.model.device)
+    sharded = cfg.trainer.strategy == "fsdp2"  # each rank's shards go to the device, not all
+    policy = load_model(path, dtype=torch.float32, device="cpu" if sharded else cfg.model.device)
     trainer = PolicyTrainer(
         policy,
         cfg.trainer,

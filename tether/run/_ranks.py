@@ -238,7 +238,10 @@ def _build(ranks: Ranks, info: dict[str, Any], load_model: Any) -> PolicyTrainer
     cfg: TrainerConfig = info["trainer"]
     device = f"cuda:{ranks.local_rank}" if info["device"] == "cuda" else info["device"]
     torch.manual_seed(cfg.seed)
-    model = load_model(Path(info["model_path"]), dtype=torch.float32, device=device)
+    sharded = cfg.strategy == "fsdp2"  # fully_shard moves this rank's shards to the device
+    model = load_model(
+        Path(info["model_path"]), dtype=torch.float32, device="cpu" if sharded else device
+    )
     return PolicyTrainer(
         model,
         cfg,

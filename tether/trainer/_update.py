@@ -104,11 +104,12 @@ class PolicyTrainer(TrainerWeights):
         with torch.random.fork_rng(devices=[]) if sharded else nullcontext():
             if sharded:  # every rank draws the same LoRA initialisation (no broadcast after)
                 torch.manual_seed(cfg.seed)
-            self.model = self._maybe_lora(model).to(self.device)
+            # sharded: fully_shard moves each rank's shards to the device, never the whole model
+            self.model = self._maybe_lora(model).to("cpu" if sharded else self.device)
         self.model.train()
         self.ref_model = None
         if cfg.kl_coef > 0:
-            self.ref_model = copy.deepcopy(model).to(self.device).eval()
+            self.ref_model = copy.deepcopy(model).to("cpu" if sharded else self.device).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         if cfg.gradient_checkpointing:
