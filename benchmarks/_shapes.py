@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["SHAPES", "random_model"]
+__all__ = ["SHAPES", "random_model", "random_samples"]
 
 #: Qwen2Config fields per shape; "qwen2.5-0.5b" is Qwen/Qwen2.5-0.5B's real config.
 SHAPES: dict[str, dict[str, Any]] = {
@@ -32,13 +32,14 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
-def random_model(shape: str, device: str, dtype: torch.dtype = torch.float32) -> Any:
+def random_model(shape: str, device: str, dtype: torch.dtype = torch.float32, **fields: Any) -> Any:
     """A ``Qwen2ForCausalLM`` of ``shape`` (tied embeddings, SDPA attention), seeded,
-    built directly on ``device`` in ``dtype``, in eval mode."""
+    built directly on ``device`` in ``dtype``, in eval mode; ``fields`` override the
+    shape's Qwen2Config fields (e.g. ``num_hidden_layers``)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     cfg = Qwen2Config(
-        **SHAPES[shape],
+        **{**SHAPES[shape], **fields},
         max_position_embeddings=4096,
         tie_word_embeddings=True,
         attn_implementation="sdpa",
@@ -52,6 +53,23 @@ def random_model(shape: str, device: str, dtype: torch.dtype = torch.float32) ->
     finally:
         torch.set_default_dtype(default)
     return model.eval()
+
+
+def random_samples(seqs: int, tokens: int, vocab: int) -> list[Any]:
+    """``seqs`` training samples of ``tokens`` random ids each: a prompt of min(128,
+    tokens / 2) ids without loss, then the completion; advantages ±1 (every sample trains),
+    old logprobs −1, seeded."""
+    from tether.trainer import Sample
+
+    g = torch.Generator().manual_seed(0)
+    prompt = min(128, tokens // 2)
+    out = []
+    for k in range(seqs):
+        ids = torch.randint(10, vocab, (tokens,), generator=g).tolist()
+        mask = [0] * prompt + [1] * (tokens - prompt)
+        old = [0.0] * prompt + [-1.0] * (tokens - prompt)
+        out.append(Sample(ids, mask, old, 1.0 if k % 2 else -1.0, k, 1.0))
+    return out
 
 
 def quiet_torchao() -> None:

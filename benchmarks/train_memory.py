@@ -139,26 +139,11 @@ def available_gib(device: str) -> float:
 # -- one row, in a child process ---------------------------------------------------------
 
 
-def _samples(seqs: int, tokens: int, vocab: int):
-    import torch
-
-    from tether.trainer.samples import Sample
-
-    g = torch.Generator().manual_seed(0)
-    prompt = min(128, tokens // 2)
-    out = []
-    for k in range(seqs):
-        ids = torch.randint(10, vocab, (tokens,), generator=g).tolist()
-        mask = [0] * prompt + [1] * (tokens - prompt)
-        old = [0.0] * prompt + [-1.0] * (tokens - prompt)
-        out.append(Sample(ids, mask, old, 1.0 if k % 2 else -1.0, k, 1.0))
-    return out
-
-
 def run_row(row: Row, seqs: int, tokens: int, device: str, train_dtype: str) -> dict:
     import resource
 
     import torch
+    from _shapes import random_samples  # the script's folder is on sys.path
     from transformers import Qwen2ForCausalLM
 
     from tether.trainer import LoraConfig, PolicyTrainer, TrainerConfig
@@ -177,7 +162,7 @@ def run_row(row: Row, seqs: int, tokens: int, device: str, train_dtype: str) -> 
         max_tokens_per_micro_batch=seqs * tokens,
     )
     trainer = PolicyTrainer(model, cfg, device=device, train_dtype=train_dtype)
-    samples = _samples(seqs, tokens, model.config.vocab_size)
+    samples = random_samples(seqs, tokens, model.config.vocab_size)
     before_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if device == "cuda":
         torch.cuda.synchronize()
