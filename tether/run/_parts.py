@@ -203,8 +203,8 @@ async def open_parts(
     admin_key = resolve_admin_key(cfg.gateway.host, Path(cfg.dir), cfg.gateway.admin_key)
     grader = await open_grader(cfg.rollout)  # a judge that cannot be reached stops it
     ranks = None
-    sharded = cfg.trainer.strategy == "fsdp2"  # sharded even alone: offload, bf16 policy
-    if command == "train" and (cfg.run.processes > 1 or world_from_env() > 1 or sharded):
+    alone = cfg.run.processes == 1 and world_from_env() == 1
+    if command == "train" and (not alone or cfg.trainer.sharded):  # sharded even alone
         say(Status("starting the training processes"))
         ranks = group = RankGroup.start(cfg.run.processes, cfg.trainer, cfg.model.device)
         if group is not None:  # None: one process after all
@@ -238,8 +238,8 @@ async def _model(
     say(Status(f"loading the model {model_path or cfg.model.path}"))
     path = resolve_model_path(model_path or cfg.model.path)
     tokenizer = load_tokenizer(path)
-    sharded = cfg.trainer.strategy == "fsdp2"  # each rank's shards go to the device, not all
-    policy = load_model(path, dtype=torch.float32, device="cpu" if sharded else cfg.model.device)
+    where = "cpu" if cfg.trainer.sharded else cfg.model.device  # sharded: fully_shard moves them
+    policy = load_model(path, dtype=torch.float32, device=where)
     trainer = PolicyTrainer(
         policy,
         cfg.trainer,

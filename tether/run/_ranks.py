@@ -86,7 +86,7 @@ class RankGroup:
                     world_from_env(),
                 )
             return cls(join_ranks(timeout, cpu=cpu))
-        if processes <= 1 and trainer.strategy != "fsdp2":
+        if processes <= 1 and not trainer.sharded:
             return None
         n = max(processes, 1)  # fsdp2 alone: a group of one (CPU offload on one GPU)
         env = {
@@ -238,10 +238,8 @@ def _build(ranks: Ranks, info: dict[str, Any], load_model: Any) -> PolicyTrainer
     cfg: TrainerConfig = info["trainer"]
     device = f"cuda:{ranks.local_rank}" if info["device"] == "cuda" else info["device"]
     torch.manual_seed(cfg.seed)
-    sharded = cfg.strategy == "fsdp2"  # fully_shard moves this rank's shards to the device
-    model = load_model(
-        Path(info["model_path"]), dtype=torch.float32, device="cpu" if sharded else device
-    )
+    where = "cpu" if cfg.sharded else device  # sharded: fully_shard moves the shards
+    model = load_model(Path(info["model_path"]), dtype=torch.float32, device=where)
     return PolicyTrainer(
         model,
         cfg,

@@ -100,7 +100,7 @@ class PolicyTrainer(TrainerWeights):
         self._stop = threading.Event()
         self.optimizer_steps = 0  # taken by this object (not restored from a checkpoint)
         self._shared_lock: Any = None  # the engine's weights lock once the weights are shared
-        sharded = cfg.strategy == "fsdp2" and ranks is not None
+        sharded = cfg.sharded and ranks is not None
         with torch.random.fork_rng(devices=[]) if sharded else nullcontext():
             if sharded:  # every rank draws the same LoRA initialisation (no broadcast after)
                 torch.manual_seed(cfg.seed)

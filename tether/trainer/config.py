@@ -219,6 +219,12 @@ class TrainerConfig:
                 "(0 computes the logits of all positions at once)"
             )
 
+    @property
+    def sharded(self) -> bool:
+        """Whether the policy is split across the training ranks (``strategy: fsdp2``): its
+        model is then loaded on the CPU and each rank's shards alone go to the device."""
+        return self.strategy == "fsdp2"
+
     def _check_grouping(self) -> None:
         if self.turn_grouping not in ("index", "state"):
             raise UserError(
