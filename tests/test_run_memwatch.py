@@ -1,5 +1,5 @@
-"""The run's memory self-check (tether/run/_memwatch.py) against a plain least-squares
-loop, and its one warning."""
+"""The run's memory self-check (tether/run/_memwatch.py) against a plain loop over every
+pair of updates, and its one warning."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import functools
 import logging
 import math
 import random
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -17,25 +18,60 @@ from tests.helpers import small_run
 from tether.run._memwatch import MemoryWatch
 
 
-def _slope_by_loop(xs: list[float], ys: list[float]) -> float:
-    """The textbook formula, term by term."""
+def _median_slope_by_loop(xs: list[float], ys: list[float]) -> float:
+    """Theil-Sen by the book: every pair's slope, then their median."""
+    slopes = []
+    for i in range(len(xs)):
+        for j in range(i + 1, len(xs)):
+            slopes.append((ys[j] - ys[i]) / (xs[j] - xs[i]))
+    return statistics.median(slopes)
+
+
+def _least_squares_by_loop(xs: list[float], ys: list[float]) -> float:
     n = len(xs)
     num = n * sum(x * y for x, y in zip(xs, ys, strict=True)) - sum(xs) * sum(ys)
     return num / (n * sum(x * x for x in xs) - sum(xs) ** 2)
 
 
-def test_the_running_slope_equals_least_squares() -> None:
+def test_the_slope_is_the_median_of_every_pairs_slope() -> None:
     rng = random.Random(0)
     watch = MemoryWatch(warn_mib=0, warmup=5)
     xs, ys = [], []
-    for step in range(1, 301):
+    for step in range(1, 151):
         mib = 600 + 0.37 * step + rng.gauss(0, 4)
         watch.add(step, mib)
         if step > 5:
             xs.append(float(step))
             ys.append(mib)
-    assert watch.slope() == pytest.approx(_slope_by_loop(xs, ys), rel=1e-9)
-    assert watch.slope() == pytest.approx(0.37, abs=0.02)
+    assert len(watch.points) == 145  # under 2 * keep: every update is kept
+    assert watch.slope() == pytest.approx(_median_slope_by_loop(xs, ys), rel=1e-12)
+    assert watch.slope() == pytest.approx(0.37, abs=0.03)
+
+
+def test_jumps_that_come_and_go_do_not_tilt_it_as_they_tilt_least_squares() -> None:
+    """Flat at 612 MiB over updates 21-40 but for +43 MiB over the last five (an eval
+    near the end; the warm demo-40's jumps were this size): least squares reads growth."""
+
+    def rss(step: int) -> float:
+        return 612 + (43 if step >= 36 else 0)
+
+    watch = MemoryWatch(warn_mib=0, warmup=20)
+    for s in range(1, 41):
+        watch.add(s, rss(s))
+    xs = [float(s) for s in range(21, 41)]
+    assert _least_squares_by_loop(xs, [rss(int(x)) for x in xs]) > 0.9
+    assert watch.slope() == 0.0
+
+
+def test_what_it_keeps_is_bounded_and_evenly_spread() -> None:
+    watch = MemoryWatch(warn_mib=0, warmup=0, keep=10)
+    for step in range(1, 1001):
+        watch.add(step, 500 + 0.2 * step)
+    assert len(watch.points) < 20
+    gaps = {b[0] - a[0] for a, b in zip(watch.points, watch.points[1:], strict=False)}
+    assert len(gaps) == 1  # one stride between every two kept points
+    assert watch.points[0][0] == 1 and watch.points[-1][0] > 900
+    assert watch.slope() == pytest.approx(0.2)
 
 
 def test_growth_after_the_warm_up_warns_once_naming_the_figure_and_the_benchmark() -> None:

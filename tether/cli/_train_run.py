@@ -317,8 +317,9 @@ def replace_demo_run(run_dir: Path, console: Console) -> None:
 
 def memory_line(run: TrainingRun) -> str | None:
     """Resident memory after the first and the last update, and its growth per update past
-    the warm-up as the run's memory check fitted it (a self-check for leaks; first to last
-    when the run was too short to have one)."""
+    the warm-up as the run's memory check measures it (a self-check for leaks: the median
+    pairwise slope, ``tether/run/_memwatch.py``; first to last when the run was too short
+    to have one)."""
     rows = [r for r in run.history if "rss_mb" in r.metrics]
     if len(rows) < 2:
         return None

@@ -3,17 +3,28 @@
 The first updates of a process and its first eval raise the process's high-water marks (the
 engine's KV cache at full concurrency, the allocator's arenas, the tokenizer's and
 template's caches), so growth over them says little. After the process's first
-``warmup`` updates (a resumed run's too), a least-squares line through every update's
-resident memory gives the growth per update;
-once ``min_points`` updates lie past the warm-up and that slope exceeds ``warn_mib``,
+``warmup`` updates (a resumed run's too), the growth per update is the Theil-Sen slope
+of every update's resident memory: the median of the slopes between every two updates.
+Once ``min_points`` updates lie past the warm-up and that slope exceeds ``warn_mib``,
 and still does ``min_points`` updates later, the run logs one warning naming the figure
 and ``benchmarks/soak.py`` (the benchmark that finds what grows), once per run.
 
-The second look is for evals: an eval of hundreds of rollouts lifts resident memory for
-a few updates after it, and at the end of a short line that reads as growth (an async
-soak measured 1.53 MiB per update over updates 21-41, an eval at 40, and 0.07 over 300).
-Memory that really grows still grows ``min_points`` updates on; a spike is by then in
-the middle of the line, where it hardly tilts it.
+Why a median and not least squares: resident memory jumps by tens of MiB for a few
+updates and comes back (an eval's hundreds of rollouts, the allocator handing pages back
+late). A least-squares line through 20 updates tilts with such a jump wherever it falls
+near an end: a warm ``tether demo --steps 40`` whose memory read 611.8 MiB after update
+21 and 612.9 after update 40, with +-43 MiB jumps between, printed +0.46 +- 0.68 MiB per
+update. The median of the pairwise slopes ignores jumps that come and go (up to about
+29% of the points) and still follows memory that really grows, which moves every pair.
+
+The second look is for long jumps: an eval that lifts memory for a few updates at the end
+of a short line still reads as growth (an async soak measured 1.53 MiB per update by least
+squares over updates 21-41, an eval at 40, and 0.07 over 300). Memory that really grows
+still grows ``min_points`` updates on.
+
+To stay bounded over thousands of updates the check keeps at most ``2 * keep`` of the
+figures: when it has that many it keeps every other one, and from then on every second
+update's (then fourth, ...), so the points stay evenly spread over the run.
 """
 
 from __future__ import annotations
@@ -26,14 +37,16 @@ SOAK = "benchmarks/soak.py"
 
 
 class MemoryWatch:
-    """Fed each update's resident MiB; :meth:`add` returns the warning line once. It keeps
-    running sums (Welford's), not the figures: what it holds does not grow with the run."""
+    """Fed each update's resident MiB; :meth:`add` returns the warning line once. What it
+    holds is bounded (at most ``2 * keep`` figures), not the run's length."""
 
-    def __init__(self, warn_mib: float, warmup: int, min_points: int = 20):
+    def __init__(self, warn_mib: float, warmup: int, min_points: int = 20, keep: int = 100):
         self.warn_mib, self.warmup, self.min_points = warn_mib, warmup, min_points
+        self.keep = keep
         self.seen = 0  # updates fed, warm-up included
-        self.n = 0
-        self.mean_x = self.mean_y = self.sxx = self.sxy = 0.0
+        self.n = 0  # updates past the warm-up
+        self.points: list[tuple[float, float]] = []  # (step, MiB), thinned (module docstring)
+        self.stride = 1
         self.first_mib = math.nan
         self.suspect_at: int | None = None  # n when the slope first went over warn_mib
         self.warned = False
@@ -67,12 +80,29 @@ class MemoryWatch:
         if self.n == 0:
             self.first_mib = y
         self.n += 1
-        dx = x - self.mean_x
-        self.mean_x += dx / self.n
-        self.mean_y += (y - self.mean_y) / self.n
-        self.sxx += dx * (x - self.mean_x)
-        self.sxy += dx * (y - self.mean_y)
+        if (self.n - 1) % self.stride:
+            return
+        self.points.append((x, y))
+        if len(self.points) >= 2 * self.keep:
+            self.points = self.points[::2]
+            self.stride *= 2
 
     def slope(self) -> float:
-        """MiB per update over the updates past the warm-up so far (NaN under 2)."""
-        return self.sxy / self.sxx if self.n >= 2 and self.sxx > 0 else math.nan
+        """MiB per update over the updates past the warm-up so far: the median of the
+        slopes between every two of the points kept (NaN under 2)."""
+        return theil_sen(self.points)
+
+
+def theil_sen(points: list[tuple[float, float]]) -> float:
+    """The median of ``(y2 - y1) / (x2 - x1)`` over every pair of points with x1 < x2
+    (NaN with no such pair)."""
+    slopes = sorted(
+        (y2 - y1) / (x2 - x1)
+        for i, (x1, y1) in enumerate(points)
+        for x2, y2 in points[i + 1 :]
+        if x2 != x1
+    )
+    if not slopes:
+        return math.nan
+    mid = len(slopes) // 2
+    return slopes[mid] if len(slopes) % 2 else (slopes[mid - 1] + slopes[mid]) / 2

@@ -144,8 +144,9 @@ class TrainerConfig:
     #: every_n_layers); the others keep their activations. 1 = every layer (least memory);
     #: 2 = half the layers: about half the recompute back for half the memory saved.
     checkpoint_every_n_layers: int = 1
-    #: Warn once when resident memory grows faster than this many MiB per update (fitted
-    #: over the updates after ``memory_warmup``; benchmarks/soak.py finds what grows); 0 = never.
+    #: Warn once when resident memory grows faster than this many MiB per update (the
+    #: median slope over the updates after ``memory_warmup``; benchmarks/soak.py finds
+    #: what grows); 0 = never.
     memory_warn_mib: float = 1.0
     #: Updates whose memory growth the check leaves out (first evals, caches filling up).
     memory_warmup: int = 20
