@@ -31,7 +31,13 @@ and ``step_s`` at the end within 10% of the start.
 
     .venv/bin/python benchmarks/soak.py [--updates 300] [--mode sync|async] [--lora]
         [--every 10] [--warmup 20] [--eval-every 20] [--eval-tasks 100] [--eval-samples 4]
-        [--batch-groups 2] [--n 4] [--default-arenas] [--json FILE]
+        [--batch-groups 2] [--n 4] [--held] [--default-arenas] [--json FILE]
+
+``--held`` holds the policy still (``trainer.lr=1e-12``: every update, push, eval and
+checkpoint still runs, but the weights move by about 1e-12): a learning policy changes the
+length of its answers, and with them the work of an update, so only a held one shows
+whether the run's length alone makes an update slower (``step_s`` at the start and the
+end, with the same work).
 """
 
 from __future__ import annotations
@@ -72,6 +78,8 @@ def overrides(args: argparse.Namespace, out: Path) -> list[str]:
     ]  # fmt: skip
     if args.lora:
         o += ["trainer.lora.r=16", "trainer.lr=1e-3"]
+    if args.held:
+        o += ["trainer.lr=1e-12"]  # every update still runs; the weights hardly move
     return o
 
 
@@ -171,6 +179,7 @@ def report(rows: list[dict[str, float]], warmup: int) -> dict[str, dict[str, flo
 def print_report(summary: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
     arenas = "glibc's default arenas" if args.default_arenas else "arenas capped"
     what = f"{args.mode}, {'LoRA r=16' if args.lora else 'full'}, {arenas}"
+    what += ", policy held" if args.held else ""
     print(f"\n{args.updates} updates ({what}); growth per update after update {args.warmup}:")
     print(f"{'figure':<16} {'first':>10} {'last':>10} {'per update':>12} {'± stderr':>10}")
     for name, s in summary.items():
@@ -208,6 +217,11 @@ def main() -> None:
     p.add_argument("--updates", type=int, default=300)
     p.add_argument("--mode", choices=("sync", "async"), default="sync")
     p.add_argument("--lora", action="store_true", help="train a LoRA adapter (r=16)")
+    p.add_argument(
+        "--held",
+        action="store_true",
+        help="hold the policy (lr 1e-12): the same work per update throughout",
+    )
     p.add_argument("--every", type=int, default=10, help="sample every N updates")
     p.add_argument("--warmup", type=int, default=20, help="updates left out of the slopes")
     p.add_argument("--eval-every", type=int, default=20)
