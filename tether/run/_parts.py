@@ -45,7 +45,6 @@ from tether.run._ranks import RankGroup
 from tether.run._rundir import ResumePoint, end_status, record_config
 from tether.run._tasks import exposed_fields, load_task_set
 from tether.run._ui import mount_ui, ui_line
-from tether.run._weights import engine_weights
 from tether.run.config import TrainConfig
 from tether.runner import Runner, make_runner
 from tether.store import AlreadyExists, Store
@@ -300,7 +299,7 @@ async def _remote_engine(
         why = "other weights" if push else f"v{engine.policy_version}, from an earlier run"
         say(Status(f"the servers serve {why}: pushing the run's starting weights as v0"))
         try:
-            await engine.update_weights(engine_weights(trainer, engine), version=0)
+            await engine.weight_push.push(trainer, version=0)
         except BaseException:
             await engine.close()
             raise
