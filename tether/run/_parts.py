@@ -175,7 +175,7 @@ def _close(stack: AsyncExitStack, close: Callable[[], Awaitable[object] | object
 def _on_exit(stack: AsyncExitStack, close: Callable[[bool], object]) -> None:
     """Like :func:`_close`, with whether the run failed (an exception is ending it)."""
 
-    async def quietly(exc_type: Any, exc: Any, tb: Any) -> None:
+    async def quietly(exc_type: type[BaseException] | None, *_: object) -> None:
         try:
             done = close(exc_type is not None)
             if asyncio.iscoroutine(done):
@@ -317,7 +317,7 @@ def _records(
     config = record_config(cfg, command, resume)
     record = store.create_run(config, run_id=f"{cfg.name}-{secrets.token_hex(4)}")
 
-    def set_status(exc_type: Any, exc: Any, tb: Any) -> None:
+    def set_status(exc_type: type[BaseException] | None, *_: object) -> None:
         try:
             store.set_run_status(record.id, end_status(exc_type))
         except Exception:
