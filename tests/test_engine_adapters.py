@@ -16,7 +16,7 @@ import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
 from tests.helpers import tiny_qwen2
-from tether.engine import BASE_ADAPTER, SamplingParams, TransformersEngine
+from tether.engine import BASE_ADAPTER, RoleAdaptersPush, SamplingParams, TransformersEngine
 from tether.errors import UserError
 
 VOCAB = 300
@@ -70,6 +70,7 @@ async def test_a_mixed_batch_gives_each_request_its_own_adapter(model):
     engine = TransformersEngine(copy.deepcopy(model), seed=0)
     try:
         assert engine.adapters == {"default", "solver"}
+        assert type(engine.weight_push) is RoleAdaptersPush  # a run pushes every adapter
         adapters = [None, "solver", BASE_ADAPTER, "solver"]
         prompts = [PROMPT, PROMPT, PROMPT, PROMPT[3:]]
         results = await asyncio.gather(

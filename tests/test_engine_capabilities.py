@@ -1,7 +1,7 @@
 """What an engine can do is declared on the :class:`~tether.engine.Engine` protocol.
 
 Every engine reads the same names (``max_positions``, ``supports_constraints``,
-``adapters``, ``wants_adapter``, ``check_params``, ``generate_stream``); an engine
+``adapters``, ``weight_push``, ``check_params``, ``generate_stream``); an engine
 that declares none of them gets the protocol's defaults, and no caller in tether
 probes an engine with ``getattr``/``hasattr`` (docs STYLE rule 14).
 """
@@ -16,17 +16,21 @@ import pytest
 
 from tests.helpers import tiny_qwen2
 from tether.engine import (
+    AdapterPush,
     Completion,
     Engine,
     GenerateResult,
     Outage,
     RemoteEngine,
+    RoleAdaptersPush,
     SamplingParams,
     TokenDelta,
     TransformersEngine,
     UnsupportedParams,
+    WeightPush,
     server_api,
 )
+from tether.engine._server_api import Transport
 from tether.engine.testing import FaultyEngine, NullEngine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +85,7 @@ async def test_an_engine_that_declares_nothing_gets_the_protocols_defaults() -> 
     engine = Minimal()
     assert isinstance(engine, Engine)
     assert engine.max_positions is None and not engine.supports_constraints
-    assert engine.adapters == frozenset() and not engine.wants_adapter
+    assert engine.adapters == frozenset() and type(engine.weight_push) is WeightPush
     assert engine.check_params(SamplingParams(top_p=0.5)) is None  # everything is served
     params = SamplingParams(max_tokens=3)
     items = [x async for x in engine.generate_stream([1, 2], params)]
@@ -98,7 +102,7 @@ def test_the_fakes_declare_the_defaults_and_a_wrapper_its_inners_length() -> Non
 
     fake = NullEngine()
     assert fake.max_positions is None and not fake.supports_constraints
-    assert fake.adapters == frozenset() and not fake.wants_adapter
+    assert fake.adapters == frozenset() and type(fake.weight_push) is WeightPush
     assert FaultyEngine(Positioned(), fault=None).max_positions == 300
     assert FaultyEngine(fault=None).max_positions is None
 
@@ -108,23 +112,47 @@ async def test_the_embedded_engine_declares_grammar_and_its_length() -> None:
     try:
         assert engine.supports_constraints and engine.max_positions
         assert engine.max_positions == engine.model.config.max_position_embeddings
-        assert engine.adapters == frozenset() and not engine.wants_adapter  # a plain model
+        assert engine.adapters == frozenset()  # a plain model: the full weights
+        assert type(engine.weight_push) is WeightPush and engine.weight_push.engine is engine
         engine.check_params(SamplingParams(top_p=0.5))  # the embedded engine serves any top_p
     finally:
         await engine.close()
 
 
-@pytest.mark.parametrize(("transport", "wants"), [("lora", True), ("disk", False)])
+@pytest.mark.parametrize(("transport", "push"), [("lora", AdapterPush), ("disk", WeightPush)])
 async def test_a_remote_engine_wants_the_adapter_only_on_the_lora_transport(
-    transport: str, wants: bool, tmp_path: Path
+    transport: Transport, push: type[WeightPush], tmp_path: Path
 ) -> None:
     engine = RemoteEngine(
         server_api("vllm"), ["http://127.0.0.1:9"], transport=transport, weights_dir=tmp_path
-    )  # type: ignore[arg-type]
+    )
     try:
-        assert engine.wants_adapter is wants and engine.adapters == frozenset()
+        assert type(engine.weight_push) is push and engine.adapters == frozenset()
         assert engine.supports_constraints and engine.max_positions is None  # not connected
         with pytest.raises(UnsupportedParams, match="top_p"):
             engine.check_params(SamplingParams(top_p=0.5))  # vLLM's logprobs: exact at 1 only
     finally:
         await engine.close()
+
+
+class FakeWeights:
+    """A fake trainer: each form of its weights names itself."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"full": 1}
+
+    def adapter_state_dict(self) -> dict[str, Any]:
+        return {"adapter": 1}
+
+    def adapters_state_dict(self) -> dict[str, dict[str, Any]]:
+        return {"default": {"adapter": 1}}
+
+
+async def test_each_weight_push_sends_its_form_of_the_weights_and_returns_the_version() -> None:
+    engine = NullEngine()
+    trainer = FakeWeights()
+    assert await WeightPush(engine).push(trainer) == 1
+    assert await AdapterPush(engine).push(trainer) == 2
+    assert await RoleAdaptersPush(engine).push(trainer, version=7) == 7  # a resumed run's
+    assert engine.weights == [{"full": 1}, {"adapter": 1}, {"default": {"adapter": 1}}]
+    assert await engine.weight_push.push(trainer) == 8 == engine.policy_version

@@ -238,7 +238,7 @@ async def _load_adapters(run: TrainingRun, checkpoint: Path) -> None:
     """Every adapter of ``checkpoint`` (a run with own-adapter or frozen roles) into the
     run's trainer and engine: its ``model/`` holds the shared policy only."""
     load_checkpoint(checkpoint, run.trainer)
-    await run.engine.update_weights(run.trainer.adapters_state_dict())
+    await run.engine.weight_push.push(run.trainer)
 
 
 def run_demo(

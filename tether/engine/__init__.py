@@ -21,6 +21,9 @@
 - :class:`Constraint` — a grammar on generation (structured outputs, forced tool
   calls; xgrammar structural tags); :func:`json_schema_format` builds its JSON part;
   :class:`ConstraintError`, :class:`MissingStructuredExtra`, :class:`UnsupportedConstraint`
+- :class:`WeightPush` — how a run pushes the trainer's weights to an engine
+  (``Engine.weight_push``): the full weights, :class:`AdapterPush` the LoRA adapter's,
+  :class:`RoleAdaptersPush` every role adapter's by name
 - :func:`end_of_turn_ids` — the ids that end a generated turn (one rule for
   the gateway's stop ids, the engines' defaults and the starter's eos)
 - :mod:`tether.engine.testing` — fake engines for tests
@@ -65,5 +68,8 @@ if TYPE_CHECKING:
     from ._stream import stream_via_generate as stream_via_generate
     from ._transformers import TransformersEngine as TransformersEngine
     from ._turns import end_of_turn_ids as end_of_turn_ids
+    from ._weight_push import AdapterPush as AdapterPush
+    from ._weight_push import RoleAdaptersPush as RoleAdaptersPush
+    from ._weight_push import WeightPush as WeightPush
 
 __getattr__, __dir__, __all__ = lazy_face(__name__)

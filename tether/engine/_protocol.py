@@ -21,6 +21,7 @@ from tether.errors import TetherError
 if TYPE_CHECKING:
     from tether.engine._constraint import Constraint
     from tether.engine._stream import TokenDelta
+    from tether.engine._weight_push import WeightPush
 
 __all__ = [
     "BASE_ADAPTER",
@@ -204,9 +205,6 @@ class Engine(Protocol):
     #: for a plain model. When not empty, :meth:`update_weights` takes
     #: ``{adapter name: its peft state dict}``.
     adapters: frozenset[str] = frozenset()
-    #: Whether :meth:`update_weights` takes the LoRA adapter's weights (a remote engine on
-    #: the ``lora`` transport) rather than the full merged weights.
-    wants_adapter: bool = False
 
     @property
     def policy_version(self) -> int:
@@ -257,6 +255,16 @@ class Engine(Protocol):
         checkpoint continues at the checkpoint's version).
         """
         ...
+
+    @property
+    def weight_push(self) -> WeightPush:
+        """How a run pushes the trainer's weights here (``_weight_push.py``): by default
+        the full weights through :meth:`update_weights`; an engine that takes an adapter
+        (:class:`~tether.engine.AdapterPush`) or one per role
+        (:class:`~tether.engine.RoleAdaptersPush`) provides that instead."""
+        from tether.engine._weight_push import WeightPush
+
+        return WeightPush(self)
 
     async def outage(self) -> Outage | None:
         """None while the engine can serve calls; else why it cannot (:class:`Outage`): no

@@ -52,6 +52,7 @@ from tether.engine._remote_push import WeightPusher
 from tether.engine._replicas import Replica, ReplicaSet, cause
 from tether.engine._server_api import PauseMode, ServerAPI, Transport
 from tether.engine._stream import TokenDelta
+from tether.engine._weight_push import AdapterPush, WeightPush
 
 __all__ = ["RemoteEngine"]
 
@@ -109,8 +110,6 @@ class RemoteEngine(Engine):
                 "yet; use engine.transport=lora (docs/engines.md)"
             )
         self.api, self.replicas, self.transport = api, ReplicaSet(urls), transport
-        # update_weights takes the LoRA adapter's weights (lora), not the full merged ones
-        self.wants_adapter = transport == "lora"
         self.shown = api.shown
         self._pusher = WeightPusher(
             api,
@@ -383,10 +382,15 @@ class RemoteEngine(Engine):
         await self._each(self.replicas.live(), lambda r: self.api.resume(self._client, r.url))
         self._gate.resume()
 
+    @property
+    def weight_push(self) -> WeightPush:
+        """The LoRA adapter's weights on the ``lora`` transport, else the full merged ones."""
+        return AdapterPush(self) if self.transport == "lora" else WeightPush(self)
+
     async def update_weights(
         self, state_dict: dict[str, Any], *, version: int | None = None
     ) -> int:
-        """Push ``state_dict`` (full weights, or the adapter's with ``wants_adapter``) to
+        """Push ``state_dict`` (full weights, or the adapter's on ``lora``) to
         every reachable replica; returns the new version, which each replica reports."""
         await self.start()
         new = self._version + 1 if version is None else int(version)

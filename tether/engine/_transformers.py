@@ -28,6 +28,7 @@ from tether.engine._rollout_copy import rollout_copy
 from tether.engine._scheduler import STOP, EngineStats, Request, Scheduler
 from tether.engine._stream import TokenDelta, TokenFeed
 from tether.engine._turns import end_of_turn_ids
+from tether.engine._weight_push import RoleAdaptersPush, WeightPush
 from tether.errors import UserError
 
 __all__ = ["TransformersEngine"]
@@ -262,6 +263,11 @@ class TransformersEngine(Engine):
 
     async def resume(self) -> None:
         self._gate.resume()
+
+    @property
+    def weight_push(self) -> WeightPush:
+        """Every adapter's weights by name when serving adapters, else the full weights."""
+        return RoleAdaptersPush(self) if self.adapters else WeightPush(self)
 
     async def update_weights(
         self, state_dict: dict[str, Any], *, version: int | None = None

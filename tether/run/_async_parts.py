@@ -22,15 +22,15 @@ def async_rollouts(
 ) -> AsyncRollouts:
     """Async mode's rollouts over an open run's ``parts``: groups of its train tasks, learned
     from with ``learn``, from the group its ``start_step`` (``--resume``) is at."""
-    engine = parts.engine
+    engine = parts.model.engine
     return AsyncRollouts(
-        parts.gateway,
-        parts.runner,
+        parts.serving.gateway,
+        parts.serving.runner,
         # group i (from 0) is the task of "update" i + 1 with one group per update
-        lambda i: tasks_for_step(parts.train_tasks, i + 1, 1, cfg.tasks.seed)[0],
+        lambda i: tasks_for_step(parts.records.train_tasks, i + 1, 1, cfg.tasks.seed)[0],
         cfg.rollout.n,
         grader=parts.grader,
-        run_id=parts.run_record.id,
+        run_id=parts.records.run_record.id,
         batch_groups=cfg.rollout.batch_groups,
         max_in_flight=cfg.groups_in_flight,
         max_lag=cfg.run.max_policy_lag,

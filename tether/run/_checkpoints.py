@@ -27,16 +27,18 @@ def save_step(parts: RunParts, folder: Path, step: int, keep: int) -> Path:
     path = save_checkpoint(
         folder,
         step,
-        trainer=parts.trainer,
-        tokenizer=parts.tokenizer,
-        base_model_dir=parts.model_path,
-        config=parts.record_config,
+        trainer=parts.model.trainer,
+        tokenizer=parts.model.tokenizer,
+        base_model_dir=parts.model.path,
+        config=parts.records.config,
         keep=keep,
-        run=parts.lineage,
-        run_id=parts.run_record.id,
-        policy_version=parts.engine.policy_version,
+        run=parts.records.lineage,
+        run_id=parts.records.run_record.id,
+        policy_version=parts.model.engine.policy_version,
     )
-    parts.store.add_checkpoint(Checkpoint(run_id=parts.run_record.id, step=step, path=str(path)))
+    parts.records.store.add_checkpoint(
+        Checkpoint(run_id=parts.records.run_record.id, step=step, path=str(path))
+    )
     return path
 
 
@@ -59,8 +61,8 @@ def rank_failed(
     ckpt, finished = last, step - 1
     done = ckpt is not None and ckpt.name == f"step-{finished:06d}"
     # sharded (trainer.strategy fsdp2), rank 0 holds 1/N of the weights: nothing to save alone
-    alone = parts.trainer.root is None
-    if not done and alone and parts.trainer.optimizer_steps == clean_steps:
+    alone = parts.model.trainer.root is None
+    if not done and alone and parts.model.trainer.optimizer_steps == clean_steps:
         ckpt = save(finished)
     if ckpt is None:  # sharded, before the first checkpoint.every steps
         return RankFailed(f"{where}; no checkpoint yet: start the run again")

@@ -234,7 +234,7 @@ class TrainingRun(PartsView):
         """Held-out success and mean reward as the agent really runs: sampled (several per
         task) and greedy. None without val tasks: an eval over no task is not run, not
         recorded, and said once."""
-        e, parts = self.cfg.eval, self.parts
+        e, parts = self.cfg.eval, self  # the parts as the run's attributes
         tasks = parts.val_tasks[: e.tasks]
         if not tasks:
             if not self._said_no_val:
@@ -274,7 +274,7 @@ class TrainingRun(PartsView):
     async def train_step(self, step: int) -> StepReport:
         """Update ``step`` (from 1): collect its rollouts, learn, report. From here on the
         run is at ``step`` (the one place that moves the counter)."""
-        cfg, parts = self.cfg, self.parts
+        cfg, parts = self.cfg, self  # the parts as the run's attributes
         self.step, self._at = step, f"at update {step}"
         t0 = time.perf_counter()
         if cfg.run.mode == "async":
@@ -318,7 +318,7 @@ class TrainingRun(PartsView):
         weights to the engine. Drops groups with any unusable reward (counted); stores what
         it trained (with the groups async mode ``dropped`` before it); returns the step's
         metrics."""
-        parts = self.parts
+        parts = self  # the parts as the run's attributes
         outcomes = [o for g in groups for o in g]
         self._check(outcomes, f"step {step}")
         if parts.tracking.samples_on:  # tracking.log_samples: prompts and completions

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -45,7 +45,6 @@ from tether.run._ranks import RankGroup
 from tether.run._rundir import ResumePoint, end_status, record_config
 from tether.run._tasks import exposed_fields, load_task_set
 from tether.run._ui import mount_ui, ui_line
-from tether.run._weights import engine_weights
 from tether.run.config import TrainConfig
 from tether.runner import Runner, make_runner
 from tether.store import AlreadyExists, Store
@@ -54,26 +53,33 @@ from tether.trainer import PolicyTrainer
 from tether.trainer.distributed import world_from_env
 from tether.trainer.errors import TrainerError
 
-__all__ = ["PartsView", "RunParts", "open_parts"]
+__all__ = ["ModelParts", "PartsView", "RecordParts", "RunParts", "ServingParts", "open_parts"]
 
 log = logging.getLogger(__name__)
 
 Say = Callable[[RunEvent], None]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class RunParts:
-    """Everything an open training run uses (see the module docstring for the order)."""
+class ModelParts:
+    """The model's parts: the tokenizer, the trainer and the engine (:func:`_model`)."""
 
-    ranks: RankGroup | None  # the other training processes; None alone
-    model_path: Path
+    path: Path  # the model's folder (a Hub id resolved)
     tokenizer: Any
     trainer: PolicyTrainer
     engine: Engine
+
+
+@dataclass(frozen=True)
+class RecordParts:
+    """What the run records and reads: the store, its record, tracking, the tasks
+    (:func:`_records`)."""
+
     store: Store
     #: The run's config as its store record and checkpoints hold it (``extra`` gains
     #: ``command``, ``resumed_from``, ``resumed_at``); the TrainConfig itself is never changed.
-    record_config: dict[str, Any]
+    config: dict[str, Any]
     run_record: Run
     #: The id of the run's first store record: the same across --resume, and the ``run``
     #: its checkpoints carry (pruning only touches this run's checkpoints).
@@ -81,14 +87,40 @@ class RunParts:
     tracking: Tracking
     train_tasks: list[Task]
     val_tasks: list[Task]
-    grader: AnyGrader | None
+
+
+@dataclass(frozen=True)
+class ServingParts:
+    """The gateway, its dashboard and server, and the agent runner (:func:`_serve`)."""
+
     gateway: Gateway
     #: The gateway's effective config: the admin key made when none was given, the
     #: server's URL, async mode's hold timeout (``cfg.gateway`` is left as given).
-    gateway_config: GatewayConfig
+    config: GatewayConfig
     ui: Catalog  # the dashboard at /ui
     server: LoopServer
     runner: Runner
+
+
+@dataclass(frozen=True)
+class RunParts:
+    """Everything an open training run uses (see the module docstring for the order)."""
+
+    ranks: RankGroup | None  # the other training processes; None alone
+    grader: AnyGrader | None
+    model: ModelParts
+    records: RecordParts
+    serving: ServingParts
+
+
+class _Part(Generic[T]):
+    """One part of an open run as an attribute of :class:`PartsView` (typed by ``get``)."""
+
+    def __init__(self, get: Callable[[RunParts], T]) -> None:
+        self._get = get
+
+    def __get__(self, view: PartsView, owner: object = None) -> T:
+        return self._get(view.parts)
 
 
 class PartsView:
@@ -109,55 +141,21 @@ class PartsView:
 
     @property
     def model_path(self) -> Path | None:
-        return self._parts.model_path if self._parts else self._model_path
+        return self._parts.model.path if self._parts else self._model_path
 
-    @property
-    def tokenizer(self) -> Any:
-        return self.parts.tokenizer
-
-    @property
-    def trainer(self) -> PolicyTrainer:
-        return self.parts.trainer
-
-    @property
-    def engine(self) -> Engine:
-        return self.parts.engine
-
-    @property
-    def store(self) -> Store:
-        return self.parts.store
-
-    @property
-    def run_record(self) -> Run:
-        return self.parts.run_record
-
-    @property
-    def tracking(self) -> Tracking:
-        return self.parts.tracking
-
-    @property
-    def train_tasks(self) -> list[Task]:
-        return self.parts.train_tasks
-
-    @property
-    def val_tasks(self) -> list[Task]:
-        return self.parts.val_tasks
-
-    @property
-    def gateway(self) -> Gateway:
-        return self.parts.gateway
-
-    @property
-    def gateway_config(self) -> GatewayConfig:
-        return self.parts.gateway_config
-
-    @property
-    def server(self) -> LoopServer:
-        return self.parts.server
-
-    @property
-    def runner(self) -> Runner:
-        return self.parts.runner
+    grader = _Part(lambda p: p.grader)
+    tokenizer = _Part(lambda p: p.model.tokenizer)
+    trainer = _Part(lambda p: p.model.trainer)
+    engine = _Part(lambda p: p.model.engine)
+    store = _Part(lambda p: p.records.store)
+    run_record = _Part(lambda p: p.records.run_record)
+    tracking = _Part(lambda p: p.records.tracking)
+    train_tasks = _Part(lambda p: p.records.train_tasks)
+    val_tasks = _Part(lambda p: p.records.val_tasks)
+    gateway = _Part(lambda p: p.serving.gateway)
+    gateway_config = _Part(lambda p: p.serving.config)
+    server = _Part(lambda p: p.serving.server)
+    runner = _Part(lambda p: p.serving.runner)
 
 
 def _close(stack: AsyncExitStack, close: Callable[[], Awaitable[object] | object]) -> None:
@@ -177,7 +175,7 @@ def _close(stack: AsyncExitStack, close: Callable[[], Awaitable[object] | object
 def _on_exit(stack: AsyncExitStack, close: Callable[[bool], object]) -> None:
     """Like :func:`_close`, with whether the run failed (an exception is ending it)."""
 
-    async def quietly(exc_type: Any, exc: Any, tb: Any) -> None:
+    async def quietly(exc_type: type[BaseException] | None, *_: object) -> None:
         try:
             done = close(exc_type is not None)
             if asyncio.iscoroutine(done):
@@ -213,13 +211,9 @@ async def open_parts(
     push: bool | None = None if resume is not None else command == "eval"
     model = await _model(cfg, stack, say, ranks, model_path, engine, push=push)
     records = _records(cfg, stack, say, command, resume)
-    serving = await _serve(
-        cfg, stack, say, model["engine"], model["tokenizer"], records["store"], admin_key
-    )
-    parts = RunParts(ranks=ranks, grader=grader, **model, **records, **serving)
-    trainer = parts.trainer
-    _close(stack, trainer.stop)  # first at teardown: an update on its thread ends soon
-    return parts
+    serving = await _serve(cfg, stack, say, model.engine, model.tokenizer, records.store, admin_key)
+    _close(stack, model.trainer.stop)  # first at teardown: an update on its thread ends soon
+    return RunParts(ranks, grader, model, records, serving)
 
 
 async def _model(
@@ -231,7 +225,7 @@ async def _model(
     engine: Engine | None,
     *,
     push: bool | None = False,
-) -> dict[str, Any]:
+) -> ModelParts:
     """The tokenizer, the trainer and the engine (one copy of the weights when they can share)."""
     from tether.models import load_model, load_tokenizer
 
@@ -276,7 +270,7 @@ async def _model(
             "the rounded engine's logprobs; set trainer.tis_cap=2 to correct (docs/int8.md)",
             cfg.model.rollout_dtype,
         )
-    return {"model_path": path, "tokenizer": tokenizer, "trainer": trainer, "engine": engine}
+    return ModelParts(path, tokenizer, trainer, engine)
 
 
 async def _remote_engine(
@@ -305,7 +299,7 @@ async def _remote_engine(
         why = "other weights" if push else f"v{engine.policy_version}, from an earlier run"
         say(Status(f"the servers serve {why}: pushing the run's starting weights as v0"))
         try:
-            await engine.update_weights(engine_weights(trainer, engine), version=0)
+            await engine.weight_push.push(trainer, version=0)
         except BaseException:
             await engine.close()
             raise
@@ -314,7 +308,7 @@ async def _remote_engine(
 
 def _records(
     cfg: TrainConfig, stack: AsyncExitStack, say: Say, command: str, resume: ResumePoint | None
-) -> dict[str, Any]:
+) -> RecordParts:
     """The store, the run's record (its final status set at teardown), tracking, the tasks."""
     run_dir = Path(cfg.dir) / cfg.name
     store = Store(run_dir / "traces.sqlite")
@@ -323,7 +317,7 @@ def _records(
     config = record_config(cfg, command, resume)
     record = store.create_run(config, run_id=f"{cfg.name}-{secrets.token_hex(4)}")
 
-    def set_status(exc_type: Any, exc: Any, tb: Any) -> None:
+    def set_status(exc_type: type[BaseException] | None, *_: object) -> None:
         try:
             store.set_run_status(record.id, end_status(exc_type))
         except Exception:
@@ -354,15 +348,10 @@ def _records(
         store.add_tasks(train_tasks + val_tasks, run_id=record.id)
     except AlreadyExists as e:  # two tasks share an id: the run itself is unaffected
         log.warning("tasks not stored: %s; give each task in tasks.source its own id", e)
-    return {
-        "store": store,
-        "record_config": config,
-        "run_record": record,
-        "lineage": (resume.run if resume else None) or record.id,
-        "tracking": tracking,
-        "train_tasks": train_tasks,
-        "val_tasks": val_tasks,
-    }
+    lineage = (resume.run if resume else None) or record.id
+    return RecordParts(
+        store, config, record, lineage, tracking, train_tasks=train_tasks, val_tasks=val_tasks
+    )
 
 
 async def _serve(
@@ -373,7 +362,7 @@ async def _serve(
     tokenizer: Any,
     store: Store,
     admin_key: AdminKey,
-) -> dict[str, Any]:
+) -> ServingParts:
     """The gateway, its dashboard and its server, and the runner that starts the agents."""
     gcfg = cfg.gateway_for(admin_key.value)
     say(Status("starting the gateway and the agent runner"))
@@ -390,10 +379,4 @@ async def _serve(
     _close(stack, runner.close)
     # rollouts wait as "queued" until the runner starts their agent
     runner.on_start = lambda launch: gateway.mark_running(launch.rollout_id, launch.attempt)
-    return {
-        "gateway": gateway,
-        "gateway_config": gcfg,
-        "ui": ui,
-        "server": server,
-        "runner": runner,
-    }
+    return ServingParts(gateway, gcfg, ui, server, runner)
