@@ -34,7 +34,7 @@ import random
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,6 +42,9 @@ from tether._hf import merged_weights
 from tether.errors import UserError
 from tether.store import redact_secrets
 from tether.trainer.errors import CheckpointConflict
+
+if TYPE_CHECKING:
+    from tether.trainer._update import PolicyTrainer
 
 __all__ = [
     "checkpoint_state",
@@ -69,7 +72,7 @@ def save_checkpoint(
     directory: Path,
     step: int,
     *,
-    trainer: Any,
+    trainer: PolicyTrainer,
     tokenizer: Any,
     base_model_dir: Path | None,
     config: dict[str, Any],
@@ -93,14 +96,15 @@ def save_checkpoint(
         shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"step-{step:06d}.tmp-", dir=directory))
     rng = {"step": step, "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}
-    sharded = getattr(trainer, "root", None) is not None  # trainer.strategy fsdp2
+    sharded = trainer.root is not None  # trainer.strategy fsdp2
     _save_model(tmp / "model", trainer, trainer.full_weights() if sharded else None)
     if sharded:
         trainer.save_sharded(tmp / "sharded")
         torch.save(rng, tmp / "trainer.pt")
     else:
-        if getattr(trainer, "adapters", ()):  # roles with their own adapter: every adapter
-            trainer.model.save_pretrained(tmp / "adapters", safe_serialization=True)
+        if trainer.adapters:  # roles with their own adapter: every adapter
+            peft_model: Any = trainer.model
+            peft_model.save_pretrained(tmp / "adapters", safe_serialization=True)
         optimizer = trainer.optimizer.state_dict()
         torch.save(
             {**rng, "model": trainer.model.state_dict(), "optimizer": optimizer}, tmp / "trainer.pt"
@@ -140,11 +144,11 @@ def save_checkpoint(
     return final
 
 
-def _save_model(folder: Path, trainer: Any, weights: dict[str, Any] | None) -> None:
+def _save_model(folder: Path, trainer: PolicyTrainer, weights: dict[str, Any] | None) -> None:
     """The policy as ``save_pretrained`` writes it, LoRA merged (tensor by tensor, no copy
     of the model): from ``weights`` (an FSDP2 trainer's, gathered onto rank 0) or the
     trainer's own."""
-    model = trainer.model
+    model: Any = trainer.model  # a transformers (or peft) model
     own: dict[str, Any] = model.state_dict() if weights is None else weights
     if trainer.cfg.lora is not None:
         own, model = merged_weights(model, own), model.get_base_model()
@@ -189,7 +193,7 @@ def checkpoint_state(path: Path) -> dict[str, Any]:
     return state if isinstance(state, dict) else {}
 
 
-def load_checkpoint(path: Path, trainer: Any) -> int:
+def load_checkpoint(path: Path, trainer: PolicyTrainer) -> int:
     """Restore weights, optimizer and RNG states into ``trainer``; return the step.
 
     Loads with ``weights_only=True``: a checkpoint holds tensors and plain
@@ -198,7 +202,7 @@ def load_checkpoint(path: Path, trainer: Any) -> int:
     """
     state = torch.load(path / "trainer.pt", weights_only=True)
     sharded = (path / "sharded").is_dir()
-    if getattr(trainer, "root", None) is not None:
+    if trainer.root is not None:
         if not sharded:
             raise UserError(
                 f"{path} holds one process's weights (trainer.strategy=replicate): resume it "
@@ -217,7 +221,7 @@ def load_checkpoint(path: Path, trainer: Any) -> int:
     return int(state["step"])
 
 
-def _load_whole(path: Path, state: dict[str, Any], trainer: Any) -> None:
+def _load_whole(path: Path, state: dict[str, Any], trainer: PolicyTrainer) -> None:
     extra = sorted(set(state["model"]) ^ set(trainer.model.state_dict()))
     if extra:
         raise UserError(
