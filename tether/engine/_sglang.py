@@ -64,7 +64,6 @@ from tether.engine._server_api import (
     ServerCall,
     ServerInfo,
     TensorMeta,
-    Transport,
     refuse_role_adapter,
 )
 from tether.engine._sglang_wire import NAME, Answer, request_bodies, rids_of, weight_version_of
@@ -80,8 +79,8 @@ class SGLangServer(ServerAPI):
 
     name = "sglang"
     shown = NAME
-    transports: tuple[Transport, ...] = ("lora", "disk", "nccl")
-    group_backends: tuple[str, ...] = ("nccl", "gloo")  # torch groups on both sides
+    transports = ("lora", "disk", "nccl")
+    group_backends = ("nccl", "gloo")  # torch groups on both sides
 
     def __init__(self) -> None:
         self._live: dict[str, list[str]] = {}  # tether request id -> its SGLang rids

@@ -65,7 +65,6 @@ from tether.engine._server_api import (
     ServerCall,
     ServerInfo,
     TensorMeta,
-    Transport,
     refuse_role_adapter,
 )
 from tether.engine._stream import TokenDelta
@@ -230,11 +229,11 @@ class VLLMServer(ServerAPI):
 
     name = "vllm"
     shown = SHOWN
-    transports: tuple[Transport, ...] = ("lora", "disk", "nccl")
+    transports = ("lora", "disk", "nccl")
     #: vLLM joins its NCCL group with StatelessProcessGroup + PyNccl, whose handshake a
     #: torch ProcessGroupNCCL on the trainer does not speak: NCCL pushes need vLLM's own
     #: trainer side (not built yet); gloo is what the fake speaks.
-    group_backends: tuple[str, ...] = ("gloo",)
+    group_backends = ("gloo",)
 
     def __init__(self) -> None:
         self._max_len: dict[str, int | None] = {}
