@@ -57,12 +57,13 @@ def ids_body(tokenizer: Any, model: str, n: int) -> bytes:
     """The ``/v1/completions`` body tether's engine sends vLLM for :func:`chat_body`'s call."""
     from tether.chat import render_prompt
     from tether.engine import SamplingParams
+    from tether.engine._server_api import ServerCall
     from tether.engine._vllm import completion_body
 
     ids = render_prompt(tokenizer, messages(n), None)
     stops = (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"))
     params = SamplingParams(temperature=0.0, max_tokens=1, stop_token_ids=tuple(sorted(set(stops))))
-    body = completion_body(ids, params, request_id=f"bench-{n}", adapter=None, stream=False)
+    body = completion_body(ServerCall(ids, params, f"bench-{n}", None), stream=False)
     return json.dumps({**body, "model": model}).encode()
 
 

@@ -262,6 +262,7 @@ async def latency(calls: int) -> tuple[list[float], list[float]]:
     client (no SDK on either side), interleaved."""
     import httpx
 
+    from tether.engine._server_api import ServerCall
     from tether.engine._vllm import completion_body
     from tether.starter import build_starter
 
@@ -279,9 +280,7 @@ async def latency(calls: int) -> tuple[list[float], list[float]]:
         gated_body = {"model": "policy", "prompt": prompt, "max_tokens": 1, "temperature": 0}
         async with httpx.AsyncClient(timeout=60) as client:
             for i in range(calls + 5):  # the first 5 of each warm up, not counted
-                body = completion_body(
-                    prompt, params, request_id=f"d{i}", adapter=None, stream=False
-                )
+                body = completion_body(ServerCall(prompt, params, f"d{i}", None), stream=False)
                 pair = [("direct", f"{url}/v1/completions", body, None),
                         ("gated", f"{base}/completions", gated_body, auth)]  # fmt: skip
                 for name, target, payload, headers in pair if i % 2 else pair[::-1]:  # A B B A

@@ -30,6 +30,7 @@ from tether.engine import (
 )
 from tether.engine._protocol import GenerateResult
 from tether.engine._remote import RemoteEngine
+from tether.engine._server_api import GroupJoin
 from tether.engine._sglang import SGLangServer
 from tether.engine._sglang_wire import request_bodies
 from tether.engine._stream import TokenDelta
@@ -462,8 +463,7 @@ async def test_distributed_update_over_gloo(
     )
     await asyncio.gather(
         asyncio.to_thread(group.join),
-        api.init_nccl(client, fresh_url, master_address="127.0.0.1", master_port=port,
-                      rank_offset=1, world_size=2, backend="gloo", group_name="tether-test"),
+        api.init_nccl(client, fresh_url, GroupJoin("127.0.0.1", port, 1, 2, "gloo", "tether-test")),
     )  # fmt: skip
     state = _changed(starter_dir)
     await asyncio.gather(

@@ -33,7 +33,7 @@ from tests.remote_servers import REAL, fake_server, real_server, server_args
 from tether.engine import Constraint, EngineFailed, SamplingParams, UnsupportedParams
 from tether.engine._constraint import json_schema_format
 from tether.engine._protocol import GenerateResult
-from tether.engine._server_api import TensorMeta
+from tether.engine._server_api import GroupJoin, ServerCall, TensorMeta
 from tether.engine._stream import TokenDelta
 from tether.engine._transformers import TransformersEngine
 from tether.engine._vllm import VLLMServer, completion_body
@@ -238,8 +238,7 @@ async def test_a_json_schema_constraint_gives_json_that_parses(
 
 async def test_top_p_below_one_is_refused_before_sending(prompt) -> None:
     with pytest.raises(UnsupportedParams, match="top_p") as info:
-        completion_body(prompt, SamplingParams(top_p=0.9), request_id="x", adapter=None,
-                        stream=False)  # fmt: skip
+        completion_body(ServerCall(prompt, SamplingParams(top_p=0.9), "x", None), stream=False)
     assert info.value.param == "top_p"  # the gateway's 400 names the field
 
 
@@ -247,13 +246,13 @@ async def test_every_field_sent_is_a_vllm_completion_field(prompt) -> None:
     params = SamplingParams(seed=1, stop=("\n",), stop_token_ids=(3,), top_logprobs=2,
                             constraint=Constraint.of({"type": "const_string", "value": "x"}))  # fmt: skip
     for stream in (False, True):
-        body = completion_body(prompt, params, request_id="x", adapter="a", stream=stream)
+        body = completion_body(ServerCall(prompt, params, "x", "a"), stream=stream)
         assert set(body) <= COMPLETION_FIELDS
 
 
 @fake_only
 async def test_a_misspelt_field_is_refused_by_the_fake(vllm_url, client, prompt) -> None:
-    body = completion_body(prompt, SamplingParams(), request_id="x", adapter=None, stream=False)
+    body = completion_body(ServerCall(prompt, SamplingParams(), "x", None), stream=False)
     body["max_token"] = body.pop("max_tokens")
     resp = await client.post(f"{vllm_url}/v1/completions", json=body)
     assert resp.status_code == 400
@@ -399,8 +398,7 @@ async def test_nccl_update_over_gloo_loads_the_broadcast_weights(
 
     await asyncio.gather(
         asyncio.to_thread(join),
-        server.init_nccl(client, vllm_url, master_address="127.0.0.1", master_port=port,
-                         rank_offset=1, world_size=2, backend="gloo", group_name=""),
+        server.init_nccl(client, vllm_url, GroupJoin("127.0.0.1", port, 1, 2, "gloo", "")),
     )  # fmt: skip
     metas = [
         TensorMeta(k, str(v.dtype).removeprefix("torch."), tuple(v.shape)) for k, v in new.items()

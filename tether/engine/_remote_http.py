@@ -48,8 +48,12 @@ def check(resp: httpx.Response, server: str) -> Any:
     )
 
 
-async def sse_events(resp: httpx.Response) -> AsyncGenerator[dict[str, Any], None]:
-    """The JSON objects of a server-sent event stream's ``data:`` lines, until ``[DONE]``."""
+async def sse_events(resp: httpx.Response, server: str) -> AsyncGenerator[dict[str, Any], None]:
+    """The JSON objects of a server-sent event stream's ``data:`` lines, until ``[DONE]``;
+    EngineFailed (as :func:`check` words it) when the server refused the stream."""
+    if not resp.is_success:
+        await resp.aread()
+        check(resp, server)
     async for line in resp.aiter_lines():
         if not line.startswith("data:"):
             continue

@@ -31,7 +31,7 @@ import httpx
 
 from tether.engine._protocol import EngineFailed
 from tether.engine._replicas import Replica
-from tether.engine._server_api import ServerAPI, Transport
+from tether.engine._server_api import GroupJoin, ServerAPI, Transport
 from tether.engine._weight_transports import (
     BroadcastGroup,
     prune,
@@ -133,8 +133,7 @@ class WeightPusher:
         for u in members:
             offsets[u], rank = rank, rank + self.ranks.get(u, 1)
         joins = each(targets, lambda r: self.api.init_nccl(
-            client, r.url, master_address=address, master_port=port, rank_offset=offsets[r.url],
-            world_size=world, backend=backend, group_name=name,
+            client, r.url, GroupJoin(address, port, offsets[r.url], world, backend, name)
         ))  # fmt: skip
         await asyncio.gather(_on_daemon_thread(group.join), joins)
         self._group, self._members = group, members

@@ -16,16 +16,26 @@ reach ... at URL" and :class:`~tether.engine.EngineTimeout`.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
 import httpx
 
-from tether.engine._protocol import GenerateResult, SamplingParams
+from tether.engine._protocol import GenerateResult, SamplingParams, UnsupportedParams
 from tether.engine._stream import TokenDelta
 
-__all__ = ["PauseMode", "ServerAPI", "ServerInfo", "TensorMeta", "Transport"]
+__all__ = [
+    "GroupJoin",
+    "PauseMode",
+    "ServerAPI",
+    "ServerCall",
+    "ServerInfo",
+    "TensorMeta",
+    "Transport",
+    "refuse_role_adapter",
+]
 
 #: How a weight push treats calls in flight: ``wait`` lets them finish first (sync
 #: training), ``keep`` parks them on the server and continues them on the new weights
@@ -56,8 +66,40 @@ class TensorMeta:
     shape: tuple[int, ...]
 
 
-class ServerAPI(Protocol):
-    """One kind of inference server, one replica per call (see the module docstring)."""
+@dataclass(frozen=True)
+class ServerCall:
+    """One generation call to one replica, as :meth:`ServerAPI.generate` hands it on."""
+
+    prompt_ids: Sequence[int]
+    params: SamplingParams
+    request_id: str  # tether's id of the call (what :meth:`ServerAPI.abort` names)
+    adapter: str | None  # the LoRA adapter to serve from (transport lora); None: base weights
+
+
+@dataclass(frozen=True)
+class GroupJoin:
+    """Where one replica joins a weight-broadcast group (the trainer is rank 0)."""
+
+    master_address: str
+    master_port: int
+    rank_offset: int  # the replica's first rank
+    world_size: int
+    backend: str  # the broadcast backend ("nccl", "gloo")
+    group_name: str
+
+
+def refuse_role_adapter(params: SamplingParams) -> None:
+    """UnsupportedParams for a role's own adapter, which only the embedded engine serves
+    (the run config refuses it first)."""
+    if params.adapter is not None:
+        raise UnsupportedParams("per-role adapters need the embedded engine", param="model")
+
+
+class ServerAPI(ABC):
+    """One kind of inference server, one replica per call (see the module docstring).
+
+    An adapter subclasses it and implements every abstract method; :meth:`generate` and
+    :meth:`stream` hand it the call as one :class:`ServerCall`."""
 
     #: "vllm" or "sglang", as ``engine.kind`` names it.
     name: str
@@ -69,11 +111,13 @@ class ServerAPI(Protocol):
     #: can build with this server (vLLM's NCCL group is its own: gloo only, for tests).
     group_backends: tuple[str, ...]
 
+    @abstractmethod
     def check_params(self, params: SamplingParams) -> None:
         """Raise :class:`~tether.engine.UnsupportedParams` for parameters this server
         cannot serve with exact logprobs (vLLM: top_p < 1); the gateway answers 400."""
         ...
 
+    @abstractmethod
     async def info(self, client: httpx.AsyncClient, url: str) -> ServerInfo:
         """Check the replica at start-up: it answers, serves a model, and runs in the
         mode tether needs (vLLM: unprocessed logprobs). Raises EngineFailed naming the
@@ -94,9 +138,12 @@ class ServerAPI(Protocol):
         unprocessed logprobs out). ``adapter`` names the LoRA adapter to serve from (the
         ``lora`` transport), None for the base weights. ``policy_version`` is the weight
         version the server reports for this answer, or -1 when the server does not say
-        (the engine then records its own version, exact while no push overlaps a call). A constraint goes as the server's
-        structured-output request (xgrammar structural tag)."""
-        ...
+        (the engine then records its own version, exact while no push overlaps a call). A
+        constraint goes as the server's structured-output request (xgrammar structural tag).
+        With :meth:`stream`, the one place the call's arguments become a :class:`ServerCall`."""
+        return await self._generate(
+            client, url, ServerCall(prompt_ids, params, request_id, adapter)
+        )
 
     def stream(
         self,
@@ -111,27 +158,43 @@ class ServerAPI(Protocol):
         """:meth:`generate`, token by token: a TokenDelta per token as the server sends
         it, then the GenerateResult. Closing the generator closes the HTTP stream (the
         server aborts the request); the base also calls :meth:`abort`."""
-        ...
+        return self._stream(client, url, ServerCall(prompt_ids, params, request_id, adapter))
 
+    @abstractmethod
+    async def _generate(
+        self, client: httpx.AsyncClient, url: str, call: ServerCall
+    ) -> GenerateResult: ...
+
+    @abstractmethod
+    def _stream(
+        self, client: httpx.AsyncClient, url: str, call: ServerCall
+    ) -> AsyncGenerator[TokenDelta | GenerateResult, None]: ...
+
+    @abstractmethod
     async def abort(self, client: httpx.AsyncClient, url: str, request_id: str) -> None:
         """Abort one request (best effort; an unknown id is no error)."""
         ...
 
+    @abstractmethod
     async def pause(self, client: httpx.AsyncClient, url: str, mode: PauseMode) -> None:
         """Stop the server starting new generations; returns when ``mode`` is honoured
         (``wait``: nothing in flight)."""
         ...
 
+    @abstractmethod
     async def resume(self, client: httpx.AsyncClient, url: str) -> None: ...
 
+    @abstractmethod
     async def flush_cache(self, client: httpx.AsyncClient, url: str) -> None:
         """Drop the prefix cache (its KV came from the old weights)."""
         ...
 
+    @abstractmethod
     async def weight_version(self, client: httpx.AsyncClient, url: str) -> int:
         """The weight version the replica reports now."""
         ...
 
+    @abstractmethod
     async def load_lora(
         self, client: httpx.AsyncClient, url: str, name: str, path: str, version: int
     ) -> None:
@@ -139,6 +202,7 @@ class ServerAPI(Protocol):
         afterwards calls naming ``name`` use it and the server reports ``version``."""
         ...
 
+    @abstractmethod
     async def update_from_disk(
         self, client: httpx.AsyncClient, url: str, path: str, version: int
     ) -> None:
@@ -146,29 +210,21 @@ class ServerAPI(Protocol):
         and config); afterwards the server reports ``version``."""
         ...
 
-    async def init_nccl(
-        self,
-        client: httpx.AsyncClient,
-        url: str,
-        *,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        backend: str,
-        group_name: str,
-    ) -> None:
+    @abstractmethod
+    async def init_nccl(self, client: httpx.AsyncClient, url: str, join: GroupJoin) -> None:
         """Have the replica join the weight-broadcast group (the trainer is rank 0; this
-        replica's ranks start at ``rank_offset``). Returns once the server has started
+        replica's ranks start at ``join.rank_offset``). Returns once the server has started
         joining; the trainer joins concurrently."""
         ...
 
+    @abstractmethod
     def group_prefix(self, group_name: str) -> str | None:
         """The store prefix the server's side of the broadcast group builds on (SGLang:
         ``"{group_name}/"``; vLLM's group has no name: None), which the trainer's side
         must use too."""
         ...
 
+    @abstractmethod
     async def update_from_nccl(
         self,
         client: httpx.AsyncClient,

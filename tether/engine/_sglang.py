@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
@@ -56,7 +57,15 @@ from tether.engine._protocol import (
     UnsupportedParams,
 )
 from tether.engine._remote_http import check, sse_events
-from tether.engine._server_api import PauseMode, ServerInfo, TensorMeta, Transport
+from tether.engine._server_api import (
+    GroupJoin,
+    PauseMode,
+    ServerAPI,
+    ServerCall,
+    ServerInfo,
+    TensorMeta,
+    refuse_role_adapter,
+)
 from tether.engine._sglang_wire import NAME, Answer, request_bodies, rids_of, weight_version_of
 from tether.engine._stream import TokenDelta
 
@@ -65,13 +74,13 @@ __all__ = ["SGLangServer"]
 _PAUSE_MODES = {"keep": "retract", "abort": "abort", "wait": "retract"}
 
 
-class SGLangServer:
+class SGLangServer(ServerAPI):
     """SGLang's native routes for one replica per call (see the module docstring)."""
 
     name = "sglang"
     shown = NAME
-    transports: tuple[Transport, ...] = ("lora", "disk", "nccl")
-    group_backends: tuple[str, ...] = ("nccl", "gloo")  # torch groups on both sides
+    transports = ("lora", "disk", "nccl")
+    group_backends = ("nccl", "gloo")  # torch groups on both sides
 
     def __init__(self) -> None:
         self._live: dict[str, list[str]] = {}  # tether request id -> its SGLang rids
@@ -105,11 +114,12 @@ class SGLangServer:
 
     @contextlib.asynccontextmanager
     async def _request(
-        self, url: str, request_id: str, n: int, adapter: str | None
+        self, url: str, call: ServerCall
     ) -> AsyncIterator[tuple[list[str], str | None, int | None]]:
         """One tether request: its rids (known to :meth:`abort`, counted as busy), the
         adapter's loaded name and version (None: the base weights, or not loaded here)."""
-        rids = rids_of(request_id, n)
+        request_id, adapter = call.request_id, call.adapter
+        rids = rids_of(request_id, call.params.n)
         loaded, version = self._lora.get((url, adapter or ""), (adapter, None))
         use = (url, loaded or "")
         self._live[request_id] = rids
@@ -125,18 +135,11 @@ class SGLangServer:
             if not self._busy[url]:
                 self._idle[url].set()
 
-    async def generate(
-        self,
-        client: httpx.AsyncClient,
-        url: str,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        *,
-        request_id: str,
-        adapter: str | None,
+    async def _generate(
+        self, client: httpx.AsyncClient, url: str, call: ServerCall
     ) -> GenerateResult:
-        async with self._request(url, request_id, params.n, adapter) as (rids, lora, v):
-            bodies = request_bodies(prompt_ids, params, rids, lora, self._rng)
+        async with self._request(url, call) as (rids, lora, v):
+            bodies = request_bodies(call.prompt_ids, call.params, rids, lora, self._rng)
             tasks = [asyncio.ensure_future(self._post(client, url, b)) for b in bodies]
             try:
                 answers = await asyncio.gather(*tasks)
@@ -146,7 +149,7 @@ class SGLangServer:
                 await asyncio.gather(*tasks, return_exceptions=True)
                 await self._abort_rids(client, url, rids)
                 raise
-        return self._result(list(answers), params, v)
+        return self._result(list(answers), call.params, v)
 
     async def _post(self, client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Answer:
         out = check(await client.post(f"{url}/generate", json=body), NAME)
@@ -166,20 +169,13 @@ class SGLangServer:
         comps = [a.completion(params.top_logprobs) for a in answers]
         return GenerateResult(comps, version, {"engine": "sglang"})
 
-    async def stream(
-        self,
-        client: httpx.AsyncClient,
-        url: str,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        *,
-        request_id: str,
-        adapter: str | None,
+    async def _stream(
+        self, client: httpx.AsyncClient, url: str, call: ServerCall
     ) -> AsyncGenerator[TokenDelta | GenerateResult, None]:
-        async with self._request(url, request_id, params.n, adapter) as (rids, lora, v):
+        async with self._request(url, call) as (rids, lora, v):
             queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
             answers = [Answer() for _ in rids]
-            bodies = request_bodies(prompt_ids, params, rids, lora, self._rng)
+            bodies = request_bodies(call.prompt_ids, call.params, rids, lora, self._rng)
             tasks = [
                 asyncio.ensure_future(self._pump(client, url, {**b, "stream": True}, i, queue))
                 for i, b in enumerate(bodies)
@@ -202,7 +198,7 @@ class SGLangServer:
                 await asyncio.gather(*tasks, return_exceptions=True)
                 if any(a.finish is None for a in answers):
                     await self._abort_rids(client, url, rids)
-        yield self._result(answers, params, v)
+        yield self._result(answers, call.params, v)
 
     async def _pump(
         self,
@@ -215,10 +211,7 @@ class SGLangServer:
         """Put each ``data:`` event of one streamed request on ``queue``, then None."""
         try:
             async with client.stream("POST", f"{url}/generate", json=body) as resp:
-                if not resp.is_success:
-                    await resp.aread()
-                    check(resp, NAME)
-                async for event in sse_events(resp):
+                async for event in sse_events(resp, NAME):
                     if "error" in event:
                         message = (event["error"] or {}).get("message", event["error"])
                         raise EngineFailed(f"{NAME} server at {url} failed the request: {message}")
@@ -292,27 +285,14 @@ class SGLangServer:
         body = {"model_path": path, "weight_version": str(version)}
         await self._update(client, url, "update_weights_from_disk", body)
 
-    async def init_nccl(
-        self,
-        client: httpx.AsyncClient,
-        url: str,
-        *,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        backend: str,
-        group_name: str,
-    ) -> None:
-        body = dict(master_address=master_address, master_port=master_port, backend=backend)
-        body.update(rank_offset=rank_offset, world_size=world_size, group_name=group_name)
+    async def init_nccl(self, client: httpx.AsyncClient, url: str, join: GroupJoin) -> None:
+        body = dataclasses.asdict(join)  # SGLang's field names are GroupJoin's
         await self._update(client, url, "init_weights_update_group", body)
 
     def check_params(self, params: SamplingParams) -> None:
         """SGLang's logprobs are tether's (before top-k/top-p); what it cannot do is stop
         on ``stop_token_ids`` under ``ignore_eos`` (it ignores both)."""
-        if params.adapter is not None:  # a role's own adapter: the run config refuses it first
-            raise UnsupportedParams("per-role adapters need the embedded engine", param="model")
+        refuse_role_adapter(params)
         if params.ignore_eos and params.stop_token_ids:
             raise UnsupportedParams(
                 "ignore_eos with stop_token_ids cannot be served by SGLang: with ignore_eos "

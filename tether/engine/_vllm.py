@@ -58,7 +58,15 @@ from tether.engine._protocol import (
     UnsupportedParams,
 )
 from tether.engine._remote_http import check, error_message, sse_events
-from tether.engine._server_api import PauseMode, ServerInfo, TensorMeta, Transport
+from tether.engine._server_api import (
+    GroupJoin,
+    PauseMode,
+    ServerAPI,
+    ServerCall,
+    ServerInfo,
+    TensorMeta,
+    refuse_role_adapter,
+)
 from tether.engine._stream import TokenDelta
 
 __all__ = ["VLLMServer", "completion_body"]
@@ -79,8 +87,7 @@ DEV_HINT = (
 
 def check_params(params: SamplingParams) -> None:
     """UnsupportedParams for what vLLM cannot serve with tether's logprobs: top_p < 1."""
-    if params.adapter is not None:  # a role's own adapter: the run config refuses it first
-        raise UnsupportedParams("per-role adapters need the embedded engine", param="model")
+    refuse_role_adapter(params)
     if params.top_p < 1:
         raise UnsupportedParams(
             f"top_p ({params.top_p}) < 1 cannot be served by vLLM with exact logprobs: its "
@@ -91,16 +98,11 @@ def check_params(params: SamplingParams) -> None:
 
 
 def completion_body(
-    prompt_ids: Sequence[int],
-    params: SamplingParams,
-    *,
-    request_id: str,
-    adapter: str | None,
-    stream: bool,
-    max_len: int | None = None,
+    call: ServerCall, *, stream: bool, max_len: int | None = None
 ) -> dict[str, Any]:
     """The ``/v1/completions`` body for one call (every field a vLLM CompletionRequest
     field). ``max_tokens`` is cut to what fits in ``max_len`` (vLLM refuses more)."""
+    prompt_ids, params = call.prompt_ids, call.params
     check_params(params)
     max_tokens = params.max_tokens
     if max_len is not None:
@@ -120,13 +122,13 @@ def completion_body(
         "logprobs": params.top_logprobs,
         "return_token_ids": True,
         "return_tokens_as_token_ids": True,
-        "request_id": request_id,
+        "request_id": call.request_id,
         "stream": stream,
     }
     if params.seed is not None:
         body["seed"] = params.seed
-    if adapter is not None:
-        body["model"] = adapter
+    if call.adapter is not None:
+        body["model"] = call.adapter
     if params.constraint is not None:
         body["structured_outputs"] = {"structural_tag": params.constraint.structural_tag}
     return body
@@ -222,16 +224,16 @@ def _check_scheduler(config: Any, url: str) -> None:
         )
 
 
-class VLLMServer:
+class VLLMServer(ServerAPI):
     """The vLLM adapter (see the module docstring); one instance serves every replica."""
 
     name = "vllm"
     shown = SHOWN
-    transports: tuple[Transport, ...] = ("lora", "disk", "nccl")
+    transports = ("lora", "disk", "nccl")
     #: vLLM joins its NCCL group with StatelessProcessGroup + PyNccl, whose handshake a
     #: torch ProcessGroupNCCL on the trainer does not speak: NCCL pushes need vLLM's own
     #: trainer side (not built yet); gloo is what the fake speaks.
-    group_backends: tuple[str, ...] = ("gloo",)
+    group_backends = ("gloo",)
 
     def __init__(self) -> None:
         self._max_len: dict[str, int | None] = {}
@@ -271,49 +273,29 @@ class VLLMServer:
             ranks=int(world.get("world_size", 1)),
         )
 
-    async def generate(
-        self,
-        client: httpx.AsyncClient,
-        url: str,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        *,
-        request_id: str,
-        adapter: str | None,
+    async def _generate(
+        self, client: httpx.AsyncClient, url: str, call: ServerCall
     ) -> GenerateResult:
-        body = completion_body(prompt_ids, params, request_id=request_id, adapter=adapter,
-                               stream=False, max_len=self._max_len.get(url))  # fmt: skip
+        body = completion_body(call, stream=False, max_len=self._max_len.get(url))
         answer = check(await client.post(f"{url}/v1/completions", json=body), SHOWN)
-        info = {"engine": "vllm", "url": url, "prompt_tokens": len(prompt_ids)}
-        return GenerateResult(_completions(answer, params, url), -1, info)
+        return GenerateResult(_completions(answer, call.params, url), -1, _info(url, call))
 
-    async def stream(
-        self,
-        client: httpx.AsyncClient,
-        url: str,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        *,
-        request_id: str,
-        adapter: str | None,
+    async def _stream(
+        self, client: httpx.AsyncClient, url: str, call: ServerCall
     ) -> AsyncGenerator[TokenDelta | GenerateResult, None]:
-        body = completion_body(prompt_ids, params, request_id=request_id, adapter=adapter,
-                               stream=True, max_len=self._max_len.get(url))  # fmt: skip
+        body = completion_body(call, stream=True, max_len=self._max_len.get(url))
+        params = call.params
         rows = [Completion([], [], "abort", [] if params.top_logprobs else None)
                 for _ in range(params.n)]  # fmt: skip
         async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
-            if not resp.is_success:
-                await resp.aread()
-                check(resp, SHOWN)
-            async for event in sse_events(resp):
+            async for event in sse_events(resp, SHOWN):
                 if event.get("error") or event.get("object") == "error":  # newer, older shape
                     message = error_message(event, json.dumps(event))
                     raise EngineFailed(f"vLLM server at {url} failed mid-stream: {message}")
                 for ch in event.get("choices") or []:
                     for delta in _deltas(ch, rows, params.top_logprobs, url):
                         yield delta
-        info = {"engine": "vllm", "url": url, "prompt_tokens": len(prompt_ids)}
-        yield GenerateResult(rows, -1, info)
+        yield GenerateResult(rows, -1, _info(url, call))
 
     async def abort(self, client: httpx.AsyncClient, url: str, request_id: str) -> None:
         # vLLM names the engine request cmpl-{id}-{prompt index}; unknown ids are ignored
@@ -346,8 +328,7 @@ class VLLMServer:
         resp = await client.post(f"{url}/v1/load_lora_adapter", json=body)
         if not resp.is_success:  # a 2xx answer is plain text
             check(resp, SHOWN)
-        body = {"new_version": str(version)}
-        check(await client.post(f"{url}/update_weight_version", json=body), SHOWN)
+        await _label(client, url, version)
 
     async def update_from_disk(
         self, client: httpx.AsyncClient, url: str, path: str, version: int
@@ -357,26 +338,14 @@ class VLLMServer:
         if resp.status_code == 404:
             raise EngineFailed(f"vLLM server at {url} has no /collective_rpc: {DEV_HINT}")
         check(resp, SHOWN)
-        body = {"new_version": str(version)}
-        check(await client.post(f"{url}/update_weight_version", json=body), SHOWN)
+        await _label(client, url, version)
 
-    async def init_nccl(
-        self,
-        client: httpx.AsyncClient,
-        url: str,
-        *,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        backend: str,
-        group_name: str,
-    ) -> None:
+    async def init_nccl(self, client: httpx.AsyncClient, url: str, join: GroupJoin) -> None:
         """Answers once the group is made (vLLM joins inside the call): run it concurrently
-        with the trainer's join. ``backend`` and ``group_name`` are the server's own
-        (``--weight-transfer-config``; vLLM's group has no name)."""
-        info = {"master_address": master_address, "master_port": master_port,
-                "rank_offset": rank_offset, "world_size": world_size}  # fmt: skip
+        with the trainer's join. ``join.backend`` and ``join.group_name`` are the server's
+        own (``--weight-transfer-config``; vLLM's group has no name)."""
+        info = {"master_address": join.master_address, "master_port": join.master_port,
+                "rank_offset": join.rank_offset, "world_size": join.world_size}  # fmt: skip
         body = {"init_info": info}
         check(await client.post(f"{url}/init_weight_transfer_engine", json=body), SHOWN)
 
@@ -406,6 +375,17 @@ class VLLMServer:
         check(await client.post(f"{url}/update_weights", json=body), SHOWN)
         done = {"weight_version": str(version)}
         check(await client.post(f"{url}/finish_weight_update", json=done), SHOWN)
+
+
+def _info(url: str, call: ServerCall) -> dict[str, Any]:
+    """A result's ``info``: which server answered and how long the prompt was."""
+    return {"engine": "vllm", "url": url, "prompt_tokens": len(call.prompt_ids)}
+
+
+async def _label(client: httpx.AsyncClient, url: str, version: int) -> None:
+    """Set the weight-version label the server reports (after a LoRA or disk push)."""
+    body = {"new_version": str(version)}
+    check(await client.post(f"{url}/update_weight_version", json=body), SHOWN)
 
 
 def _deltas(choice: dict[str, Any], rows: list[Completion], k: int, url: str) -> list[TokenDelta]:

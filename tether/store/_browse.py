@@ -121,25 +121,15 @@ class Browse:
         """
         if sort not in ROLLOUT_SORTS:
             raise InvalidRecord(f"sort ({sort!r}) must be one of {', '.join(ROLLOUT_SORTS)}")
-        where, params = ["r.run_id IS ?"], list[Any]([run_id])
-        if phase is not None:
-            where.append("r.phase = ?")
-            params.append(Phase(phase).value)
-        if step is not None:
-            where.append("r.step = ?")
-            params.append(int(step))
-        if task_id is not None:
-            where.append("r.task_id = ?")
-            params.append(task_id)
-        if status is not None:
-            where.append("r.status = ?")
-            params.append(RolloutStatus(status).value)
-        if reward_min is not None:
-            where.append("r.reward >= ?")
-            params.append(float(reward_min))
-        if reward_max is not None:
-            where.append("r.reward <= ?")
-            params.append(float(reward_max))
+        where, params = rows.filters(
+            ("r.phase = ?", rows.optional(Phase, phase)),
+            ("r.step = ?", rows.optional(int, step)),
+            ("r.task_id = ?", task_id),
+            ("r.status = ?", rows.optional(RolloutStatus, status)),
+            ("r.reward >= ?", rows.optional(float, reward_min)),
+            ("r.reward <= ?", rows.optional(float, reward_max)),
+        )
+        where, params = ["r.run_id IS ?", *where], [run_id, *params]  # None: of no run
         scope = " WHERE " + " AND ".join(where)
         order = ROLLOUT_SORTS[sort]
         direction = " DESC" if descending else ""
@@ -164,14 +154,9 @@ class Browse:
         """The newest ``limit`` rollouts (all when ``limit`` <= 0), filtered by run and
         status, oldest of them first: ``(how many match, [(rollout, calls of its current
         attempt), ...])``, so a viewer can say how many it left out."""
-        where, params = [], []
-        if run_id is not None:
-            where.append("r.run_id = ?")
-            params.append(run_id)
-        if status is not None:
-            where.append("r.status = ?")
-            params.append(RolloutStatus(status).value)
-        scope = (" WHERE " + " AND ".join(where)) if where else ""
+        scope, params = rows.where(
+            ("r.run_id = ?", run_id), ("r.status = ?", rows.optional(RolloutStatus, status))
+        )
         sql = f"SELECT {_R_COLUMNS}, {_N_CALLS} FROM rollouts r{scope} ORDER BY r.rowid DESC"
         if limit > 0:
             sql += f" LIMIT {int(limit)}"

@@ -41,38 +41,38 @@ assert array("i").itemsize == 4 and array("f").itemsize == 4, "array('i'/'f') mu
 
 def pack_ids(ids: Sequence[int], name: str = "token ids") -> bytes:
     """Token ids → little-endian int32 bytes; ids outside int32 are refused."""
-    try:
-        packed = array("i", ids)
-    except (OverflowError, TypeError) as e:
-        raise InvalidRecord(f"{name} must be integers in int32 range ({e})") from None
-    if _SWAP:
-        packed.byteswap()
-    return packed.tobytes()
+    return _pack("i", ids, f"{name} must be integers in int32 range")
 
 
 def unpack_ids(blob: bytes) -> list[int]:
     """Little-endian int32 bytes → token ids."""
-    values = array("i")
-    values.frombytes(blob)
-    if _SWAP:
-        values.byteswap()
-    return values.tolist()
+    return _unpack("i", blob)
 
 
 def pack_floats(values: Sequence[float], name: str = "logprobs") -> bytes:
     """Floats → little-endian float32 bytes (rounded to float32, as the engine reports them)."""
+    return _pack("f", values, f"{name} must be real numbers")
+
+
+def unpack_floats(blob: bytes) -> list[float]:
+    """Little-endian float32 bytes → Python floats (exactly the stored float32 values)."""
+    return _unpack("f", blob)
+
+
+def _pack(typecode: str, values: Sequence[Any], refusal: str) -> bytes:
+    """``values`` as a little-endian array of ``typecode``; InvalidRecord ``refusal``
+    (with the reason) for a value the array cannot hold."""
     try:
-        packed = array("f", values)
-    except TypeError as e:
-        raise InvalidRecord(f"{name} must be real numbers ({e})") from None
+        packed = array(typecode, values)
+    except (OverflowError, TypeError) as e:
+        raise InvalidRecord(f"{refusal} ({e})") from None
     if _SWAP:
         packed.byteswap()
     return packed.tobytes()
 
 
-def unpack_floats(blob: bytes) -> list[float]:
-    """Little-endian float32 bytes → Python floats (exactly the stored float32 values)."""
-    values = array("f")
+def _unpack(typecode: str, blob: bytes) -> list[Any]:
+    values = array(typecode)
     values.frombytes(blob)
     if _SWAP:
         values.byteswap()

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from tether.records import (
     AttemptEnd,
@@ -45,7 +46,9 @@ __all__ = [
     "attempt_from_row",
     "call_from_row",
     "checkpoint_from_row",
+    "filters",
     "metric_from_row",
+    "optional",
     "place_columns",
     "reward_from_row",
     "rollout_from_row",
@@ -53,10 +56,12 @@ __all__ = [
     "task_from_row",
     "update_fates",
     "update_from_row",
+    "where",
     "with_shared_prompt",
 ]
 
 Row = Sequence
+T = TypeVar("T")
 
 RUN_COLUMNS = "id, config, status, created_at"
 TASK_COLUMNS = "id, data, split, run_id"
@@ -78,6 +83,24 @@ REWARD_COLUMNS = "rollout_id, value, given, source, attempt, call_seq, created_a
 METRIC_COLUMNS = "run_id, step, name, value, created_at"
 CHECKPOINT_COLUMNS = "run_id, step, path, created_at"
 UPDATE_COLUMNS = "run_id, step, version, credit, fates, created_at"
+
+
+def optional(convert: Callable[[Any], T], value: Any) -> T | None:
+    """``convert(value)`` (which checks it), or None (no filter) when ``value`` is None."""
+    return None if value is None else convert(value)
+
+
+def filters(*pairs: tuple[str, Any]) -> tuple[list[str], list[Any]]:
+    """The conditions and parameters of the ``(condition, value)`` pairs whose value is
+    not None (a None value sets no filter)."""
+    kept = [(condition, value) for condition, value in pairs if value is not None]
+    return [c for c, _ in kept], [v for _, v in kept]
+
+
+def where(*pairs: tuple[str, Any]) -> tuple[str, list[Any]]:
+    """``" WHERE a AND b"`` of :func:`filters` (``""`` when none is set) and its parameters."""
+    conditions, params = filters(*pairs)
+    return (" WHERE " + " AND ".join(conditions) if conditions else ""), params
 
 
 def run_from_row(row: Row) -> Run:

@@ -136,15 +136,10 @@ class RunLog:
 
     def list_tasks(self, run_id: str | None = None, split: Split | str | None = None) -> list[Task]:
         """Tasks in the order they were added, optionally of one run and/or split."""
-        where, params = [], []
-        if run_id is not None:
-            where.append("run_id = ?")
-            params.append(run_id)
-        if split is not None:
-            where.append("split = ?")
-            params.append(Split(split).value)
-        sql = f"SELECT {rows.TASK_COLUMNS} FROM tasks"
-        sql += (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY rowid"
+        scope, params = rows.where(
+            ("run_id = ?", run_id), ("split = ?", rows.optional(Split, split))
+        )
+        sql = f"SELECT {rows.TASK_COLUMNS} FROM tasks{scope} ORDER BY rowid"
         with self._db.read() as conn:
             found = conn.execute(sql, params).fetchall()
         return [rows.task_from_row(r) for r in found]

@@ -248,16 +248,12 @@ class Store(RunLog, Browse):
         limit: int | None = None,
     ) -> list[Rollout]:
         """Rollouts in creation order, filtered by run, group and/or status."""
-        where, params = [], []
-        for column, value in (("run_id", run_id), ("group_id", group_id)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        if status is not None:
-            where.append("status = ?")
-            params.append(RolloutStatus(status).value)
-        sql = f"SELECT {rows.ROLLOUT_COLUMNS} FROM rollouts"
-        sql += (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY rowid"
+        scope, params = rows.where(
+            ("run_id = ?", run_id),
+            ("group_id = ?", group_id),
+            ("status = ?", rows.optional(RolloutStatus, status)),
+        )
+        sql = f"SELECT {rows.ROLLOUT_COLUMNS} FROM rollouts{scope} ORDER BY rowid"
         if limit is not None:
             sql += " LIMIT ?"
             params.append(int(limit))
