@@ -54,8 +54,8 @@ from ._base import (
     result_for,
 )
 from ._k8s_manifest import LABEL, job_manifest, secret_manifest
-from ._pool_worker import Tail
 from ._runner_base import RunnerBase
+from ._tail import Tail
 
 if TYPE_CHECKING:
     from ._config import RunnerConfig

@@ -33,6 +33,7 @@ import importlib.util
 import inspect
 import json
 import os
+import runpy
 import signal
 import sys
 import threading
@@ -43,7 +44,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 __all__ = [
-    "Tail",
     "descendants",
     "exit_code_of",
     "group_members",
@@ -55,33 +55,10 @@ __all__ = [
 PR_SET_CHILD_SUBREAPER = 36
 LEFTOVER_WAIT_S = 1.0  # how long a worker waits for the processes it killed to be reaped
 
-
-class Tail:
-    """The last ``cap`` bytes of a stream, and how many bytes were dropped before them."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.dropped = 0
-        self._buf = bytearray()
-
-    def add(self, data: bytes) -> None:
-        self._buf += data
-        excess = len(self._buf) - self.cap
-        if excess > 0:
-            del self._buf[:excess]
-            self.dropped += excess
-
-    def text(self) -> str:
-        """The kept bytes as text, with a marker saying how much was cut off in front."""
-        body = self._buf.decode("utf-8", errors="replace")
-        return f"[... {self.dropped} bytes truncated ...]\n{body}" if self.dropped else body
-
-    def last_line(self) -> str | None:
-        """The last non-empty line (stripped), or None: the agent's final answer."""
-        for line in reversed(self._buf.decode("utf-8", errors="replace").splitlines()):
-            if line.strip():
-                return line.strip()
-        return None
+if __package__:  # imported as part of tether
+    from ._tail import Tail
+else:  # run as a script, where tether may not be importable: the sibling file by path
+    Tail = runpy.run_path(str(Path(__file__).with_name("_tail.py")))["Tail"]
 
 
 def parse_agent_spec(spec: str) -> tuple[str, str]:

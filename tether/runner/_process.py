@@ -28,8 +28,8 @@ from ._base import (
     unreachable_gateway,
 )
 from ._child import Child, Limits
-from ._pool_worker import Tail
 from ._runner_base import RunnerBase
+from ._tail import Tail
 
 if TYPE_CHECKING:
     from ._config import RunnerConfig
