@@ -245,7 +245,7 @@ class ModelCalls:
                 self.config.engine_timeout_s,
             )
         choices = self.choices(ctx, result)
-        return choices, self.recorder.choices(ctx, result, choices, time.perf_counter() - t0)
+        return choices, await self.recorder.choices(ctx, result, choices, time.perf_counter() - t0)
 
     def stream(self, ctx: CallContext, *, tokens: bool = False) -> AsyncGenerator[Any, None]:
         """:meth:`generate`, streamed (``_streaming.stream_call``)."""
