@@ -1,5 +1,5 @@
 """The gateway and its store on the hot path: a call's record is written off the event
-loop, in order."""
+loop, in order, and a chat call reads the store once (to authorize it)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,22 @@ class SlowStore(Store):
         if self.fail:
             raise StoreError("the disk is full")
         return super().record_call(call)
+
+
+class CountingReadsStore(Store):
+    """A test double: the real store, counting the reader connections it hands out (every
+    read of the store takes one)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.reads = 0
+        read = self._db.read
+
+        def counted(**kwargs: Any) -> Any:
+            self.reads += 1
+            return read(**kwargs)
+
+        self._db.read = counted  # type: ignore[method-assign]
 
 
 def _gateway(store: Store, tokenizer: Any, engine: Any = None) -> Gateway:
@@ -123,3 +139,54 @@ def _any_call(rollout_id: str) -> Call:
         rollout_id=rollout_id, seq=-1, attempt=1, prompt_ids=[1], completion_ids=[2],
         logprobs=[-0.5], policy_version=0, request={}, finish_reason="stop",
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_chat_call_reads_the_store_once(
+    tmp_path: Path, tokenizer: Any, stream: bool
+) -> None:
+    """Authorize reads the rollout; overrides and the seed come from memory."""
+    store = CountingReadsStore(tmp_path / "traces.sqlite")
+    gw = _gateway(store, tokenizer)
+    opened = gw.open_rollout({}, rollout_id="r-reads", sampling={"temperature": 0.5})
+    async with _client(gw, opened.rollout_id, opened.token) as client:
+        for _ in range(2):
+            before = store.reads
+            if stream:
+                chunks = await client.chat.completions.create(
+                    model="policy", messages=MESSAGES, stream=True
+                )
+                async for _chunk in chunks:
+                    pass
+            else:
+                await client.chat.completions.create(model="policy", messages=MESSAGES)
+            assert store.reads - before == 1
+    assert len(store.calls("r-reads")) == 2
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("chat/completions", {"model": "m", "messages": MESSAGES}),
+        ("responses", {"model": "m", "input": "hi"}),
+        ("messages", {"model": "m", "max_tokens": 8, "messages": MESSAGES}),
+    ],
+)
+async def test_every_dialect_reads_the_store_once_per_call(
+    tmp_path: Path, tokenizer: Any, path: str, body: dict[str, Any]
+) -> None:
+    store = CountingReadsStore(tmp_path / "traces.sqlite")
+    gw = _gateway(store, tokenizer)
+    opened = gw.open_rollout({}, rollout_id="r-dialect")
+    transport = httpx.ASGITransport(app=create_app(gw))
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
+        before = store.reads
+        got = await http.post(
+            f"/rollouts/r-dialect/v1/{path}",
+            json=body,
+            headers={"Authorization": f"Bearer {opened.token}"},
+        )
+        assert got.status_code == 200, got.text
+        assert store.reads - before == 1
+    store.close()
