@@ -92,7 +92,7 @@ async def test_closing_the_stream_stops_the_generation(engine):
     res = await engine.generate([1, 2], SamplingParams(temperature=0, max_tokens=3))
     assert len(res.completions[0].token_ids) == 3
     assert engine.stats.tokens == stopped_at + 3
-    assert engine._gate.in_flight == 0
+    assert engine.gate.in_flight == 0
 
 
 async def test_cancelling_the_consumer_stops_the_generation(engine):

@@ -100,3 +100,51 @@ def test_the_gate_follows_the_running_event_loop() -> None:
         "held_total": 0,
         "held_seconds": 0.0,
     }
+
+
+def test_a_call_admitted_once_passes_its_own_gate_again_without_a_hold() -> None:
+    """The gateway admits a call, then the engine admits it through the same gate: a pause
+    landing between the two must not hold the inner one (the drain would wait forever)."""
+
+    async def go() -> None:
+        gate = AdmissionGate()
+        inner_in_flight: list[int] = []
+
+        async def call() -> None:
+            async with gate.admit(5.0):
+                await asyncio.sleep(0.05)  # the pause lands here
+                async with gate.admit():
+                    inner_in_flight.append(gate.in_flight)
+
+        task = asyncio.create_task(call())
+        await asyncio.sleep(0.01)
+        await asyncio.wait_for(gate.pause(), 2.0)  # drains: no deadlock
+        await task
+        assert inner_in_flight == [1] and gate.held_total == 0 and gate.in_flight == 0
+        gate.resume()
+        async with gate.admit():  # a later call outside is admitted (and counted) again
+            assert gate.in_flight == 1
+
+    asyncio.run(go())
+
+
+def test_paused_for_update_without_drain_holds_new_calls_only() -> None:
+    async def go() -> None:
+        gate = AdmissionGate()
+        entered = asyncio.Event()
+        leave = asyncio.Event()
+
+        async def running() -> None:
+            async with gate.admit():
+                entered.set()
+                await leave.wait()
+
+        task = asyncio.create_task(running())
+        await entered.wait()
+        async with gate.paused_for_update(drain=False):
+            assert gate.paused and gate.in_flight == 1  # not waited for
+        assert not gate.paused
+        leave.set()
+        await task
+
+    asyncio.run(go())

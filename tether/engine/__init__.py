@@ -16,8 +16,9 @@
   ``generate`` (the protocol's default ``generate_stream``)
 - :func:`rollout_copy` — the engine's own int8 (torchao weight-only) or bf16 copy
   of a model (``rollout_dtype``), :func:`weight_bytes` its size (lazy: torch)
-- :class:`AdmissionGate` — pause, drain and resume generations (the engines'
-  and the gateway's gate); :class:`AdmissionTimeout` when a held call waits too long
+- :class:`AdmissionGate` — pause, drain and resume generations (``Engine.gate``,
+  which the gateway admits through too); :class:`AdmissionTimeout` when a held call
+  waits too long
 - :class:`Constraint` — a grammar on generation (structured outputs, forced tool
   calls; xgrammar structural tags); :func:`json_schema_format` builds its JSON part;
   :class:`ConstraintError`, :class:`MissingStructuredExtra`, :class:`UnsupportedConstraint`

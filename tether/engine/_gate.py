@@ -1,8 +1,9 @@
 """The admission gate: pause, drain and resume generations.
 
-One class serves the engines (their own gate, so an update never meets a
-half-admitted request) and the gateway (admission of the agents' calls while
-the trainer updates)::
+Each engine has one (``Engine.gate``), and it is the only gate a model call
+passes: the engine admits its callers through it, so an update never meets a
+half-admitted request, and the gateway admits the agents' calls through the
+same gate (with its admission timeout), pausing it while the trainer updates::
 
     gate = AdmissionGate()
     async with gate.admit(timeout_s=30):   # waits while paused; counts the body in flight
@@ -16,6 +17,12 @@ returns once every call already admitted has finished. :meth:`close` refuses
 new calls for good (:class:`EngineFailed`). The gate rebinds its events to
 whichever event loop is running, so one engine can be used from successive
 loops (e.g. one per test).
+
+A call is admitted once: inside ``admit()`` (the gateway's, around the engine
+call) the engine's own ``admit()`` of the same gate passes straight through,
+neither counted nor held (a context variable marks the gates the running call
+holds; tasks started inside inherit it). Else a pause landing between the two
+would hold the inner one forever while the drain waits for the outer one.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from tether.engine._protocol import EngineError, EngineFailed
@@ -33,6 +41,10 @@ __all__ = ["AdmissionGate", "AdmissionTimeout"]
 
 class AdmissionTimeout(EngineError):
     """A call was held while paused for longer than its admission timeout."""
+
+
+#: The gates the running call was admitted through (see the module docstring).
+_HELD: ContextVar[frozenset[AdmissionGate]] = ContextVar("tether_admitted", default=frozenset())
 
 
 class AdmissionGate:
@@ -75,7 +87,12 @@ class AdmissionGate:
 
     @asynccontextmanager
     async def admit(self, timeout_s: float | None = None) -> AsyncIterator[None]:
-        """Wait while paused (up to ``timeout_s``), then count the body as one call in flight."""
+        """Wait while paused (up to ``timeout_s``), then count the body as one call in flight;
+        within a call already admitted here, go straight on (see the module docstring)."""
+        held = _HELD.get()
+        if self in held:
+            yield
+            return
         self._bind()
         if self.paused and not self.closed:
             await self._hold(timeout_s)
@@ -83,9 +100,12 @@ class AdmissionGate:
             raise EngineFailed("engine is closed")
         self.in_flight += 1
         self._idle.clear()
+        _HELD.set(held | {self})
         try:
             yield
         finally:
+            # set, not reset: an async generator may be closed in another context
+            _HELD.set(held)
             self.in_flight -= 1
             if self.in_flight == 0:
                 self._idle.set()
@@ -136,10 +156,15 @@ class AdmissionGate:
         self._open.set()
 
     @asynccontextmanager
-    async def paused_for_update(self) -> AsyncIterator[None]:
-        """Pause and drain for the body; resume after it unless the gate was paused before."""
+    async def paused_for_update(self, *, drain: bool = True) -> AsyncIterator[None]:
+        """Pause and drain for the body; resume after it unless the gate was paused before
+        (the gateway paused it for the update: the gateway resumes it). ``drain=False``
+        holds new calls without waiting for those in flight (:meth:`hold_new`)."""
         was_paused = self.paused
-        await self.pause()
+        if drain:
+            await self.pause()
+        else:
+            self.hold_new()
         try:
             yield
         finally:

@@ -6,7 +6,8 @@ engine, the remote engine over vLLM or SGLang servers
 (:class:`~tether.engine.RemoteEngine`, docs/engines.md) and the fake engines for
 tests (:mod:`tether.engine.testing`). What an engine can do (a context length,
 grammars, named adapters, the weights it takes, streaming) is declared there with a
-default, and callers read it plainly.
+default, and callers read it plainly; so is its admission gate (:attr:`Engine.gate`),
+the one gate a model call passes.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tether.errors import TetherError
 
 if TYPE_CHECKING:
     from tether.engine._constraint import Constraint
+    from tether.engine._gate import AdmissionGate
     from tether.engine._stream import TokenDelta
     from tether.engine._weight_push import WeightPush
 
@@ -205,6 +208,16 @@ class Engine(Protocol):
     #: for a plain model. When not empty, :meth:`update_weights` takes
     #: ``{adapter name: its peft state dict}``.
     adapters: frozenset[str] = frozenset()
+
+    @cached_property
+    def gate(self) -> AdmissionGate:
+        """The engine's admission gate, the only one a model call passes: the engine admits
+        its generations through it and pauses it around a weight update; the gateway admits
+        the agents' calls through it (with its admission timeout) and pauses it for a
+        training step. By default a gate of the engine's own, made on first use."""
+        from tether.engine._gate import AdmissionGate  # _gate imports this module
+
+        return AdmissionGate()
 
     @property
     def policy_version(self) -> int:

@@ -37,7 +37,6 @@ from typing import Any, TypeVar
 
 import httpx
 
-from tether.engine._gate import AdmissionGate
 from tether.engine._protocol import (
     Engine,
     EngineError,
@@ -130,7 +129,6 @@ class RemoteEngine(Engine):
             "transport": http_transport,
         }
         self._client = httpx.AsyncClient(**self._client_args)
-        self._gate = AdmissionGate()
         self._push_lock = asyncio.Lock()
         self._start_lock = asyncio.Lock()
         self._started = False
@@ -244,7 +242,7 @@ class RemoteEngine(Engine):
         none has come back for the grace period (see the module docstring). An engine
         not started on this event loop (``tether serve`` after :meth:`handover`) checks
         its servers first (for at most :data:`HEALTH_TIMEOUT_S`)."""
-        if not self._started and not self._gate.closed:
+        if not self._started and not self.gate.closed:
             # one that cannot be reached is marked down; a hung one leaves it as it was
             with contextlib.suppress(EngineError, asyncio.TimeoutError):
                 await asyncio.wait_for(self.start(), HEALTH_TIMEOUT_S)
@@ -287,7 +285,7 @@ class RemoteEngine(Engine):
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
         await self.start()
         await self._until_live()
-        async with self._gate.admit():
+        async with self.gate.admit():
             replica = self.replicas.pick(params.affinity)
             request_id = f"tether-{uuid.uuid4().hex}"
             replica.in_flight += 1
@@ -309,7 +307,7 @@ class RemoteEngine(Engine):
     ) -> AsyncGenerator[TokenDelta | GenerateResult, None]:
         await self.start()
         await self._until_live()
-        async with self._gate.admit():
+        async with self.gate.admit():
             replica = self.replicas.pick(params.affinity)
             request_id = f"tether-{uuid.uuid4().hex}"
             stream = self.api.stream(
@@ -373,14 +371,14 @@ class RemoteEngine(Engine):
 
     async def pause(self) -> None:
         await self.start()
-        await self._gate.pause()
+        await self.gate.pause()
         await self._each(
             self.replicas.live(), lambda r: self.api.pause(self._client, r.url, "wait")
         )
 
     async def resume(self) -> None:
         await self._each(self.replicas.live(), lambda r: self.api.resume(self._client, r.url))
-        self._gate.resume()
+        self.gate.resume()
 
     @property
     def weight_push(self) -> WeightPush:
@@ -394,11 +392,8 @@ class RemoteEngine(Engine):
         every reachable replica; returns the new version, which each replica reports."""
         await self.start()
         new = self._version + 1 if version is None else int(version)
-        async with self._push_lock:
-            if self.pause_mode == "wait":
-                await self._gate.pause()
-            else:
-                self._gate.hold_new()
+        drain = self.pause_mode == "wait"
+        async with self._push_lock, self.gate.paused_for_update(drain=drain):
             targets = await self._reachable()
             try:
                 await self._each_alive(
@@ -414,7 +409,6 @@ class RemoteEngine(Engine):
                 await asyncio.gather(
                     *(self.api.resume(self._client, r.url) for r in targets), return_exceptions=True
                 )
-                self._gate.resume()
         log.info(
             "pushed weights v%d to %d %s server(s) by %s",
             new,
@@ -454,7 +448,7 @@ class RemoteEngine(Engine):
             )
 
     async def close(self) -> None:
-        self._gate.close()
+        self.gate.close()
         if self._health is not None:
             self._health.cancel()
             self._health = None

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from tether.engine._constraint import GrammarBook
-from tether.engine._gate import AdmissionGate
 from tether.engine._protocol import BASE_ADAPTER, Engine, GenerateResult, Outage, SamplingParams
 from tether.engine._rollout_copy import rollout_copy
 from tether.engine._scheduler import STOP, EngineStats, Request, Scheduler
@@ -105,7 +104,6 @@ class TransformersEngine(Engine):
         self._eos = frozenset(end_of_turn_ids(tokenizer, self.model))
         rng = torch.Generator()
         rng.manual_seed(seed) if seed is not None else rng.seed()
-        self._gate = AdmissionGate()
         self._scheduler = Scheduler(
             self.model,
             tokenizer,
@@ -184,7 +182,7 @@ class TransformersEngine(Engine):
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
         self._check(prompt_ids, params)
-        async with self._gate.admit():
+        async with self.gate.admit():
             req = await self._submit(prompt_ids, params)
             return await req.future
 
@@ -194,7 +192,7 @@ class TransformersEngine(Engine):
         """Each token as the worker samples it, then the result; closing the iterator early
         cancels the request (its rows leave the batch at the worker's next step)."""
         self._check(prompt_ids, params)
-        async with self._gate.admit():
+        async with self.gate.admit():
             feed = TokenFeed(asyncio.get_running_loop(), self.stream_interval_s)
             tokens = feed.queue
             req = await self._submit(prompt_ids, params, feed.put)
@@ -259,10 +257,10 @@ class TransformersEngine(Engine):
             )
 
     async def pause(self) -> None:
-        await self._gate.pause()
+        await self.gate.pause()
 
     async def resume(self) -> None:
-        self._gate.resume()
+        self.gate.resume()
 
     @property
     def weight_push(self) -> WeightPush:
@@ -276,7 +274,7 @@ class TransformersEngine(Engine):
         (or set it to ``version``: resuming from a checkpoint). An engine serving adapters
         takes ``{adapter name: its peft state dict}`` (as ``get_peft_model_state_dict``
         gives it), any subset of its adapters; the version rises once for all."""
-        async with self._gate.paused_for_update():
+        async with self.gate.paused_for_update():
             loop = asyncio.get_running_loop()
             fut: asyncio.Future[int] = loop.create_future()
             load = partial(self._load, version=version)
@@ -319,7 +317,7 @@ class TransformersEngine(Engine):
 
     async def close(self) -> None:
         """Stop the worker; requests still queued or running fail with EngineFailed."""
-        self._gate.close()
+        self.gate.close()
         if self._scheduler.is_alive():
             self._scheduler.inbox.put(STOP)
             await asyncio.to_thread(self._scheduler.join, 30)

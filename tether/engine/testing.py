@@ -29,7 +29,6 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from tether.engine._constraint import UnsupportedConstraint
-from tether.engine._gate import AdmissionGate
 from tether.engine._protocol import (
     Completion,
     Engine,
@@ -69,7 +68,6 @@ class FakeEngine(Engine):
         self.calls: list[tuple[list[int], SamplingParams]] = []
         self.weights: list[dict[str, Any]] = []
         self._version = 0
-        self._gate = AdmissionGate()
 
     @property
     def policy_version(self) -> int:
@@ -81,15 +79,15 @@ class FakeEngine(Engine):
 
     @property
     def paused(self) -> bool:
-        return self._gate.paused
+        return self.gate.paused
 
     @property
     def in_flight(self) -> int:
-        return self._gate.in_flight
+        return self.gate.in_flight
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
         refuse_constraint(self, params)
-        async with self._gate.admit():
+        async with self.gate.admit():
             self.calls.append((list(prompt_ids), params))
             version = self._version
             if self.delay_s:
@@ -125,10 +123,10 @@ class FakeEngine(Engine):
         return any(s in text for s in params.stop)
 
     async def pause(self) -> None:
-        await self._gate.pause()
+        await self.gate.pause()
 
     async def resume(self) -> None:
-        self._gate.resume()
+        self.gate.resume()
 
     async def outage(self) -> Outage | None:
         """A fake is never down (``FaultyEngine`` fails calls, not the engine)."""
@@ -137,13 +135,13 @@ class FakeEngine(Engine):
     async def update_weights(
         self, state_dict: dict[str, Any], *, version: int | None = None
     ) -> int:
-        async with self._gate.paused_for_update():
+        async with self.gate.paused_for_update():
             self.weights.append(state_dict)
             self._version = self._version + 1 if version is None else int(version)
             return self._version
 
     async def close(self) -> None:
-        self._gate.close()
+        self.gate.close()
 
 
 class NullEngine(FakeEngine):
@@ -282,12 +280,12 @@ class FaultyEngine(FakeEngine):
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
         refuse_constraint(self, params)
-        async with self._gate.admit():
+        async with self.gate.admit():
             index = len(self.calls)
             self.calls.append((list(prompt_ids), params))
             faulty = self.fault is not None and (self.on_calls is None or index in self.on_calls)
             if faulty and self.fault == "hang":
-                while not self._gate.closed:
+                while not self.gate.closed:
                     await asyncio.sleep(0.02)
                 raise EngineFailed("engine closed while the call hung")
             if faulty and self.fault_delay_s:
@@ -307,7 +305,7 @@ class FaultyEngine(FakeEngine):
             async for item in stream_via_generate(self, prompt_ids, params):
                 yield item
             return
-        async with self._gate.admit():
+        async with self.gate.admit():
             self.calls.append((list(prompt_ids), params))
             deltas = deltas_of(await self.inner.generate(prompt_ids, params))
             for delta in deltas[: len(deltas) // 2]:
@@ -319,12 +317,12 @@ class FaultyEngine(FakeEngine):
     async def update_weights(
         self, state_dict: dict[str, Any], *, version: int | None = None
     ) -> int:
-        async with self._gate.paused_for_update():
+        async with self.gate.paused_for_update():
             self.weights.append(state_dict)
             return await self.inner.update_weights(state_dict, version=version)
 
     async def close(self) -> None:
-        self._gate.close()
+        self.gate.close()
         await self.inner.close()
 
 

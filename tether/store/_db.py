@@ -6,6 +6,10 @@ serialized in the process and never meet "database is locked" from each
 other; ``BEGIN IMMEDIATE`` takes the file's write lock up front, so writers in
 other processes wait (``busy_timeout``) instead of failing on a lock upgrade.
 
+An event loop hands its writes to the writer thread (:meth:`Database.submit`, a
+single thread made on first use): they run there one at a time, in the order
+sent, under the same lock, while the loop goes on serving.
+
 Reads use their own connections (``query_only``) from a small pool. In WAL
 mode a reader sees the last committed state and never a half-done write, and
 it does not wait for the writer.
@@ -25,9 +29,11 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any, TypeVar
 
 from tether.errors import UserError
 from tether.store._errors import StoreError
@@ -36,6 +42,8 @@ from tether.store._migrations import MIGRATIONS, migrate
 __all__ = ["SYNCHRONOUS", "Database"]
 
 SYNCHRONOUS = ("NORMAL", "FULL")
+
+T = TypeVar("T")
 
 
 class Database:
@@ -68,6 +76,7 @@ class Database:
         self._pool_lock = threading.Lock()
         self._idle: list[sqlite3.Connection] = []
         self._readers: list[sqlite3.Connection] = []
+        self._thread: ThreadPoolExecutor | None = None  # the writer thread (submit)
         self._closed = False
         self.migrations_run = 0
         if self.read_only:
@@ -147,6 +156,15 @@ class Database:
                     raise StoreError(f"store write failed ({self.path}): {e}") from e
                 raise
 
+    def submit(self, write: Callable[..., T], *args: Any) -> Future[T]:
+        """Run ``write(*args)`` (a write method of the store) on the writer thread; the writes
+        sent here run one at a time, in the order sent. StoreError once closed."""
+        with self._pool_lock:
+            self._check_open()
+            if self._thread is None:
+                self._thread = ThreadPoolExecutor(1, thread_name_prefix="tether-store-writer")
+            return self._thread.submit(write, *args)
+
     @contextmanager
     def read(self, *, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
         """A pooled reader; with ``snapshot`` all its queries see one committed state."""
@@ -177,7 +195,12 @@ class Database:
                     self._idle.append(conn)
 
     def close(self) -> None:
-        """Close every connection; later use raises :class:`StoreError`. Idempotent."""
+        """Close every connection, after the writes sent to the writer thread; later use
+        raises :class:`StoreError`. Idempotent."""
+        with self._pool_lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.shutdown(wait=True)
         with self._lock, self._pool_lock:
             if self._closed:
                 return

@@ -3,16 +3,19 @@
 A method that writes returns only after its transaction has committed, so
 what it stored survives a crash of the process from then on (and, with
 ``synchronous="FULL"``, a power loss). Every method may be called from any
-thread.
+thread; an event loop awaits its writes with :meth:`Store.in_writer`, which runs
+them on the store's writer thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tether.records import (
     AttemptEnd,
@@ -56,6 +59,7 @@ _ADD_ERROR = "error = CASE WHEN ? IS NULL THEN error ELSE COALESCE(error || '; '
 TAIL_BYTES = 4096
 _RUNNING = RolloutStatus.RUNNING.value
 _QUEUED = RolloutStatus.QUEUED.value
+T = TypeVar("T")
 
 
 def _state(conn: sqlite3.Connection, rollout_id: str) -> tuple[str, int]:
@@ -134,6 +138,13 @@ class Store(RunLog, Browse):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    async def in_writer(self, write: Callable[..., T], *args: Any) -> T:
+        """``write(*args)`` (writes of this store, e.g. ``store.record_call, call``) run on the
+        store's writer thread and awaited: the event loop serves on meanwhile. Writes sent
+        this way commit in the order sent; each returns or raises what it does when called
+        directly, and one that was sent commits even if the awaiting task is cancelled."""
+        return await asyncio.shield(asyncio.wrap_future(self._db.submit(write, *args)))
 
     # -- rollouts -------------------------------------------------------------
 

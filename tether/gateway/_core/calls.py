@@ -19,7 +19,6 @@ from typing import Any
 
 from tether.chat import HistoryCache, PromptEncoder, get_parser, render_text
 from tether.engine import (
-    AdmissionGate,
     Engine,
     EngineError,
     EngineFailed,
@@ -55,12 +54,13 @@ else:  # pragma: no cover - Python 3.10
 
 
 class ModelCalls:
-    """Serves and records the model calls of every rollout through one admission gate."""
+    """Serves and records the model calls of every rollout through the engine's admission
+    gate (``engine.gate``: one gate per call, the engine's own; the gateway adds its
+    admission timeout and pauses it for a training step)."""
 
     def __init__(self, engine: Engine, tokenizer: Any, store: Store, config: GatewayConfig):
         self.engine = engine
         self.tokenizer = tokenizer
-        self.gate = AdmissionGate()
         self.stop_ids = end_of_turn_ids(tokenizer)
         self.prompts = PromptEncoder(tokenizer)
         self.history = HistoryCache(tokenizer)
@@ -89,7 +89,7 @@ class ModelCalls:
         """``paused``, ``in_flight``, ``held`` now, ``held_total`` and ``held_seconds`` so far,
         the engine's ``policy_version`` and the gateway's ``engine_calls``."""
         return {
-            **self.gate.state(),
+            **self.engine.gate.state(),
             "policy_version": self.engine.policy_version,
             "engine_calls": self.engine_calls,
         }
@@ -213,7 +213,7 @@ class ModelCalls:
         :class:`EngineUnreachable` (a remote replica down) also marks the call's attempt
         in :attr:`lost_engine`, so the run retries it as an infrastructure fault.
         """
-        async with self.gate.admit(self.config.admission_timeout_s):
+        async with self.engine.gate.admit(self.config.admission_timeout_s):
             self.engine_calls += 1
             try:
                 yield
@@ -245,7 +245,7 @@ class ModelCalls:
                 self.config.engine_timeout_s,
             )
         choices = self.choices(ctx, result)
-        return choices, self.recorder.choices(ctx, result, choices, time.perf_counter() - t0)
+        return choices, await self.recorder.choices(ctx, result, choices, time.perf_counter() - t0)
 
     def stream(self, ctx: CallContext, *, tokens: bool = False) -> AsyncGenerator[Any, None]:
         """:meth:`generate`, streamed (``_streaming.stream_call``)."""

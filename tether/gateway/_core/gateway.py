@@ -17,7 +17,7 @@ import secrets
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from tether.engine import Engine
+from tether.engine import AdmissionGate, Engine
 from tether.records import AttemptEnd, Call, Place, RewardSource, Rollout
 from tether.store import Store
 
@@ -83,8 +83,9 @@ class Gateway:
         self.lifecycle.default_run_id = run_id
 
     @property
-    def gate(self) -> Any:
-        return self.calls.gate
+    def gate(self) -> AdmissionGate:
+        """The engine's admission gate, which every model call passes (``Engine.gate``)."""
+        return self.engine.gate
 
     @property
     def policy_version(self) -> int:
@@ -182,12 +183,13 @@ class Gateway:
         return self.calls.admission_state()
 
     async def pause(self) -> None:
-        """Hold new model calls and return once the calls in flight have finished."""
-        await self.calls.gate.pause()
+        """Hold new model calls and return once the calls in flight have finished (the
+        engine's gate: a weight update inside leaves it paused, for :meth:`resume`)."""
+        await self.gate.pause()
 
     def resume(self) -> None:
         """Admit model calls again; the held ones go ahead."""
-        self.calls.gate.resume()
+        self.gate.resume()
 
     # -- model calls --------------------------------------------------------
 

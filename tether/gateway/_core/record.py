@@ -31,24 +31,23 @@ class Recorder:
         self.engine = engine
         self.log_prompts = log_prompts
 
-    def choices(
+    async def choices(
         self, ctx: CallContext, result: GenerateResult, choices: list[Choice], latency: float
     ) -> list[int]:
-        """Commit one call per choice; return their seqs."""
-        seqs = []
-        for choice, completion in zip(choices, result.completions, strict=True):
-            call = _call(ctx, completion.token_ids, completion.logprobs, result.policy_version)
-            seqs.append(
-                self.store.record_call(
-                    replace(
-                        call,
-                        response=choice.message,
-                        finish_reason=choice.finish_reason,
-                        latency_s=latency,
-                        constraint=ctx.params.constraint.label if ctx.params.constraint else None,
-                    )
-                )
+        """Commit one call per choice, on the store's writer thread (the event loop serves
+        other calls meanwhile); return their seqs once committed."""
+        label = ctx.params.constraint.label if ctx.params.constraint else None
+        calls = [
+            replace(
+                _call(ctx, completion.token_ids, completion.logprobs, result.policy_version),
+                response=choice.message,
+                finish_reason=choice.finish_reason,
+                latency_s=latency,
+                constraint=label,
             )
+            for choice, completion in zip(choices, result.completions, strict=True)
+        ]
+        seqs = await self.store.in_writer(self._commit, calls)
         if self.log_prompts:
             log.info(
                 "rollout %s: prompt %r -> %r",
@@ -57,6 +56,9 @@ class Recorder:
                 [c.text for c in choices],
             )
         return seqs
+
+    def _commit(self, calls: list[Call]) -> list[int]:
+        return [self.store.record_call(call) for call in calls]
 
     def failure(
         self,
@@ -68,7 +70,8 @@ class Recorder:
         completion: tuple[list[int], list[float]] = ([], []),
     ) -> None:
         """A call that gave no answer (never a training sample): ``failed`` or ``cancelled``,
-        with the tokens sampled before it stopped."""
+        with the tokens sampled before it stopped. Written on the event loop: it is
+        recorded where nothing can be awaited (a stream closed by its consumer)."""
         try:
             call = _call(ctx, completion[0], completion[1], self.engine.policy_version)
             self.store.record_call(

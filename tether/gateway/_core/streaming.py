@@ -105,7 +105,7 @@ async def stream_call(
         finally:
             await stream.aclose()  # cancels the engine request unless it finished
     choices = calls.choices(ctx, result)
-    calls.recorder.choices(ctx, result, choices, time.perf_counter() - t0)
+    await calls.recorder.choices(ctx, result, choices, time.perf_counter() - t0)
     for i, choice in enumerate(choices):
         rest = live[i].rest(choice.message.get("content"))
         if rest is None:  # not for the known parsers; the Done choices are what was stored
