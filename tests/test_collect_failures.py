@@ -17,7 +17,8 @@ from tether.engine.testing import FakeEngine
 from tether.errors import UserError
 from tether.records import Phase, Place, RolloutStatus, Split, Task
 from tether.run import collect_groups
-from tether.run._async import AsyncRollouts
+from tether.run._async import AsyncPolicy, AsyncRollouts
+from tether.run._collect import Collector
 from tether.runner import AttemptResult, Launch
 from tether.trainer.errors import TrainerError
 
@@ -102,17 +103,12 @@ async def test_async_a_failed_rollout_cancels_its_siblings_and_stop_ends_the_res
     async def learn(groups: Any, dropped: Any) -> dict[str, float]:
         return {}
 
+    collector = Collector(gw, gw.store, runner, run_id=RUN, grader=lambda task, answer: 1.0)
     ar = AsyncRollouts(
-        gw,
-        runner,
+        collector,
         lambda i: _tasks(i + 1)[i],
         3,
-        grader=lambda task, answer: 1.0,
-        run_id=RUN,
-        batch_groups=1,
-        max_in_flight=2,
-        max_lag=0,
-        lag_policy="drop",
+        AsyncPolicy(1, 2, 0, "drop"),
         learn=learn,
         version=lambda: 0,
     )
