@@ -148,7 +148,7 @@ class Collector:
         greedy), then grade them all; groups are numbered from ``first_group`` (a later
         collection of the same phase and step continues the numbering)."""
         t0 = time.perf_counter()
-        opened = self.open(list(enumerate(tasks, start=first_group)), n, at, sampling)
+        opened = self.open_groups(list(enumerate(tasks, start=first_group)), n, at, sampling)
         ended = await gather_ended([self.attempts(s, sampling) for s in opened])
         outcomes = await self.finish(ended)
         tokens = sum(len(c.completion_ids) for o in outcomes for c in o.calls)
@@ -158,7 +158,7 @@ class Collector:
         """One group of ``n`` rollouts of ``task`` (async mode): each graded as soon as its
         attempts ended, or with a group grader all at once after the last one; the first
         rollout to raise cancels its siblings, which end before the group does."""
-        opened = self.open([(index, task)], n, at)
+        opened = self.open_groups([(index, task)], n, at)
         if isinstance(self.grader, GroupGrader):  # the judge: the whole group at once
             return await self.finish(await gather_ended([self.attempts(s) for s in opened]))
         return await gather_ended([self._graded(s) for s in opened])
@@ -173,7 +173,7 @@ class Collector:
 
     # -- opening, attempts, finishing -----------------------------------------------
 
-    def open(
+    def open_groups(
         self,
         groups: Sequence[tuple[int, Task]],
         n: int,
