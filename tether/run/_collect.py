@@ -33,7 +33,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
@@ -149,7 +149,7 @@ class Collector:
         collection of the same phase and step continues the numbering)."""
         t0 = time.perf_counter()
         opened = self.open_groups(list(enumerate(tasks, start=first_group)), n, at, sampling)
-        ended = await gather_ended([self.attempts(s, sampling) for s in opened])
+        ended = await self._gathered(opened, [self.attempts(s, sampling) for s in opened])
         outcomes = await self.finish(ended)
         tokens = sum(len(c.completion_ids) for o in outcomes for c in o.calls)
         return Collected(outcomes, time.perf_counter() - t0, tokens)
@@ -160,8 +160,21 @@ class Collector:
         rollout to raise cancels its siblings, which end before the group does."""
         opened = self.open_groups([(index, task)], n, at)
         if isinstance(self.grader, GroupGrader):  # the judge: the whole group at once
-            return await self.finish(await gather_ended([self.attempts(s) for s in opened]))
-        return await gather_ended([self._graded(s) for s in opened])
+            return await self.finish(await self._gathered(opened, map(self.attempts, opened)))
+        return await self._gathered(opened, map(self._graded, opened))
+
+    async def _gathered(
+        self, opened: list[Started], aws: Iterable[Coroutine[Any, Any, T]]
+    ) -> list[T]:
+        """:func:`gather_ended` of the opened rollouts' work. Should it be cancelled before
+        some of it began (those rollouts' own handler never ran), they end ``cancelled``
+        here; the others already ended and stay as they ended."""
+        try:
+            return await gather_ended(list(aws))
+        except asyncio.CancelledError:
+            for s in opened:
+                end_quietly(self.gateway, s.rollout, RolloutStatus.CANCELLED, "cancelled")
+            raise
 
     async def _graded(self, started: Started) -> RolloutOutcome:
         assert not isinstance(self.grader, GroupGrader)
