@@ -28,7 +28,8 @@ from tether.run import (
     TrainConfig,
     TrainerConfig,
 )
-from tether.run._async import AsyncRollouts, Group, group_lag
+from tether.run._async import AsyncPolicy, AsyncRollouts, Group, group_lag
+from tether.run._collect import Collector
 from tether.runner import RunnerConfig, make_runner
 from tether.store import Store
 
@@ -128,19 +129,20 @@ class Live:
         await self.runner.close()
         await self.server.stop()
 
-    def rollouts(self, batch_groups: int, max_in_flight: int, **kw: Any) -> AsyncRollouts:
+    def rollouts(
+        self, batch_groups: int, max_in_flight: int, *, max_lag: int, lag_policy: str, learn: Any
+    ) -> AsyncRollouts:
         """A scheduler whose groups' fates are kept by a :class:`GroupFates` (its ``watch``)."""
+        collector = Collector(
+            self.gw, self.store, self.runner, run_id=RUN, grader=lambda task, answer: 1.0
+        )
         ar = AsyncRollouts(
-            self.gw,
-            self.runner,
-            kw.pop("task_at", _task),
+            collector,
+            _task,
             2,
-            grader=lambda task, answer: 1.0,
-            run_id=RUN,
-            batch_groups=batch_groups,
-            max_in_flight=max_in_flight,
+            AsyncPolicy(batch_groups, max_in_flight, max_lag, lag_policy),
+            learn=learn,
             version=lambda: self.gw.engine.policy_version,
-            **kw,
         )
         ar.watch = GroupFates()
         return ar
@@ -291,15 +293,9 @@ def test_lag_bound_drops_exactly_the_groups_beyond_it() -> None:
     for policy, dropped in (("drop", [2, 4]), ("reweight", [])):
         ar = AsyncRollouts(
             None,  # type: ignore[arg-type]  # no group is started here
-            None,  # type: ignore[arg-type]
             _task,
             2,
-            grader=None,
-            run_id=RUN,
-            batch_groups=2,
-            max_in_flight=4,
-            max_lag=1,
-            lag_policy=policy,
+            AsyncPolicy(2, 4, 1, policy),
             learn=None,  # type: ignore[arg-type]
             version=lambda: 4,
         )

@@ -17,7 +17,8 @@ from tether.engine.testing import FakeEngine
 from tether.errors import UserError
 from tether.records import Phase, Place, RolloutStatus, Split, Task
 from tether.run import collect_groups
-from tether.run._async import AsyncRollouts
+from tether.run._async import AsyncPolicy, AsyncRollouts
+from tether.run._collect import Collector
 from tether.runner import AttemptResult, Launch
 from tether.trainer.errors import TrainerError
 
@@ -102,17 +103,12 @@ async def test_async_a_failed_rollout_cancels_its_siblings_and_stop_ends_the_res
     async def learn(groups: Any, dropped: Any) -> dict[str, float]:
         return {}
 
+    collector = Collector(gw, gw.store, runner, run_id=RUN, grader=lambda task, answer: 1.0)
     ar = AsyncRollouts(
-        gw,
-        runner,
+        collector,
         lambda i: _tasks(i + 1)[i],
         3,
-        grader=lambda task, answer: 1.0,
-        run_id=RUN,
-        batch_groups=1,
-        max_in_flight=2,
-        max_lag=0,
-        lag_policy="drop",
+        AsyncPolicy(1, 2, 0, "drop"),
         learn=learn,
         version=lambda: 0,
     )
@@ -122,3 +118,36 @@ async def test_async_a_failed_rollout_cancels_its_siblings_and_stop_ends_the_res
     assert _left_open(gw.store) == []
     g0 = {r.status for r in gw.store.list_rollouts(group_id=f"{RUN}-a-g0")}
     assert g0 <= {RolloutStatus.FAILED, RolloutStatus.CANCELLED}, g0
+
+
+async def test_cancelled_before_any_attempt_began_every_opened_rollout_ends(
+    make_gateway: Any,
+) -> None:
+    """A collection (or an async group) cancelled after it opened its rollouts but before
+    their attempts' tasks first ran: the attempts never saw the cancel, yet none of the
+    rollouts is left ``queued`` (they once were)."""
+    gw = make_gateway(FakeEngine())
+    gw.store.create_run({}, run_id=RUN)
+    runner = ScriptedRunner(gw, wait=True)
+    sync = asyncio.ensure_future(
+        collect_groups(gw, runner, _tasks(2), 2, grader=None, run_id=RUN, phase=Phase.TRAIN, step=1)
+    )
+    await asyncio.sleep(0)  # opened, now awaiting the attempts' tasks, which have not run
+    assert len(gw.store.list_rollouts(run_id=RUN)) == 4
+    sync.cancel()
+    await asyncio.gather(sync, return_exceptions=True)
+
+    async def learn(groups: Any, dropped: Any) -> dict[str, float]:
+        return {}
+
+    collector = Collector(gw, gw.store, runner, run_id=RUN, grader=lambda task, answer: 1.0)
+    ar = AsyncRollouts(
+        collector, lambda i: _tasks(i + 1)[i], 2, AsyncPolicy(1, 2, 0, "drop"),
+        learn=learn, version=lambda: 0,
+    )  # fmt: skip
+    ar.fill()
+    await asyncio.sleep(0)  # both groups opened, their attempts not begun
+    assert len(gw.store.list_rollouts(run_id=RUN)) == 8
+    assert await ar.stop() == 2
+    assert _left_open(gw.store) == []
+    assert {r.status for r in gw.store.list_rollouts(run_id=RUN)} == {RolloutStatus.CANCELLED}

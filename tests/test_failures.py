@@ -24,9 +24,9 @@ from tether.engine.testing import NullEngine
 from tether.errors import UserError
 from tether.records import AttemptEnd, Call, RolloutStatus, Task, usable_reward
 from tether.run import RolloutConfig, RolloutOutcome
-from tether.run._collect import is_success, read_grade
 from tether.run._failures import check_collection
-from tether.run._finish import finish_outcome
+from tether.run._finish import Ended, finish_outcome
+from tether.run._grading import is_success, read_grade
 from tether.runner import AttemptResult
 from tether.trainer.errors import AgentsFailing, TrainerError
 
@@ -220,7 +220,8 @@ def test_one_usable_reward_rule_through_the_grader_and_the_store(
     gw = make_gateway(NullEngine())
     graded = gw.open_rollout({}, rollout_id="graded")
     done = AttemptResult("graded", graded.attempt, RolloutStatus.SUCCEEDED, final_answer="7")
-    out = finish_outcome(gw, graded, Task(id="t", data={}), done, lambda task, answer: value, 0)
+    ended = Ended(0, Task(id="t", data={}), graded, done)
+    out = finish_outcome(gw, gw.store, ended, lambda task, answer: value)
     assert out.usable is usable and gw.store.get_rollout("graded").usable is usable
     assert out.reward == (float(value) if usable else None)
     stored = gw.open_rollout({}, rollout_id="stored")

@@ -27,7 +27,7 @@ from tether.run import (
     TrainerConfig,
     TrainingRun,
 )
-from tether.run._async import AsyncRollouts, Group
+from tether.run._async import AsyncPolicy, AsyncRollouts, Group
 from tether.run._collect import Collected, RolloutOutcome
 from tether.run._filter_groups import collect_with_signal
 from tether.run._learn import Learning, learn_metrics
@@ -362,8 +362,12 @@ def test_async_filter_drops_flat_ready_groups_within_the_budget() -> None:
     (in the order seen) until the update's budget of max_flat is spent; groups with signal
     keep their order; the step resets the budget."""
     scheduler = AsyncRollouts.__new__(AsyncRollouts)  # the queue logic only, no gateway
-    scheduler.signal = lambda outcomes: len({o.reward for o in outcomes}) > 1
-    scheduler.max_flat, scheduler._flat_this_step = 2, 0
+
+    def has_signal(outcomes: list[RolloutOutcome]) -> bool:
+        return len({o.reward for o in outcomes}) > 1
+
+    scheduler.policy = AsyncPolicy(1, 1, 0, "reweight", signal=has_signal, max_flat=2)
+    scheduler._flat_this_step = 0
     scheduler.counts, scheduler.watch = collections.Counter(), (fates := GroupFates())
     scheduler._dropped = []
     scheduler.ready = _ready([[1, 1], [0, 1], [0.5, 0.5], [0, 0], [1, 0]])

@@ -2,8 +2,8 @@
 the store and the trainer.
 
 - :class:`TrainingRun` (``_loop.py``): one run over a :class:`TrainConfig`;
-  sync collection (``_collect.py``; grading and ending each rollout:
-  ``_finish.py``) or async (``_async.py``), tasks
+  the collection service, sync and async alike (``_collect.py``; grading and ending
+  each rollout: ``_finish.py``), async mode's scheduler (``_async.py``), tasks
   (``_tasks.py``), held-out evals (``_evaluate.py``), failed-collection
   checks (``_failures.py``), the stop when the engine is gone (``_watch.py``), the judge
   grader (``_judge.py``), run folders and ``--resume`` (``_rundir.py``),
@@ -29,7 +29,6 @@ from tether._lazy import lazy_face
 
 #: The package's face, read by tether._lazy.lazy_face: each name is imported on first use.
 if TYPE_CHECKING:
-    from ._collect import Grader as Grader
     from ._collect import RetryPolicy as RetryPolicy
     from ._collect import collect_groups as collect_groups
     from ._diagnostics import batch_diagnostics as batch_diagnostics
@@ -44,6 +43,7 @@ if TYPE_CHECKING:
     from ._events import Status as Status
     from ._events import StepDone as StepDone
     from ._finish import RolloutOutcome as RolloutOutcome
+    from ._grading import Grader as Grader
     from ._grading import load_grader as load_grader
     from ._loop import TrainingRun as TrainingRun
     from ._memwatch import MemoryWatch as MemoryWatch

@@ -1,8 +1,11 @@
 """Async mode: groups keep running while the trainer updates between them.
 
 :class:`AsyncRollouts` keeps up to ``max_in_flight`` groups (one task × ``n``
-rollouts each) running through the gateway and the runner, starting a new
-group whenever one finishes. Per update (:meth:`AsyncRollouts.step`):
+rollouts each) running through the collector (``_collect``: opening, attempts,
+grading, ending), starting a new group whenever one finishes; its policy
+(:class:`AsyncPolicy`) is how many run, how many make an update, how stale one
+may be and, with ``rollout.filter_groups``, which are dropped without signal.
+Per update (:meth:`AsyncRollouts.step`):
 
 1. wait until ``batch_groups`` finished groups within the lag bound are ready
    (``wait_s``);
@@ -36,16 +39,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tether.gateway import Gateway, OpenedRollout
-from tether.records import GroupFate, Phase, Place, RolloutStatus, Task, UpdateGroup
-from tether.run._collect import RetryPolicy, cancel_opened, gather_ended, run_attempts
-from tether.run._finish import RolloutOutcome, end_quietly, finish_groups, finish_outcome
-from tether.run._grading import AnyGrader, GroupGrader
+from tether.records import GroupFate, Phase, Place, Task, UpdateGroup
+from tether.run._collect import Collector
+from tether.run._finish import RolloutOutcome
 from tether.run._learn import decided
-from tether.runner import AttemptResult, Runner
 from tether.trainer.errors import TrainerError
 
-__all__ = ["AsyncRollouts", "Group", "Watch", "group_lag"]
+__all__ = ["AsyncPolicy", "AsyncRollouts", "Group", "Watch", "group_lag"]
 
 log = logging.getLogger(__name__)
 
@@ -80,48 +80,51 @@ def group_lag(group: Group, version: int) -> int:
 _FATES = {"dropped_lag": GroupFate.LAG, "dropped_no_signal": GroupFate.NO_SIGNAL}
 
 
+@dataclass(frozen=True)
+class AsyncPolicy:
+    """Async mode's policy: up to ``max_in_flight`` groups run at once and ``batch_groups``
+    ready ones make an update; a group more than ``max_lag`` versions behind is dropped
+    (``lag_policy`` ``"drop"``) or trained anyway (``"reweight"``). With
+    rollout.filter_groups, ``signal`` says whether a finished, trainable group would teach
+    anything, and up to ``max_flat`` groups without it are dropped per update."""
+
+    batch_groups: int
+    max_in_flight: int
+    max_lag: int
+    lag_policy: str
+    signal: Callable[[list[RolloutOutcome]], bool] | None = None
+    max_flat: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_in_flight < self.batch_groups:
+            raise TrainerError(
+                f"max_in_flight ({self.max_in_flight}) must be >= batch_groups "
+                f"({self.batch_groups})"
+            )
+
+
 class AsyncRollouts:
-    """The group scheduler and the pause → drain → update → resume step of async mode."""
+    """The group scheduler and the pause → drain → update → resume step of async mode:
+    group ``i`` is ``n`` rollouts of ``task_at(i)``, from ``first_group`` on; ``learn``
+    trains a step's batch, ``version`` is the engine's policy version."""
 
     def __init__(
         self,
-        gw: Gateway,
-        runner: Runner,
+        collector: Collector,
         task_at: Callable[[int], Task],
         n: int,
+        policy: AsyncPolicy,
         *,
-        grader: AnyGrader | None,
-        run_id: str,
-        batch_groups: int,
-        max_in_flight: int,
-        max_lag: int,
-        lag_policy: str,
         learn: Learn,
         version: Callable[[], int],
         first_group: int = 0,
-        tag: str = "a",
-        success_threshold: float | None = None,
-        signal: Callable[[list[RolloutOutcome]], bool] | None = None,
-        max_flat: int = 0,
     ):
-        if max_in_flight < batch_groups:
-            raise TrainerError(
-                f"max_in_flight ({max_in_flight}) must be >= batch_groups ({batch_groups})"
-            )
-        self.gw, self.runner, self.task_at, self.n = gw, runner, task_at, n
-        self.grader, self.run_id, self.tag = grader, run_id, tag
-        self.success_threshold = success_threshold
-        self.batch_groups, self.max_in_flight = batch_groups, max_in_flight
-        self.max_lag, self.drop_stale = max_lag, lag_policy == "drop"
+        self.collector, self.task_at, self.n, self.policy = collector, task_at, n, policy
         self.learn, self.version = learn, version
-        self.retry = RetryPolicy.of(runner)
         self.first_group = self.next_index = first_group
         self.running: dict[int, asyncio.Task[None]] = {}
         self.ready: deque[Group] = deque()
-        # rollout.filter_groups: ``signal`` says whether a finished, trainable group would
-        # teach anything; up to ``max_flat`` groups without it are dropped per update
-        self.signal, self.max_flat = signal, max_flat
-        self._flat_this_step = 0
+        self._flat_this_step = 0  # groups dropped without signal this update (filter_groups)
         self._dropped: list[UpdateGroup] = []  # since the last update, for its record
         #: groups trained, dropped for lag and dropped without signal (none is kept)
         self.counts: Counter[str] = Counter()
@@ -134,87 +137,35 @@ class AsyncRollouts:
 
     def fill(self) -> None:
         """Start groups until ``max_in_flight`` are running."""
-        while not self._stopped and self._error is None and len(self.running) < self.max_in_flight:
+        while (
+            not self._stopped
+            and self._error is None
+            and len(self.running) < self.policy.max_in_flight
+        ):
             i = self.next_index
             self.next_index += 1
             self.running[i] = asyncio.create_task(self._group(i), name=f"tether-group-{i}")
 
     async def _group(self, index: int) -> None:
-        gid = f"{self.run_id}-{self.tag}-g{index}"
+        """Run group ``index``; its rollouts' place's step is the update they are opened
+        for: the policy version now + 1 (the update they feed unless other groups are
+        ahead of them or they are dropped)."""
+        gid = self.collector.group_id(Place(Phase.ASYNC), index)
         try:
             task = self.task_at(index)
-            opened = self._open(gid, index, task)
-            # the first rollout to raise cancels its siblings: they end before the group does
-            if isinstance(self.grader, GroupGrader):  # the judge: the whole group at once
-                outcomes = await self._judged(index, task, opened)
-            else:
-                outcomes = await gather_ended([self._rollout(index, task, o) for o in opened])
+            at = Place(Phase.ASYNC, self.version() + 1)
+            outcomes = await self.collector.group(index, task, self.n, at)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a store or gateway fault: stop the run, loudly
             log.exception("group %s failed", gid)
             self._error = exc
         else:
-            self.ready.append(Group(index, gid, list(outcomes)))
+            self.ready.append(Group(index, gid, outcomes))
         finally:
             self.running.pop(index, None)
             self._changed.set()
         self.fill()
-
-    def _open(self, gid: str, index: int, task: Task) -> list[OpenedRollout]:
-        """The group's ``n`` rollouts, queued; all cancelled again when one cannot be opened.
-        Their place's step is the update they are opened for: the policy version now + 1
-        (the update they feed unless other groups are ahead of them or they are dropped)."""
-        opened: list[OpenedRollout] = []
-        step = self.version() + 1
-        try:
-            for k in range(self.n):
-                opened.append(
-                    self.gw.open_rollout(
-                        task.for_agent,
-                        rollout_id=f"{gid}-{k}",
-                        run_id=self.run_id,
-                        group_id=gid,
-                        task_id=task.id,
-                        queued=True,  # running once the runner starts its agent
-                        place=Place(Phase.ASYNC, step, index, k),
-                    )
-                )
-        except BaseException:
-            cancel_opened(self.gw, opened, "opening the group's rollouts failed")
-            raise
-        return opened
-
-    async def _attempts(
-        self, task: Task, opened: OpenedRollout
-    ) -> tuple[OpenedRollout, AttemptResult]:
-        """Run the rollout's attempts (retried as in sync mode); the last one and its result."""
-        try:
-            return await run_attempts(
-                self.gw, self.runner, opened, task, self.retry, None, self.run_id
-            )
-        except asyncio.CancelledError:
-            end_quietly(  # its current attempt: retries moved it on
-                self.gw, opened, RolloutStatus.CANCELLED,
-                "cancelled: training ended while the rollout ran", current=True,
-            )  # fmt: skip
-            raise
-
-    async def _rollout(self, group: int, task: Task, opened: OpenedRollout) -> RolloutOutcome:
-        """Run the rollout's attempts; grade the last one (a per-rollout grader)."""
-        final, result = await self._attempts(task, opened)
-        assert not isinstance(self.grader, GroupGrader)
-        return finish_outcome(
-            self.gw, final, task, result, self.grader, group, self.success_threshold
-        )
-
-    async def _judged(
-        self, group: int, task: Task, opened: list[OpenedRollout]
-    ) -> list[RolloutOutcome]:
-        """Run the group's rollouts; once all ended, the group grader grades them at once."""
-        finals = await gather_ended([self._attempts(task, o) for o in opened])
-        graded = [(group, task, o, result) for o, result in finals]
-        return await finish_groups(self.gw, graded, self.grader, self.success_threshold)
 
     def _decided(self, fate: str, groups: list[Group]) -> None:
         """Count the groups' fate and show it to ``watch``; a dropped group goes into the
@@ -226,11 +177,11 @@ class AsyncRollouts:
             self.watch(fate, groups)
 
     def _drop_stale(self) -> int:
-        if not self.drop_stale:
+        if self.policy.lag_policy != "drop":
             return 0
-        version = self.version()
-        fresh = [g for g in self.ready if group_lag(g, version) <= self.max_lag]
-        stale = [g for g in self.ready if group_lag(g, version) > self.max_lag]
+        version, bound = self.version(), self.policy.max_lag
+        fresh = [g for g in self.ready if group_lag(g, version) <= bound]
+        stale = [g for g in self.ready if group_lag(g, version) > bound]
         self.ready = deque(fresh)
         self._decided("dropped_lag", stale)
         return len(stale)
@@ -240,11 +191,12 @@ class AsyncRollouts:
         sync mode, while this update's budget lasts; the scheduler has already started
         other groups in their place. Past the budget they reach the update, which trains
         the groups with signal among them (fewer than batch_groups, as sync does)."""
-        if self.signal is None:
+        signal = self.policy.signal
+        if signal is None:
             return
         kept: deque[Group] = deque()
         for g in self.ready:
-            if self._flat_this_step < self.max_flat and not self.signal(g.outcomes):
+            if self._flat_this_step < self.policy.max_flat and not signal(g.outcomes):
                 self._decided("dropped_no_signal", [g])
                 self._flat_this_step += 1
             else:
@@ -259,7 +211,7 @@ class AsyncRollouts:
                 raise TrainerError(f"a rollout group failed: {self._error!r}") from self._error
             dropped += self._drop_stale()
             self._drop_flat()
-            if len(self.ready) >= self.batch_groups:
+            if len(self.ready) >= self.policy.batch_groups:
                 return dropped
             if self._stopped:
                 raise TrainerError("async rollouts were stopped")
@@ -283,8 +235,9 @@ class AsyncRollouts:
         self.fill()
         dropped = await self.wait_ready()
         t1 = time.perf_counter()
-        before = self.gw.admission_state()
-        await self.gw.pause()
+        gw = self.collector.gateway
+        before = gw.admission_state()
+        await gw.pause()
         t2 = time.perf_counter()
         try:
             # Groups that finished during the drain; the version has not moved, so the
@@ -292,19 +245,19 @@ class AsyncRollouts:
             dropped += self._drop_stale()
             self._drop_flat()
             version = self.version()
-            batch = [self.ready.popleft() for _ in range(self.batch_groups)]
+            batch = [self.ready.popleft() for _ in range(self.policy.batch_groups)]
             self._decided("trained", batch)
             lags = [group_lag(g, version) for g in batch]
             gone, self._dropped = self._dropped, []
             m = await self.learn([g.outcomes for g in batch], gone)
         finally:
-            self.gw.resume()
+            gw.resume()
         t3 = time.perf_counter()
-        if self.signal is not None:
+        if self.policy.signal is not None:
             flat, self._flat_this_step = self._flat_this_step, 0
             m["groups_no_signal"] = m.get("groups_no_signal", 0.0) + flat
             m["groups_extra"], m["rollouts_extra"] = float(flat), float(flat * self.n)
-        after = self.gw.admission_state()
+        after = gw.admission_state()
         calls = [c for g in batch for o in g.outcomes for c in o.calls]
         m.update(
             {

@@ -12,12 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from tether.gateway import Gateway
-from tether.records import Phase, Task
-from tether.run._collect import RolloutOutcome, collect_groups
-from tether.run._grading import AnyGrader
+from tether.records import Phase, Place, Task
+from tether.run._collect import Collector, RolloutOutcome
 from tether.run.config import EvalConfig
 
 __all__ = [
@@ -116,37 +113,14 @@ def mean_reward(outcomes: Sequence[RolloutOutcome]) -> float:
 
 
 async def collect_eval(
-    gateway: Gateway,
-    runner: Any,
-    tasks: list[Task],
-    e: EvalConfig,
-    *,
-    step: int,
-    grader: AnyGrader | None,
-    run_id: str,
-    success_threshold: float | None,
+    collector: Collector, tasks: list[Task], e: EvalConfig, *, step: int
 ) -> EvalRollouts:
-    """The sampled (and greedy) outcomes of one eval."""
-    common: dict[str, Any] = {
-        "grader": grader,
-        "run_id": run_id,
-        "success_threshold": success_threshold,
-    }
-    sampled = await collect_groups(
-        gateway,
-        runner,
-        tasks,
-        e.samples,
-        phase=Phase.EVAL,
-        step=step,
-        sampling={"temperature": e.temperature},
-        **common,
-    )
+    """The sampled (and greedy) outcomes of one eval at ``step``."""
+    at = Place(Phase.EVAL, step)
+    sampled = await collector.collect(tasks, e.samples, at, sampling={"temperature": e.temperature})
     greedy = None
     if e.greedy:
-        g = await collect_groups(
-            gateway, runner, tasks, 1, phase=Phase.EVAL, step=step, greedy=True,
-            sampling={"temperature": 0.0}, **common,
-        )  # fmt: skip
+        at = Place(Phase.EVAL, step, greedy=True)
+        g = await collector.collect(tasks, 1, at, sampling={"temperature": 0.0})
         greedy = list(g.outcomes)
     return EvalRollouts(list(sampled.outcomes), greedy)

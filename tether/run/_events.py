@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tether.run._evaluate import EvalResult, StepReport
     from tether.run._rundir import ResumePoint
+    from tether.runner import AttemptResult, Launch, Runner
 
 __all__ = [
     "CheckpointSaved",
@@ -79,16 +81,21 @@ def ignore(event: RunEvent) -> None:
 
 
 class Counted:
-    """A runner that calls ``tick`` after each attempt (the progress of an eval)."""
+    """A runner that calls ``tick`` after each attempt (the progress of an eval); the
+    rest (its config, its ``on_start``) is the wrapped runner's."""
 
-    def __init__(self, runner: Any, tick: Any):
+    def __init__(self, runner: Runner, tick: Callable[[], None]):
         self._runner, self._tick = runner, tick
+        self.on_start = runner.on_start  # what the wrapped runner calls, for the protocol
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._runner, name)
 
-    async def run(self, launch: Any) -> Any:
+    async def run(self, launch: Launch) -> AttemptResult:
         try:
             return await self._runner.run(launch)
         finally:
             self._tick()
+
+    async def close(self) -> None:
+        await self._runner.close()

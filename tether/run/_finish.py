@@ -10,51 +10,43 @@ are the outcome's ``turn_rewards`` (for ``trainer.credit: turn``). Without that
 flag a usable reward counts as a success when it is above 0, or at least
 ``rollout.success_threshold`` when that is set (:func:`is_success`).
 
-A grader bug (a malformed result) ends its rollout ``failed``; :func:`finish_all`
-still ends the others, then raises the first error. A grader that raises ends only
-that rollout unusable, its exception kept with the attempt (``_grading``).
+A grader bug (a malformed result) ends its rollout ``failed``; the collector
+(``_collect``) still ends the others, then raises the first error. A grader that
+raises ends only that rollout unusable, its exception kept with the attempt
+(``_grading``).
 
 A group grader (``rollout.grader: judge``) grades each group once all its
-rollouts' attempts ended (:func:`finish_groups`): the rollouts whose attempt
+rollouts' attempts ended (``Collector.finish``): the rollouts whose attempt
 succeeded are its candidates; its verdict on each is then stored exactly as a
 grader's return value would be, with what it saw and said (``grade_detail``).
 A per-rollout grader is called as before, one rollout at a time.
+
+The gateway ends an attempt (its token stops working); the attempt's calls and
+rewards are read from, and the grader's intermediate rewards written to, the store.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from tether.gateway import Gateway, OpenedRollout
 from tether.records import AttemptEnd, Call, RewardSource, RolloutStatus, Task, read_reward
 from tether.run._grading import (
-    AnyGrader,
     Grade,
     Grader,
     GraderFault,
     GroupGrade,
-    GroupGrader,
     call_grader,
-    group_verdicts,
     is_success,
     record_turn_rewards,
     turn_rewards,
 )
 from tether.runner import AttemptResult
+from tether.store import Store
 
-__all__ = [
-    "Ended",
-    "RolloutGrader",
-    "RolloutOutcome",
-    "end_quietly",
-    "finish_all",
-    "finish_groups",
-    "finish_outcome",
-]
+__all__ = ["Ended", "RolloutGrader", "RolloutOutcome", "end_quietly", "finish_outcome"]
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +79,17 @@ class RolloutOutcome:
 RolloutGrader = Grader | GroupGrade | None
 
 
+class Ended(NamedTuple):
+    """A rollout's final attempt and its result, with its group's number and task."""
+
+    group: int
+    task: Task
+    rollout: OpenedRollout
+    result: AttemptResult
+
+
 def _reward(
-    result: AttemptResult, task: dict[str, Any], grader: RolloutGrader, gw: Gateway
+    result: AttemptResult, task: dict[str, Any], grader: RolloutGrader, store: Store
 ) -> tuple[Grade, RewardSource, GraderFault | None]:
     """(what the reward is, its source, what the grader raised); ``task`` is the whole
     row, its grader-only fields too."""
@@ -103,7 +104,7 @@ def _reward(
         return Grade(result.agent_value), RewardSource.AGENT, None
     finals = [
         r
-        for r in gw.store.rewards(result.rollout_id)
+        for r in store.rewards(result.rollout_id)
         if r.call_seq is None and r.attempt == result.attempt
     ]
     return Grade(finals[-1].value if finals else None), RewardSource.AGENT, None
@@ -111,24 +112,23 @@ def _reward(
 
 def finish_outcome(
     gw: Gateway,
-    opened: OpenedRollout,
-    task: Task,
-    result: AttemptResult,
+    store: Store,
+    ended: Ended,
     grader: RolloutGrader,
-    group: int,
     success_threshold: float | None = None,
 ) -> RolloutOutcome:
-    """Grade one attempt, end its rollout in the store (with the attempt's output tail
-    and success), and read back its calls."""
+    """Grade one final attempt, end its rollout (with the attempt's output tail and
+    success), and read back its calls."""
+    _, task, opened, result = ended
     reward: float | None = None
     flag: bool | None = None
     fault: GraderFault | None = None
     source = RewardSource.GRADER
     if result.ok:
         try:
-            grade, source, fault = _reward(result, task.data, grader, gw)
+            grade, source, fault = _reward(result, task.data, grader, store)
             raw, flag = grade.reward, grade.success
-            record_turn_rewards(gw, opened, grade.turn_rewards)
+            record_turn_rewards(store, opened, grade.turn_rewards)
         except Exception as exc:  # a grader bug (UserError) or a store fault: end it, then raise
             end_quietly(
                 gw, opened, RolloutStatus.FAILED, f"grading failed: {exc}",
@@ -154,11 +154,11 @@ def finish_outcome(
         grade_detail=grader.detail if isinstance(grader, GroupGrade) and result.ok else None,
     )
     rollout = gw.finish_rollout(end, reward=reward, source=source, final_answer=result.final_answer)
-    calls = gw.store.calls(opened.rollout_id, attempt=opened.attempt)
-    rewards_per_call = turn_rewards(gw, opened)
+    calls = store.calls(opened.rollout_id, attempt=opened.attempt)
+    rewards_per_call = turn_rewards(store, opened)
     return RolloutOutcome(
         opened.rollout_id,
-        group,
+        ended.group,
         rollout.status,
         reward if rollout.usable else None,
         calls,
@@ -172,69 +172,27 @@ def finish_outcome(
     )
 
 
-Ended = tuple[int, Task, OpenedRollout, AttemptResult]  # (group, task, attempt, its result)
-
-
-async def finish_groups(
-    gw: Gateway, graded: list[Ended], grader: AnyGrader | None, success_threshold: float | None
-) -> list[RolloutOutcome]:
-    """:func:`finish_all`, after a group grader judged each group (one call per group, the
-    groups at once); a per-rollout grader goes straight to :func:`finish_all`. Should the
-    judging itself raise or be cancelled, every rollout still ends first."""
-    if not isinstance(grader, GroupGrader):
-        return finish_all(gw, graded, [grader] * len(graded), success_threshold)
-    try:
-        verdicts = await group_verdicts(gw, [(g, t.data, o, r) for g, t, o, r in graded], grader)
-    except BaseException as exc:
-        cancelled = isinstance(exc, asyncio.CancelledError)
-        status = RolloutStatus.CANCELLED if cancelled else RolloutStatus.FAILED
-        for _, _, o, _ in graded:
-            end_quietly(gw, o, status, "cancelled" if cancelled else f"grading failed: {exc}")
-        raise
-    return finish_all(gw, graded, verdicts, success_threshold)
-
-
-def finish_all(
-    gw: Gateway,
-    graded: list[Ended],
-    graders: Sequence[RolloutGrader],
-    success_threshold: float | None,
-) -> list[RolloutOutcome]:
-    """:func:`finish_outcome` of each (group, task, attempt, result) with its grader; every
-    rollout ends even when grading one raises (that one ends ``failed``), then the first
-    error is raised."""
-    outcomes: list[RolloutOutcome] = []
-    first: Exception | None = None
-    for (g, task, o, result), grader in zip(graded, graders, strict=True):
-        try:
-            outcomes.append(finish_outcome(gw, o, task, result, grader, g, success_threshold))
-        except Exception as exc:
-            first = first or exc
-    if first is not None:
-        raise first
-    return outcomes
-
-
 def end_quietly(
     gw: Gateway,
     opened: OpenedRollout,
     status: RolloutStatus,
     error: str,
     *,
-    current: bool = False,
     exit_code: int | None = None,
     output_tail: str = "",
 ) -> None:
-    """End ``opened``'s attempt (``current``: whatever attempt the rollout is at) with
-    ``status`` and ``error`` on the way out of a failure; a rollout that already ended
-    stays as it ended, and a store fault here must not hide the failure being handled."""
-    rid = opened.rollout_id
+    """End ``opened``'s attempt with ``status`` and ``error`` on the way out of a failure;
+    a rollout that already ended stays as it ended, and a store fault here must not hide
+    the failure being handled."""
+    end = AttemptEnd(
+        opened.rollout_id,
+        opened.attempt,
+        status,
+        error=error,
+        exit_code=exit_code,
+        output_tail=output_tail,
+    )
     try:
-        attempt = gw.current_attempt(rid) if current else opened.attempt
-        gw.finish_rollout(
-            AttemptEnd(
-                rid, attempt, status, error=error, exit_code=exit_code, output_tail=output_tail
-            )
-        )
+        gw.finish_rollout(end)
     except Exception as exc:
         log.debug("rollout %s not ended as %s: %s", opened.rollout_id, status.value, exc)

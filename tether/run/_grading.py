@@ -34,11 +34,12 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from tether.errors import UserError
-from tether.records import Call, RewardSource
+from tether.records import Call, Reward, RewardSource
 
 if TYPE_CHECKING:
-    from tether.gateway import Gateway, OpenedRollout
+    from tether.gateway import OpenedRollout
     from tether.runner import AttemptResult
+    from tether.store import Store
 
 __all__ = [
     "GRADE_SHAPE",
@@ -236,10 +237,10 @@ def is_success(reward: float | None, flag: bool | None, threshold: float | None)
     return reward > 0 if threshold is None else reward >= threshold
 
 
-def record_turn_rewards(gw: Gateway, opened: OpenedRollout, turns: Mapping[int, Any]) -> None:
+def record_turn_rewards(store: Store, opened: OpenedRollout, turns: Mapping[int, Any]) -> None:
     """Store the grader's intermediate rewards with the attempt (a seq naming no call of
     it is the grader's bug: :class:`UserError`)."""
-    calls = {c.seq for c in gw.store.calls(opened.rollout_id, attempt=opened.attempt)}
+    calls = {c.seq for c in store.calls(opened.rollout_id, attempt=opened.attempt)}
     for seq, value in sorted(turns.items()):
         if seq not in calls:
             made = f"calls 0..{max(calls)}" if calls else "no call"
@@ -248,26 +249,28 @@ def record_turn_rewards(gw: Gateway, opened: OpenedRollout, turns: Mapping[int, 
                 f"{opened.rollout_id}, which made {made}; key turn_rewards by call seq"
             )
         value = value if isinstance(value, int | float) and not isinstance(value, bool) else None
-        gw.record_reward(
-            opened.rollout_id,
-            float("nan") if value is None else value,
-            call_seq=seq,
-            attempt=opened.attempt,
-            source=RewardSource.GRADER,
+        store.record_reward(
+            Reward(
+                rollout_id=opened.rollout_id,
+                value=float("nan") if value is None else float(value),
+                source=RewardSource.GRADER,
+                attempt=opened.attempt,
+                call_seq=seq,
+            )
         )
 
 
-def turn_rewards(gw: Gateway, opened: OpenedRollout) -> dict[int, float]:
+def turn_rewards(store: Store, opened: OpenedRollout) -> dict[int, float]:
     """The attempt's intermediate rewards by call seq, added up per call."""
     out: dict[int, float] = {}
-    for r in gw.store.rewards(opened.rollout_id):
+    for r in store.rewards(opened.rollout_id):
         if r.attempt == opened.attempt and r.call_seq is not None:
             out[r.call_seq] = out.get(r.call_seq, 0.0) + r.value
     return out
 
 
 async def group_verdicts(
-    gw: Gateway,
+    store: Store,
     graded: list[tuple[int, dict[str, Any], OpenedRollout, AttemptResult]],
     grader: GroupGrader,
 ) -> list[GroupGrade | None]:
@@ -285,7 +288,7 @@ async def group_verdicts(
         candidates = []
         for i in members:
             _, _, o, result = graded[i]
-            calls = tuple(gw.store.calls(o.rollout_id, attempt=o.attempt))
+            calls = tuple(store.calls(o.rollout_id, attempt=o.attempt))
             candidates.append(Candidate(result.final_answer, calls))
         verdicts = await grader.grade_group(task, candidates)
         first = graded[members[0]][2]

@@ -61,11 +61,11 @@ import torch
 
 from tether._memory import limit_arenas, resident_mb, trim_heap
 from tether.engine import Engine
-from tether.records import Phase, Task, UpdateGroup
+from tether.records import Phase, Place, Task, UpdateGroup
 from tether.run._async import AsyncRollouts
 from tether.run._async_parts import async_rollouts
 from tether.run._checkpoints import rank_failed, save_step
-from tether.run._collect import Collected, RolloutOutcome, collect_groups
+from tether.run._collect import Collected, Collector, RolloutOutcome
 from tether.run._diagnostics import check_collapse, first_rollout
 from tether.run._evaluate import EvalResult, StepReport, collect_eval, success_rate
 from tether.run._events import (
@@ -137,6 +137,7 @@ class TrainingRun(PartsView):
         self._at = "before the first update"  # where the run is, for the engine-lost line
         self.last_checkpoint: Path | None = None  # the newest checkpoint of this run
         self._async: AsyncRollouts | None = None
+        self._collector: Collector | None = None
         self._clean_steps = (
             0  # optimizer steps after the last finished update (see _checkpoints.py)
         )
@@ -250,16 +251,8 @@ class TrainingRun(PartsView):
         t0 = time.perf_counter()
         total = len(tasks) * (e.samples + (1 if e.greedy else 0))
         self.on_event(EvalStart(step, total, what))
-        rollouts = await collect_eval(
-            parts.gateway,
-            Counted(parts.runner, lambda: self.on_event(EvalProgress())),
-            tasks,
-            e,
-            step=step,
-            grader=parts.grader,
-            run_id=parts.run_record.id,
-            success_threshold=self.cfg.rollout.success_threshold,
-        )
+        counted = Counted(parts.runner, lambda: self.on_event(EvalProgress()))
+        rollouts = await collect_eval(self.collector.with_runner(counted), tasks, e, step=step)
         self._check(rollouts.outcomes, f"the step-{step} eval")
         result = rollouts.result(step, len(tasks), time.perf_counter() - t0)
         parts.store.log_metrics(parts.run_record.id, step, result.metrics())
@@ -283,18 +276,8 @@ class TrainingRun(PartsView):
         log.info("step %d: rollouts, %d tasks × %d", step, len(tasks), cfg.rollout.n)
 
         async def collect(tasks: list[Task], first_group: int) -> Collected:
-            return await collect_groups(
-                parts.gateway,
-                parts.runner,
-                tasks,
-                cfg.rollout.n,
-                grader=parts.grader,
-                run_id=parts.run_record.id,
-                phase=Phase.TRAIN,
-                step=step,
-                success_threshold=cfg.rollout.success_threshold,
-                first_group=first_group,
-            )
+            at = Place(Phase.TRAIN, step)
+            return await self.collector.collect(tasks, cfg.rollout.n, at, first_group=first_group)
 
         groups, filtered = await collect_with_signal(  # rollout.filter_groups: and more groups
             collect,
@@ -369,13 +352,24 @@ class TrainingRun(PartsView):
             lambda: first_rollout(self.store, self.run_record.id),
         )
 
-    # -- async mode (tether/run/_async.py) ----------------------------------------
+    # -- collection (tether/run/_collect.py), async mode (tether/run/_async.py) -----
+
+    @property
+    def collector(self) -> Collector:
+        """How the run collects its rollouts: with its gateway, store, runner and grader."""
+        if self._collector is None:
+            self._collector = Collector(
+                self.gateway, self.store, self.runner, run_id=self.run_record.id,
+                grader=self.grader, success_threshold=self.cfg.rollout.success_threshold,
+            )  # fmt: skip
+        return self._collector
 
     def _async_rollouts(self) -> AsyncRollouts:
         if self._async is None:  # the config's sanity warnings are TrainConfig.__post_init__'s
             self._async = async_rollouts(
                 self.cfg,
                 self.parts,
+                self.collector,
                 lambda groups, dropped: self.learn(groups, self.step, dropped),  # this step
                 self.start_step,
             )
