@@ -201,51 +201,60 @@ class ModelCalls:
     # -- the engine call ----------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def admitted(
+    async def admitted(self) -> AsyncIterator[None]:
+        """One call (plain or streamed) admitted through the engine's gate and counted.
+
+        The engine call *and its record* run inside: a pause (an async update) waits for
+        both, so when it returns every call served so far is stored.
+        """
+        async with self.engine.gate.admit(self.config.admission_timeout_s):
+            self.engine_calls += 1
+            yield
+
+    @contextlib.asynccontextmanager
+    async def engine_errors(
         self, ctx: CallContext, failed: Callable[[str], None]
     ) -> AsyncIterator[None]:
-        """One engine call (plain or streamed) of ``ctx``: admitted through the gate and counted.
-
-        An engine failure inside is recorded with ``failed(error)`` (a failed call,
+        """An engine failure inside is recorded with ``failed(error)`` (a failed call,
         never a training sample) and raised as an :class:`EngineError`: a timeout as
         :class:`EngineTimeout`, an unexpected exception (an engine bug) as
         :class:`EngineFailed`, so that it becomes neither a hang nor a bare 500. An
         :class:`EngineUnreachable` (a remote replica down) also marks the call's attempt
         in :attr:`lost_engine`, so the run retries it as an infrastructure fault.
         """
-        async with self.engine.gate.admit(self.config.admission_timeout_s):
-            self.engine_calls += 1
-            try:
-                yield
-            # asyncio.TimeoutError: what wait_for raises on Python 3.10 (not the builtin there)
-            except (asyncio.TimeoutError, EngineTimeout) as exc:
-                failed("timeout")
-                raise EngineTimeout(f"no answer within {self.config.engine_timeout_s:g} s") from exc
-            except EngineError as exc:
-                failed(str(exc))
-                if isinstance(exc, EngineUnreachable):
-                    self.lost_engine.add(ctx.conversation)
-                raise
-            except Exception as exc:
-                log.exception("engine raised")
-                failed(repr(exc))
-                raise EngineFailed(type(exc).__name__) from exc
+        try:
+            yield
+        # asyncio.TimeoutError: what wait_for raises on Python 3.10 (not the builtin there)
+        except (asyncio.TimeoutError, EngineTimeout) as exc:
+            failed("timeout")
+            raise EngineTimeout(f"no answer within {self.config.engine_timeout_s:g} s") from exc
+        except EngineError as exc:
+            failed(str(exc))
+            if isinstance(exc, EngineUnreachable):
+                self.lost_engine.add(ctx.conversation)
+            raise
+        except Exception as exc:
+            log.exception("engine raised")
+            failed(repr(exc))
+            raise EngineFailed(type(exc).__name__) from exc
 
     async def generate(self, ctx: CallContext) -> tuple[list[Choice], list[int]]:
         """Run the engine, record one call per choice, and return the choices and their seqs.
 
-        The calls are committed before this returns, so an agent never sees an
-        answer that is not stored. An engine failure is recorded as a failed
-        call (never as a training sample) and raised.
+        The calls are committed before this returns (and before a pause can begin), so an
+        agent never sees an answer that is not stored. An engine failure is recorded as a
+        failed call (never as a training sample) and raised.
         """
         t0 = time.perf_counter()
-        async with self.admitted(ctx, lambda error: self.recorder.failure(ctx, t0, error)):
-            result = await _within(
-                self.engine.generate(list(ctx.prompt_ids), ctx.params),
-                self.config.engine_timeout_s,
-            )
-        choices = self.choices(ctx, result)
-        return choices, await self.recorder.choices(ctx, result, choices, time.perf_counter() - t0)
+        async with self.admitted():
+            async with self.engine_errors(ctx, lambda e: self.recorder.failure(ctx, t0, e)):
+                result = await _within(
+                    self.engine.generate(list(ctx.prompt_ids), ctx.params),
+                    self.config.engine_timeout_s,
+                )
+            choices = self.choices(ctx, result)
+            took = time.perf_counter() - t0
+            return choices, await self.recorder.choices(ctx, result, choices, took)
 
     def stream(self, ctx: CallContext, *, tokens: bool = False) -> AsyncGenerator[Any, None]:
         """:meth:`generate`, streamed (``_streaming.stream_call``)."""

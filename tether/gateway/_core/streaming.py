@@ -77,35 +77,39 @@ async def stream_call(
     ]
     sampled: list[tuple[list[int], list[float]]] = [([], []) for _ in range(params.n)]
 
-    async with calls.admitted(ctx, lambda error: calls.recorder.failure(ctx, t0, error)):
-        deadline = time.monotonic() + calls.config.engine_timeout_s
-        stream = calls.engine.generate_stream(list(ctx.prompt_ids), params)
-        result: GenerateResult | None = None
-        try:
-            while result is None:
-                item = await _next(stream, deadline)
-                if isinstance(item, GenerateResult):
-                    result = item
-                    break
-                assert isinstance(item, TokenDelta)
-                sampled[item.index][0].append(item.token_id)
-                sampled[item.index][1].append(item.logprob)
-                if tokens:
-                    yield item
-                piece = live[item.index].feed(item.token_id)
-                if piece:
-                    yield TextDelta(item.index, piece)
-        except (asyncio.CancelledError, GeneratorExit):
-            for ids, lps in sampled:
-                calls.recorder.failure(
-                    ctx, t0, "the client left before the stream ended",
-                    status=CallStatus.CANCELLED, completion=(ids, lps),
-                )  # fmt: skip
-            raise
-        finally:
-            await stream.aclose()  # cancels the engine request unless it finished
-    choices = calls.choices(ctx, result)
-    await calls.recorder.choices(ctx, result, choices, time.perf_counter() - t0)
+    def failed(error: str) -> None:
+        calls.recorder.failure(ctx, t0, error)
+
+    async with calls.admitted():  # the record too: a pause waits for it (ModelCalls.admitted)
+        async with calls.engine_errors(ctx, failed):
+            deadline = time.monotonic() + calls.config.engine_timeout_s
+            stream = calls.engine.generate_stream(list(ctx.prompt_ids), params)
+            result: GenerateResult | None = None
+            try:
+                while result is None:
+                    item = await _next(stream, deadline)
+                    if isinstance(item, GenerateResult):
+                        result = item
+                        break
+                    assert isinstance(item, TokenDelta)
+                    sampled[item.index][0].append(item.token_id)
+                    sampled[item.index][1].append(item.logprob)
+                    if tokens:
+                        yield item
+                    piece = live[item.index].feed(item.token_id)
+                    if piece:
+                        yield TextDelta(item.index, piece)
+            except (asyncio.CancelledError, GeneratorExit):
+                for ids, lps in sampled:
+                    calls.recorder.failure(
+                        ctx, t0, "the client left before the stream ended",
+                        status=CallStatus.CANCELLED, completion=(ids, lps),
+                    )  # fmt: skip
+                raise
+            finally:
+                await stream.aclose()  # cancels the engine request unless it finished
+        choices = calls.choices(ctx, result)
+        await calls.recorder.choices(ctx, result, choices, time.perf_counter() - t0)
     for i, choice in enumerate(choices):
         rest = live[i].rest(choice.message.get("content"))
         if rest is None:  # not for the known parsers; the Done choices are what was stored
