@@ -110,7 +110,7 @@ class RemoteEngine(Engine):
             )
         self.api, self.replicas, self.transport = api, ReplicaSet(urls), transport
         self.shown = api.shown
-        self._push = remote_push(
+        self._pusher = remote_push(
             self,
             api,
             transport,
@@ -153,7 +153,7 @@ class RemoteEngine(Engine):
     @property
     def adapter(self) -> str | None:
         """The LoRA adapter calls name (``lora`` transport, once one is pushed), else None."""
-        return self._push.adapter
+        return self._pusher.adapter
 
     @property
     def policy_version(self) -> int:
@@ -295,7 +295,7 @@ class RemoteEngine(Engine):
             try:
                 call = self.api.generate(
                     self._client, replica.url, prompt_ids, params,
-                    request_id=request_id, adapter=self._push.adapter,
+                    request_id=request_id, adapter=self._pusher.adapter,
                 )  # fmt: skip
                 result = await self._on(replica, call)
             except asyncio.CancelledError:
@@ -315,7 +315,7 @@ class RemoteEngine(Engine):
             request_id = f"tether-{uuid.uuid4().hex}"
             stream = self.api.stream(
                 self._client, replica.url, prompt_ids, params,
-                request_id=request_id, adapter=self._push.adapter,
+                request_id=request_id, adapter=self._pusher.adapter,
             )  # fmt: skip
             replica.in_flight += 1
             done = False
@@ -387,7 +387,7 @@ class RemoteEngine(Engine):
     def weight_push(self) -> RemotePush:
         """The push of the engine's transport (``_remote_push.py``, built once): the LoRA
         adapter's weights on ``lora``, else the full merged ones."""
-        return self._push
+        return self._pusher
 
     async def update_weights(
         self, state_dict: dict[str, Any], *, version: int | None = None
@@ -406,7 +406,7 @@ class RemoteEngine(Engine):
                 await self._each_alive(
                     targets, lambda r: self.api.pause(self._client, r.url, self.pause_mode)
                 )
-                await self._push.send(self._client, self._each_alive, targets, state_dict, new)
+                await self._pusher.send(self._client, self._each_alive, targets, state_dict, new)
                 await self._check_versions(targets, new)
                 await self._each_alive(targets, lambda r: self.api.flush_cache(self._client, r.url))
                 self._version = new
@@ -460,5 +460,5 @@ class RemoteEngine(Engine):
         if self._health is not None:
             self._health.cancel()
             self._health = None
-        self._push.close()
+        self._pusher.close()
         await self._client.aclose()
