@@ -30,6 +30,7 @@ from tether.engine import (
     WeightPush,
     server_api,
 )
+from tether.engine._remote_push import AdapterLoadPush, BroadcastPush, DiskPush
 from tether.engine._server_api import Transport
 from tether.engine.testing import FaultyEngine, NullEngine
 
@@ -119,15 +120,26 @@ async def test_the_embedded_engine_declares_grammar_and_its_length() -> None:
         await engine.close()
 
 
-@pytest.mark.parametrize(("transport", "push"), [("lora", AdapterPush), ("disk", WeightPush)])
-async def test_a_remote_engine_wants_the_adapter_only_on_the_lora_transport(
-    transport: Transport, push: type[WeightPush], tmp_path: Path
+@pytest.mark.parametrize(
+    ("transport", "push", "takes"),
+    [
+        ("lora", AdapterLoadPush, "adapter"),
+        ("disk", DiskPush, "full"),
+        ("nccl", BroadcastPush, "full"),
+    ],
+)
+async def test_a_remote_engine_provides_the_push_of_its_transport(
+    transport: Transport, push: type[WeightPush], takes: str, tmp_path: Path
 ) -> None:
     engine = RemoteEngine(
-        server_api("vllm"), ["http://127.0.0.1:9"], transport=transport, weights_dir=tmp_path
-    )
+        server_api("vllm"), ["http://127.0.0.1:9"], transport=transport, weights_dir=tmp_path,
+        nccl=("127.0.0.1", 0, "gloo"),
+    )  # fmt: skip
     try:
-        assert type(engine.weight_push) is push and engine.adapters == frozenset()
+        assert type(engine.weight_push) is push and engine.weight_push is engine.weight_push
+        assert engine.weight_push.engine is engine and engine.adapters == frozenset()
+        assert engine.weight_push.weights(FakeWeights()) == {takes: 1}  # the adapter on lora only
+        assert isinstance(engine.weight_push, AdapterPush) == (transport == "lora")
         assert engine.supports_constraints and engine.max_positions is None  # not connected
         with pytest.raises(UnsupportedParams, match="top_p"):
             engine.check_params(SamplingParams(top_p=0.5))  # vLLM's logprobs: exact at 1 only

@@ -19,9 +19,9 @@ a :class:`~tether.engine._server_api.ServerAPI` that speaks one server's routes
   ``EngineFailed`` with the server's message;
 - **a weight push** (:meth:`RemoteEngine.update_weights`): hold new calls, pause every
   reachable replica (``pause_mode``: ``wait`` lets calls in flight finish first), push
-  by ``transport`` (``_weight_transports.py``: a safetensors folder, a LoRA adapter folder, or a
-  broadcast), check that every replica reports the new version, flush the prefix
-  caches, and only then resume them all and admit calls again.
+  by the ``transport``'s push object (``_remote_push.py``: a safetensors folder, a LoRA
+  adapter folder, or a broadcast), check that every replica reports the new version,
+  flush the prefix caches, and only then resume them all and admit calls again.
 """
 
 from __future__ import annotations
@@ -47,11 +47,10 @@ from tether.engine._protocol import (
     Outage,
     SamplingParams,
 )
-from tether.engine._remote_push import WeightPusher
+from tether.engine._remote_push import RemotePush, remote_push
 from tether.engine._replicas import Replica, ReplicaSet, cause
 from tether.engine._server_api import PauseMode, ServerAPI, Transport
 from tether.engine._stream import TokenDelta
-from tether.engine._weight_push import AdapterPush, WeightPush
 
 __all__ = ["RemoteEngine"]
 
@@ -110,7 +109,8 @@ class RemoteEngine(Engine):
             )
         self.api, self.replicas, self.transport = api, ReplicaSet(urls), transport
         self.shown = api.shown
-        self._pusher = WeightPusher(
+        self._pusher = remote_push(
+            self,
             api,
             transport,
             weights_dir=Path(weights_dir) if weights_dir is not None else None,
@@ -187,7 +187,8 @@ class RemoteEngine(Engine):
             )
         self.model = models.pop()
         self._version = infos[0].weight_version
-        self._pusher.ranks = {r.url: i.ranks for r, i in zip(self.replicas, infos, strict=True)}
+        for r, i in zip(self.replicas, infos, strict=True):
+            r.ranks = i.ranks
         lengths = [i.max_positions for i in infos if i.max_positions]
         self.max_positions = min(lengths) if lengths else None
         self._health = asyncio.create_task(self._health_loop())
@@ -381,9 +382,10 @@ class RemoteEngine(Engine):
         self.gate.resume()
 
     @property
-    def weight_push(self) -> WeightPush:
-        """The LoRA adapter's weights on the ``lora`` transport, else the full merged ones."""
-        return AdapterPush(self) if self.transport == "lora" else WeightPush(self)
+    def weight_push(self) -> RemotePush:
+        """The push of the engine's transport (``_remote_push.py``, built once): the LoRA
+        adapter's weights on ``lora``, else the full merged ones."""
+        return self._pusher
 
     async def update_weights(
         self, state_dict: dict[str, Any], *, version: int | None = None
@@ -399,7 +401,7 @@ class RemoteEngine(Engine):
                 await self._each_alive(
                     targets, lambda r: self.api.pause(self._client, r.url, self.pause_mode)
                 )
-                await self._pusher.push(self._client, self._each_alive, targets, state_dict, new)
+                await self._pusher.send(self._client, self._each_alive, targets, state_dict, new)
                 await self._check_versions(targets, new)
                 await self._each_alive(targets, lambda r: self.api.flush_cache(self._client, r.url))
                 self._version = new

@@ -1,15 +1,18 @@
-"""How a remote engine's new weights reach its servers: :class:`WeightPusher`.
+"""How a remote engine's new weights reach its servers: one push object per transport,
+built once from the engine's config (:func:`remote_push`) and provided as its
+``weight_push``. Each takes the trainer's weights in the form its servers load
+(:mod:`tether.engine._weight_push`) and :meth:`RemotePush.send` carries them to the
+replicas given (``RemoteEngine.update_weights`` pauses them first, checks their versions
+and resumes them after):
 
-One push by ``transport`` to the replicas given (``RemoteEngine.update_weights`` pauses
-them first, checks their versions and resumes them after):
-
-- ``disk``: the full weights as a model folder ``weights_dir/v{N}`` (``_push.save_full``),
-  then each server's update-from-disk route;
-- ``lora``: the adapter folder ``weights_dir/lora-v{N}`` (``_push.save_adapter``), then
-  each server loads it under one name (:data:`ADAPTER`), in place; calls name it;
-- ``nccl``: a broadcast from the trainer (rank 0) over a group the servers join once
-  (made anew when the set of replicas changes), tensor by tensor, while each server is
-  told what to receive.
+- :class:`DiskPush` (``disk``): the full weights as a model folder ``weights_dir/v{N}``
+  (``_weight_transports.save_full``), then each server's update-from-disk route;
+- :class:`AdapterLoadPush` (``lora``): the adapter folder ``weights_dir/lora-v{N}``
+  (``_weight_transports.save_adapter``), then each server loads it under one name
+  (:data:`ADAPTER`), in place; calls name it;
+- :class:`BroadcastPush` (``nccl``): a broadcast from the trainer (rank 0) over a group
+  the servers join once (made anew when the set of replicas changes), tensor by tensor,
+  while each server is told what to receive.
 
 The trainer's join of the group runs on a daemon thread: if a server never joins, the
 push fails with the server's error and the thread gives up at its timeout without
@@ -24,14 +27,16 @@ import socket
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tether.engine._protocol import EngineFailed
+from tether.engine._protocol import Engine, EngineFailed
 from tether.engine._replicas import Replica
 from tether.engine._server_api import GroupJoin, ServerAPI, Transport
+from tether.engine._weight_push import AdapterPush, WeightPush
 from tether.engine._weight_transports import (
     BroadcastGroup,
     prune,
@@ -40,7 +45,7 @@ from tether.engine._weight_transports import (
     tensor_metas,
 )
 
-__all__ = ["ADAPTER", "WeightPusher"]
+__all__ = ["ADAPTER", "AdapterLoadPush", "BroadcastPush", "DiskPush", "RemotePush", "remote_push"]
 
 #: The LoRA adapter name the servers load each pushed adapter under (in place).
 ADAPTER = "tether-policy"
@@ -50,36 +55,35 @@ ADAPTER = "tether-policy"
 Each = Callable[[list[Replica], Callable[[Replica], Awaitable[Any]]], Awaitable[list[Any]]]
 
 
-class WeightPusher:
-    """The trainer's side of every push of one remote engine (see the module docstring)."""
+def remote_push(
+    engine: Engine,
+    api: ServerAPI,
+    transport: Transport,
+    *,
+    weights_dir: Path | None,
+    model_dir: Path | None,
+    lora_config: Mapping[str, Any] | None,
+    keep: int,
+    nccl: tuple[str, int, str],
+) -> RemotePush:
+    """The push of ``engine``'s ``transport`` (see the module docstring)."""
+    if transport == "disk":
+        return DiskPush(engine, api, weights_dir=weights_dir, keep=keep, model_dir=model_dir)
+    if transport == "lora":
+        config = dict(lora_config) if lora_config is not None else None
+        return AdapterLoadPush(engine, api, weights_dir=weights_dir, keep=keep, lora_config=config)
+    return BroadcastPush(engine, api, nccl=nccl)
 
-    def __init__(
-        self,
-        api: ServerAPI,
-        transport: Transport,
-        *,
-        weights_dir: Path | None,
-        model_dir: Path | None,
-        lora_config: Mapping[str, Any] | None,
-        keep: int,
-        nccl: tuple[str, int, str],
-    ):
-        self.api, self.transport = api, transport
-        self.weights_dir, self.model_dir = weights_dir, model_dir
-        self.lora_config = dict(lora_config) if lora_config is not None else None
-        self.keep, self.nccl = keep, nccl
-        self.adapter: str | None = None  # the adapter calls name, once one is pushed
-        self.ranks: dict[str, int] = {}  # each replica's ranks in a broadcast group
-        self._group: BroadcastGroup | None = None
-        self._members: tuple[str, ...] = ()
 
-    def check(self) -> None:
-        if self.transport in ("disk", "lora") and self.weights_dir is None:
-            raise EngineFailed(f"the {self.transport} transport needs engine.weights_dir")
-        if self.transport == "lora" and self.lora_config is None:
-            raise EngineFailed("engine.transport=lora needs a LoRA trainer: set trainer.lora")
+@dataclass(eq=False)
+class RemotePush(WeightPush):
+    """A push to remote servers by one transport (see the module docstring)."""
 
-    async def push(
+    api: ServerAPI
+    #: The LoRA adapter calls name (:class:`AdapterLoadPush`, once one is pushed), else None.
+    adapter: str | None = field(default=None, init=False)
+
+    async def send(
         self,
         client: httpx.AsyncClient,
         each: Each,
@@ -88,30 +92,95 @@ class WeightPusher:
         new: int,
     ) -> None:
         """Send ``state_dict`` as version ``new`` to ``targets``."""
-        self.check()
-        api = self.api
-        if self.transport == "disk":
-            assert self.weights_dir is not None
-            folder = self.weights_dir / f"v{new}"
-            await asyncio.to_thread(save_full, state_dict, folder, self.model_dir)
-            await each(targets, lambda r: api.update_from_disk(client, r.url, str(folder), new))
-            prune(self.weights_dir, "v", self.keep)
-        elif self.transport == "lora":
-            assert self.weights_dir is not None and self.lora_config is not None
-            folder = self.weights_dir / f"lora-v{new}"
-            await asyncio.to_thread(save_adapter, state_dict, self.lora_config, folder)
-            await each(targets, lambda r: api.load_lora(client, r.url, ADAPTER, str(folder), new))
-            self.adapter = ADAPTER
-            prune(self.weights_dir, "lora-v", self.keep)
-        else:
-            group = await self._group_of(client, each, targets)
-            metas, name = tensor_metas(state_dict), group.group_name
-            await asyncio.gather(
-                asyncio.to_thread(group.broadcast, state_dict),
-                each(targets, lambda r: api.update_from_nccl(
-                    client, r.url, metas, group_name=name, version=new
-                )),
-            )  # fmt: skip
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Let go of what the pushes hold (nothing but a broadcast group)."""
+
+
+def _weights_dir(weights_dir: Path | None, transport: str) -> Path:
+    """The folder a ``disk`` or ``lora`` push writes to; EngineFailed when none is set."""
+    if weights_dir is None:
+        raise EngineFailed(f"the {transport} transport needs engine.weights_dir")
+    return weights_dir
+
+
+@dataclass(eq=False)
+class DiskPush(RemotePush):
+    """The full weights as a model folder in ``weights_dir`` (the config files from
+    ``model_dir``; the newest ``keep`` folders are kept)."""
+
+    weights_dir: Path | None
+    keep: int
+    model_dir: Path | None
+
+    async def send(
+        self,
+        client: httpx.AsyncClient,
+        each: Each,
+        targets: list[Replica],
+        state_dict: dict[str, Any],
+        new: int,
+    ) -> None:
+        root = _weights_dir(self.weights_dir, "disk")
+        folder = root / f"v{new}"
+        await asyncio.to_thread(save_full, state_dict, folder, self.model_dir)
+        await each(targets, lambda r: self.api.update_from_disk(client, r.url, str(folder), new))
+        prune(root, "v", self.keep)
+
+
+@dataclass(eq=False)
+class AdapterLoadPush(RemotePush, AdapterPush):
+    """The LoRA adapter as a peft folder in ``weights_dir`` (``lora_config``: the
+    trainer's ``LoraConfig.to_dict()``), loaded in place under :data:`ADAPTER`."""
+
+    weights_dir: Path | None
+    keep: int
+    lora_config: dict[str, Any] | None
+
+    async def send(
+        self,
+        client: httpx.AsyncClient,
+        each: Each,
+        targets: list[Replica],
+        state_dict: dict[str, Any],
+        new: int,
+    ) -> None:
+        root = _weights_dir(self.weights_dir, "lora")
+        if self.lora_config is None:
+            raise EngineFailed("engine.transport=lora needs a LoRA trainer: set trainer.lora")
+        folder = root / f"lora-v{new}"
+        await asyncio.to_thread(save_adapter, state_dict, self.lora_config, folder)
+        await each(targets, lambda r: self.api.load_lora(client, r.url, ADAPTER, str(folder), new))
+        self.adapter = ADAPTER
+        prune(root, "lora-v", self.keep)
+
+
+@dataclass(eq=False)
+class BroadcastPush(RemotePush):
+    """The full weights broadcast over a group the servers join (``nccl``: its address,
+    port, 0 for a free one, and backend)."""
+
+    nccl: tuple[str, int, str]
+    _group: BroadcastGroup | None = field(default=None, init=False)
+    _members: tuple[str, ...] = field(default=(), init=False)
+
+    async def send(
+        self,
+        client: httpx.AsyncClient,
+        each: Each,
+        targets: list[Replica],
+        state_dict: dict[str, Any],
+        new: int,
+    ) -> None:
+        group = await self._group_of(client, each, targets)
+        metas, name = tensor_metas(state_dict), group.group_name
+        await asyncio.gather(
+            asyncio.to_thread(group.broadcast, state_dict),
+            each(targets, lambda r: self.api.update_from_nccl(
+                client, r.url, metas, group_name=name, version=new
+            )),
+        )  # fmt: skip
 
     async def _group_of(
         self, client: httpx.AsyncClient, each: Each, targets: list[Replica]
@@ -123,15 +192,15 @@ class WeightPusher:
         self.close()
         address, port, backend = self.nccl
         port = port or _free_port(address)
-        world = 1 + sum(self.ranks.get(u, 1) for u in members)
+        world = 1 + sum(r.ranks for r in targets)
         name = f"tether-weights-{uuid.uuid4().hex[:8]}"
         group = BroadcastGroup(
             address, port, world, backend=backend, group_name=name,
             prefix=self.api.group_prefix(name),
         )  # fmt: skip
         offsets, rank = {}, 1
-        for u in members:
-            offsets[u], rank = rank, rank + self.ranks.get(u, 1)
+        for r in targets:
+            offsets[r.url], rank = rank, rank + r.ranks
         joins = each(targets, lambda r: self.api.init_nccl(
             client, r.url, GroupJoin(address, port, offsets[r.url], world, backend, name)
         ))  # fmt: skip

@@ -43,6 +43,7 @@ class Replica:
     url: str
     up: bool = True
     in_flight: int = 0
+    ranks: int = 1  # its processes in a weight-broadcast group (ServerInfo.ranks)
     failures: int = 0  # calls that could not reach it, over the engine's life
     why: str = ""  # why it went down, the last time (see cause())
 

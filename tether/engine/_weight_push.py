@@ -2,14 +2,16 @@
 trainer's weights in the form the engine loads and hands them to it.
 
 - :class:`WeightPush` — the full (LoRA merged) weights: the embedded engine on a plain
-  model, a remote engine on the ``disk``, ``broadcast`` or ``nccl`` transport;
+  model, a remote engine on the ``disk`` or ``nccl`` transport;
 - :class:`AdapterPush` — the LoRA adapter's peft state dict: a remote engine on the
   ``lora`` transport;
 - :class:`RoleAdaptersPush` — every adapter's by name: the embedded engine serving
   per-role adapters.
 
-How the weights then travel (a swap in place, safetensors on disk, a broadcast group, a
-LoRA load) is the engine's ``update_weights``; the run only calls :meth:`WeightPush.push`.
+How the weights then travel is the engine's: a swap in place (the embedded engine's
+``update_weights``), or on a remote engine safetensors on disk, a LoRA load or a
+broadcast group (one subclass each, ``_remote_push.py``, whose ``send`` its
+``update_weights`` calls). The run only calls :meth:`WeightPush.push`.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class WeightSource(Protocol):
     def adapters_state_dict(self) -> dict[str, dict[str, Any]]: ...
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class WeightPush:
     """Pushes the trainer's full weights to ``engine`` (the protocol's default)."""
 
