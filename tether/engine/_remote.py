@@ -47,7 +47,7 @@ from tether.engine._protocol import (
     Outage,
     SamplingParams,
 )
-from tether.engine._remote_push import RemotePush, remote_push
+from tether.engine._remote_push import Delivery, RemotePush, remote_push
 from tether.engine._replicas import Replica, ReplicaSet, cause
 from tether.engine._server_api import PauseMode, ServerAPI, Transport
 from tether.engine._stream import TokenDelta
@@ -401,7 +401,9 @@ class RemoteEngine(Engine):
                 await self._each_alive(
                     targets, lambda r: self.api.pause(self._client, r.url, self.pause_mode)
                 )
-                await self._pusher.send(self._client, self._each_alive, targets, state_dict, new)
+                await self._pusher.send(
+                    Delivery(self._client, self._each_alive, targets, new), state_dict
+                )
                 await self._check_versions(targets, new)
                 await self._each_alive(targets, lambda r: self.api.flush_cache(self._client, r.url))
                 self._version = new

@@ -75,6 +75,22 @@ def remote_push(
     return BroadcastPush(engine, api, nccl=nccl)
 
 
+@dataclass(frozen=True)
+class Delivery:
+    """Where one push goes and as what: ``targets`` (the replicas up now) through
+    ``client``, each reached by ``each_alive`` (a replica lost on the way is handled as the
+    engine handles it), as policy version ``new``."""
+
+    client: httpx.AsyncClient
+    each_alive: Each
+    targets: list[Replica]
+    new: int
+
+    def each(self, call: Callable[[Replica], Awaitable[Any]]) -> Awaitable[list[Any]]:
+        """``call`` on every target."""
+        return self.each_alive(self.targets, call)
+
+
 @dataclass(eq=False)
 class RemotePush(WeightPush):
     """A push to remote servers by one transport (see the module docstring)."""
@@ -83,15 +99,8 @@ class RemotePush(WeightPush):
     #: The LoRA adapter calls name (:class:`AdapterLoadPush`, once one is pushed), else None.
     adapter: str | None = field(default=None, init=False)
 
-    async def send(
-        self,
-        client: httpx.AsyncClient,
-        each: Each,
-        targets: list[Replica],
-        state_dict: dict[str, Any],
-        new: int,
-    ) -> None:
-        """Send ``state_dict`` as version ``new`` to ``targets``."""
+    async def send(self, to: Delivery, state_dict: dict[str, Any]) -> None:
+        """Send ``state_dict`` as version ``to.new`` to ``to.targets``."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -114,18 +123,12 @@ class DiskPush(RemotePush):
     keep: int
     model_dir: Path | None
 
-    async def send(
-        self,
-        client: httpx.AsyncClient,
-        each: Each,
-        targets: list[Replica],
-        state_dict: dict[str, Any],
-        new: int,
-    ) -> None:
+    async def send(self, to: Delivery, state_dict: dict[str, Any]) -> None:
+        client, new = to.client, to.new
         root = _weights_dir(self.weights_dir, "disk")
         folder = root / f"v{new}"
         await asyncio.to_thread(save_full, state_dict, folder, self.model_dir)
-        await each(targets, lambda r: self.api.update_from_disk(client, r.url, str(folder), new))
+        await to.each(lambda r: self.api.update_from_disk(client, r.url, str(folder), new))
         prune(root, "v", self.keep)
 
 
@@ -138,20 +141,14 @@ class AdapterLoadPush(RemotePush, AdapterPush):
     keep: int
     lora_config: dict[str, Any] | None
 
-    async def send(
-        self,
-        client: httpx.AsyncClient,
-        each: Each,
-        targets: list[Replica],
-        state_dict: dict[str, Any],
-        new: int,
-    ) -> None:
+    async def send(self, to: Delivery, state_dict: dict[str, Any]) -> None:
+        client, new = to.client, to.new
         root = _weights_dir(self.weights_dir, "lora")
         if self.lora_config is None:
             raise EngineFailed("engine.transport=lora needs a LoRA trainer: set trainer.lora")
         folder = root / f"lora-v{new}"
         await asyncio.to_thread(save_adapter, state_dict, self.lora_config, folder)
-        await each(targets, lambda r: self.api.load_lora(client, r.url, ADAPTER, str(folder), new))
+        await to.each(lambda r: self.api.load_lora(client, r.url, ADAPTER, str(folder), new))
         self.adapter = ADAPTER
         prune(root, "lora-v", self.keep)
 
@@ -165,27 +162,20 @@ class BroadcastPush(RemotePush):
     _group: BroadcastGroup | None = field(default=None, init=False)
     _members: tuple[str, ...] = field(default=(), init=False)
 
-    async def send(
-        self,
-        client: httpx.AsyncClient,
-        each: Each,
-        targets: list[Replica],
-        state_dict: dict[str, Any],
-        new: int,
-    ) -> None:
-        group = await self._group_of(client, each, targets)
+    async def send(self, to: Delivery, state_dict: dict[str, Any]) -> None:
+        client, new = to.client, to.new
+        group = await self._group_of(to)
         metas, name = tensor_metas(state_dict), group.group_name
         await asyncio.gather(
             asyncio.to_thread(group.broadcast, state_dict),
-            each(targets, lambda r: self.api.update_from_nccl(
+            to.each(lambda r: self.api.update_from_nccl(
                 client, r.url, metas, group_name=name, version=new
             )),
         )  # fmt: skip
 
-    async def _group_of(
-        self, client: httpx.AsyncClient, each: Each, targets: list[Replica]
-    ) -> BroadcastGroup:
-        """The broadcast group of ``targets`` (made anew when the replicas changed)."""
+    async def _group_of(self, to: Delivery) -> BroadcastGroup:
+        """The broadcast group of ``to.targets`` (made anew when the replicas changed)."""
+        client, targets = to.client, to.targets
         members = tuple(r.url for r in targets)
         if self._group is not None and members == self._members:
             return self._group
@@ -201,7 +191,7 @@ class BroadcastPush(RemotePush):
         offsets, rank = {}, 1
         for r in targets:
             offsets[r.url], rank = rank, rank + r.ranks
-        joins = each(targets, lambda r: self.api.init_nccl(
+        joins = to.each(lambda r: self.api.init_nccl(
             client, r.url, GroupJoin(address, port, offsets[r.url], world, backend, name)
         ))  # fmt: skip
         await asyncio.gather(_on_daemon_thread(group.join), joins)
