@@ -15,6 +15,9 @@ updates). After every ``--every`` updates it samples:
   its two parts, ``rollout_s`` (collecting the groups) and ``update_s`` (the trainer);
 - ``cpu_s``: CPU seconds the process spent per update (all its threads; an eval's
   excluded): unlike ``step_s`` it hardly moves when other programs share the cores;
+- ``cpu:<thread>``: ``cpu_s`` by thread, summed by the Python thread's name without its
+  number (``native`` for threads Python did not start: torch's, SQLite's, glibc's);
+  printed at the end, start against end, to say which thread's work grew;
 - ``tokens``: tokens the policy generated per update (async: those of the batch it
   trained); ``ms_per_token`` and
   ``cpu_ms_per_token``: ``step_s`` and ``cpu_s`` over them. A policy that learns to write
@@ -48,6 +51,7 @@ import gc
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -93,6 +97,32 @@ def file_mib(path: Path) -> float:
     return path.stat().st_size / 2**20 if path.exists() else 0.0
 
 
+def thread_cpu() -> dict[int, tuple[str, float]]:
+    """Each thread of this process: its name (see the module docstring) and CPU seconds."""
+    names = {t.native_id: re.sub(r"[-_]?\d+", "", t.name) for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[str, float]] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        cpu = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        out[int(tid)] = (names.get(int(tid), "native"), cpu)
+    return out
+
+
+def by_thread(
+    before: dict[int, tuple[str, float]], now: dict[int, tuple[str, float]]
+) -> Counter[str]:
+    """CPU seconds each thread name spent between two :func:`thread_cpu` snapshots."""
+    spent: Counter[str] = Counter()
+    for tid, (name, cpu) in now.items():
+        spent[name] += cpu - before.get(tid, (name, 0.0))[1]
+    return spent
+
+
 class Sampler:
     """The figures of the module docstring, taken at a StepDone every ``every`` updates."""
 
@@ -103,12 +133,14 @@ class Sampler:
         self.types_last: Counter[str] = Counter()
         self._steps: dict[str, list[float]] = {name: [] for name in TIMES}
         self._cpu = time.process_time()
+        self._threads = thread_cpu()
+        self._by_thread: list[Counter[str]] = []
 
     def on_event(self, event: Any) -> None:
         from tether.run._events import EvalDone, StepDone
 
         if isinstance(event, EvalDone):  # cpu_s: an update's, not the eval's before it
-            self._cpu = time.process_time()
+            self._cpu, self._threads = time.process_time(), thread_cpu()
         if not isinstance(event, StepDone):
             return
         report, m = event.report, event.report.metrics
@@ -116,6 +148,9 @@ class Sampler:
         span = m.get("rollout_s", m.get("wait_s", math.nan) + m.get("paused_s", math.nan))
         tokens = m.get("gen_tokens_per_s", math.nan) * span
         cpu, self._cpu = time.process_time() - self._cpu, time.process_time()
+        threads = thread_cpu()
+        self._by_thread.append(by_thread(self._threads, threads))
+        self._threads = threads
         figures = (m.get("step_s"), m.get("rollout_s"), m.get("update_s"), cpu, tokens)
         for name, value in zip(TIMES, figures, strict=True):
             if value is not None and not math.isnan(value):  # no update_s: nothing trained
@@ -146,6 +181,10 @@ class Sampler:
         for name, values in self._steps.items():
             row[name] = sum(values) / len(values) if values else math.nan
             values.clear()
+        spent = sum(self._by_thread, Counter())
+        for name, seconds in spent.items():
+            row[f"cpu:{name}"] = seconds / max(len(self._by_thread), 1)
+        self._by_thread.clear()
         for name, seconds in (("ms_per_token", "step_s"), ("cpu_ms_per_token", "cpu_s")):
             row[name] = 1000 * row[seconds] / row["tokens"] if row["tokens"] else math.nan
         self.rows.append(row)
@@ -185,6 +224,19 @@ def print_report(summary: dict[str, dict[str, float]], args: argparse.Namespace)
     for name, s in summary.items():
         print(f"{name:<16} {s['first']:>10.4g} {s['last']:>10.4g} "
               f"{s['per_update']:>12.4g} {s['stderr']:>10.2g}")  # fmt: skip
+
+
+def print_threads(rows: list[dict[str, float]], warmup: int, k: int = 3) -> None:
+    """CPU seconds per update by thread name, the first and the last ``k`` samples."""
+    kept = [r for r in rows if r["update"] >= warmup]
+    if len(kept) < 2 * k:
+        return
+    names = sorted({n for r in kept for n in r if n.startswith("cpu:")})
+    print("CPU seconds per update by thread, at the start and the end:")
+    for name in names:
+        first = sum(r.get(name, 0.0) for r in kept[:k]) / k
+        last = sum(r.get(name, 0.0) for r in kept[-k:]) / k
+        print(f"  {name[4:]:<28} {first:8.4f} {last:8.4f} ({last - first:+.4f})")
 
 
 def print_drift(rows: list[dict[str, float]], warmup: int, k: int = 3) -> None:
@@ -243,6 +295,7 @@ def main() -> None:
     summary = report(sampler.rows, args.warmup)
     print_report(summary, args)
     print_drift(sampler.rows, args.warmup)
+    print_threads(sampler.rows, args.warmup)
     first = sampler.types_first or Counter()
     grown = (sampler.types_last - first).most_common(8)
     print("object types that grew most:", ", ".join(f"{t} +{n}" for t, n in grown) or "none")
