@@ -18,6 +18,10 @@ updates). After every ``--every`` updates it samples:
 - ``cpu:<thread>``: ``cpu_s`` by thread, summed by the Python thread's name without its
   number (``native`` for threads Python did not start: torch's, SQLite's, glibc's);
   printed at the end, start against end, to say which thread's work grew;
+- ``probe_s``: seconds of a fixed piece of work (torch matmuls and a Python loop, the
+  same at every sample): how fast the machine is right now. The same instructions take
+  longer when another program or the host takes the cores; ``step_s`` drifting with
+  ``probe_s`` is the machine, drifting alone is the run;
 - ``tokens``: tokens the policy generated per update (async: those of the batch it
   trained); ``ms_per_token`` and
   ``cpu_ms_per_token``: ``step_s`` and ``cpu_s`` over them. A policy that learns to write
@@ -65,7 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "calc" / "config.yaml"
 FIGURES = ("rss_mib", "objects", "fds", "threads", "store_mib", "wal_mib",
-           "tensorboard_mib", "checkpoints_mib", "step_s", "rollout_s", "update_s", "cpu_s",
+           "tensorboard_mib", "checkpoints_mib", "probe_s", "step_s", "rollout_s", "update_s", "cpu_s",
            "tokens", "ms_per_token", "cpu_ms_per_token")  # fmt: skip
 TIMES = ("step_s", "rollout_s", "update_s", "cpu_s", "tokens")  # per update, averaged over a sample
 
@@ -95,6 +99,19 @@ def folder_mib(path: Path) -> float:
 
 def file_mib(path: Path) -> float:
     return path.stat().st_size / 2**20 if path.exists() else 0.0
+
+
+def probe() -> float:
+    """Seconds of a fixed piece of work (module docstring, ``probe_s``): the mean of 3."""
+    import torch
+
+    a = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
+    t0 = time.perf_counter()
+    for _ in range(3):
+        for _ in range(40):
+            a = torch.tanh(a @ a)
+        sum(i * i for i in range(100_000))
+    return (time.perf_counter() - t0) / 3
 
 
 def thread_cpu() -> dict[int, tuple[str, float]]:
@@ -177,6 +194,7 @@ class Sampler:
             "wal_mib": file_mib(db.with_name(db.name + "-wal")),
             "tensorboard_mib": folder_mib(self.run_dir / "tensorboard"),
             "checkpoints_mib": folder_mib(self.run_dir / "checkpoints"),
+            "probe_s": probe(),
         }
         for name, values in self._steps.items():
             row[name] = sum(values) / len(values) if values else math.nan
@@ -245,12 +263,19 @@ def print_drift(rows: list[dict[str, float]], warmup: int, k: int = 3) -> None:
     kept = [r for r in rows if r["update"] >= warmup]
     if len(kept) < 2 * k:
         return
-    for name in FIGURES[FIGURES.index("step_s") :]:
+    for name in FIGURES[FIGURES.index("probe_s") :]:
         values = [r[name] for r in kept if not math.isnan(r[name])]
         if len(values) < 2 * k:
             continue
         first, last = sum(values[:k]) / k, sum(values[-k:]) / k
         print(f"{name}: {first:.4g} at the start, {last:.4g} at the end ({last / first - 1:+.1%})")
+    ratio = [r["step_s"] / r["probe_s"] for r in kept if not math.isnan(r["step_s"])]
+    if len(ratio) >= 2 * k:
+        first, last = sum(ratio[:k]) / k, sum(ratio[-k:]) / k
+        print(
+            f"step_s / probe_s (the run's time on the machine's speed): {first:.4g} at the "
+            f"start, {last:.4g} at the end ({last / first - 1:+.1%})"
+        )
 
 
 async def soak(args: argparse.Namespace, out: Path) -> Sampler:
