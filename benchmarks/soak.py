@@ -39,12 +39,18 @@ and ``step_s`` at the end within 10% of the start.
     .venv/bin/python benchmarks/soak.py [--updates 300] [--mode sync|async] [--lora]
         [--every 10] [--warmup 20] [--eval-every 20] [--eval-tasks 100] [--eval-samples 4]
         [--batch-groups 2] [--n 4] [--held] [--default-arenas] [--json FILE]
+        [--vs-fresh K] [--block 5]
 
 ``--held`` holds the policy still (``trainer.lr=1e-12``: every update, push, eval and
 checkpoint still runs, but the weights move by about 1e-12): a learning policy changes the
 length of its answers, and with them the work of an update, so only a held one shows
 whether the run's length alone makes an update slower (``step_s`` at the start and the
 end, with the same work).
+
+``--vs-fresh K`` runs the soak in a child process and, for its last K blocks of
+``--block`` updates, takes turns with a fresh run of the same config on the same
+cores (``_soak_fresh.py``): the run's end against a run's start at the same moment, so
+that a machine that slows down between the two shows in neither.
 """
 
 from __future__ import annotations
@@ -140,6 +146,92 @@ def by_thread(
     return spent
 
 
+def gen_span(m: dict[str, float]) -> float:
+    """The seconds an update's ``gen_tokens_per_s`` is over: its ``rollout_s`` (sync), or
+    (async, where the groups are collected beside the updates) its wait and pause."""
+    return m.get("rollout_s", m.get("wait_s", math.nan) + m.get("paused_s", math.nan))
+
+
+def tokens_of(m: dict[str, float]) -> float:
+    """Tokens the policy generated for an update, from its metrics."""
+    return m.get("gen_tokens_per_s", math.nan) * gen_span(m)
+
+
+class Baton:
+    """A ``--pause-at`` worker's side of ``--vs-fresh`` (``_soak_fresh.py``): after each
+    listed update it prints ``@pause <update> <json>``, the sums of what it did since it
+    last went on (``BLOCK_SUMS``), and waits for a line on stdin."""
+
+    def __init__(self, at: set[int]):
+        self.at = at
+        self.model: Any = None  # the run's policy model, for model_probe (set by soak())
+        self._since()
+
+    def _since(self) -> None:
+        self.t0 = time.perf_counter()
+        self.sums: dict[str, float] = dict.fromkeys(BLOCK_SUMS, 0.0)
+        self._eval_threads = thread_cpu()
+
+    def on_event(self, event: Any) -> bool:
+        """Add ``event`` up; True when it paused after it."""
+        from tether.run._events import EvalDone, EvalStart, StepDone
+
+        if isinstance(event, EvalStart):
+            self._eval_threads = thread_cpu()
+        if isinstance(event, EvalDone):  # its wall and each thread's CPU seconds
+            self.sums["evals"] += 1
+            self.sums["eval_s"] += event.result.wall_s
+            for name, cpu in by_thread(self._eval_threads, thread_cpu()).items():
+                self.sums[f"eval_cpu:{name}"] = self.sums.get(f"eval_cpu:{name}", 0.0) + cpu
+        if not isinstance(event, StepDone):
+            return False
+        m, sums = event.report.metrics, self.sums
+        sums["updates"] += 1
+        sums["step_s"] += m["step_s"]
+        sums["rollout_s"] += gen_span(m)
+        sums["tokens"] += tokens_of(m)
+        if "update_s" in m:  # it trained: every group without signal skips the update
+            sums["trained"] += 1
+            sums["update_s"] += m["update_s"]
+            sums["trained_rollouts"] += m["rollouts"] * (1 - m["zero_variance_frac"])
+        if event.report.step in self.at:
+            sums["wall_s"] = time.perf_counter() - self.t0
+            sums["model_probe_s"] = model_probe(self.model) if self.model is not None else 0.0
+            print(f"@pause {event.report.step} {json.dumps(sums)}", flush=True)
+            sys.stdin.readline()  # the driver stops this process meanwhile
+            self._since()
+            return True
+        return False
+
+
+def model_probe(model: Any, repeats: int = 3) -> float:
+    """Seconds of one forward and backward pass of the run's policy ``model`` over a fixed
+    batch (8 × 256 seeded token ids; the mean of ``repeats``), its gradients then dropped:
+    exactly the same torch work in any process, whatever the run has trained on."""
+    import torch
+
+    ids = torch.randint(0, model.config.vocab_size, (8, 256),
+                        generator=torch.Generator().manual_seed(0))  # fmt: skip
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        model(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
+        model.zero_grad(set_to_none=True)
+    return (time.perf_counter() - t0) / repeats
+
+
+#: What a :class:`Baton` adds up over a block: its wall seconds (evals, checkpoints and
+#: the sampler included), updates, their ``step_s``, generated tokens and the seconds they
+#: took (``rollout_s``; async: :func:`gen_span`),
+#: and the updates that trained (``trained``) with their ``update_s`` and the rollouts of
+#: their groups with signal (the trainer skips a sample without advantage: a group whose
+#: rewards are all equal costs it nothing, so an update's work is those rollouts, each
+#: one sequence of about the same length here).
+#: And its evals: how many, their wall seconds and (``eval_cpu:<thread>``) each thread's
+#: CPU seconds in them.
+BLOCK_SUMS = ("wall_s", "updates", "step_s", "rollout_s", "tokens", "trained", "update_s",
+              "trained_rollouts", "evals", "eval_s")  # fmt: skip
+
+
 class Sampler:
     """The figures of the module docstring, taken at a StepDone every ``every`` updates."""
 
@@ -157,13 +249,11 @@ class Sampler:
         from tether.run._events import EvalDone, StepDone
 
         if isinstance(event, EvalDone):  # cpu_s: an update's, not the eval's before it
-            self._cpu, self._threads = time.process_time(), thread_cpu()
+            self.restart()
         if not isinstance(event, StepDone):
             return
         report, m = event.report, event.report.metrics
-        # gen_tokens_per_s is over rollout_s (sync) or over the step (async: wait + pause)
-        span = m.get("rollout_s", m.get("wait_s", math.nan) + m.get("paused_s", math.nan))
-        tokens = m.get("gen_tokens_per_s", math.nan) * span
+        tokens = tokens_of(m)
         cpu, self._cpu = time.process_time() - self._cpu, time.process_time()
         threads = thread_cpu()
         self._by_thread.append(by_thread(self._threads, threads))
@@ -174,6 +264,10 @@ class Sampler:
                 self._steps[name].append(value)
         if report.step % self.every == 0:
             self.sample(report.step, report.metrics.get("rss_mb", math.nan))
+
+    def restart(self) -> None:
+        """Count CPU seconds from now (what ran since was not an update's)."""
+        self._cpu, self._threads = time.process_time(), thread_cpu()
 
     def sample(self, step: int, rss: float) -> None:
         gc.collect()
@@ -284,7 +378,15 @@ async def soak(args: argparse.Namespace, out: Path) -> Sampler:
 
     cfg = load_config(TrainConfig, CONFIG, overrides(args, out))
     sampler = Sampler(out / "soak", args.every)
-    async with TrainingRun(cfg, on_event=sampler.on_event) as run:
+    baton = Baton(set(args.pause_at))
+
+    def on_event(event: Any) -> None:
+        sampler.on_event(event)  # first: its figures are the update's, the pause after
+        if baton.on_event(event):  # paused, and ran model_probe: not the next update's CPU
+            sampler.restart()
+
+    async with TrainingRun(cfg, on_event=on_event) as run:
+        baton.model = run.trainer.model if args.pause_at else None
         await run.train()
     return sampler
 
@@ -309,14 +411,33 @@ def main() -> None:
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--default-arenas", action="store_true", help="glibc's arenas (baseline)")
     p.add_argument("--json", type=Path, help="also write the samples and slopes here")
+    p.add_argument(
+        "--vs-fresh",
+        type=int,
+        default=0,
+        metavar="K",
+        help="then K blocks of --block updates each at the run's end against a fresh "
+        "run's, taking turns (_soak_fresh.py)",
+    )
+    p.add_argument("--block", type=int, default=5, help="updates per turn with --vs-fresh")
+    p.add_argument("--pause-at", type=int, nargs="*", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.vs_fresh:
+        from _soak_fresh import vs_fresh
+
+        vs_fresh(args, sys.argv[1:])
+        return
     if not args.default_arenas:
         from tether._memory import limit_arenas
 
         limit_arenas()  # as the tether command does, before any thread starts
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="tether-soak-") as tmp:
-        sampler = asyncio.run(soak(args, Path(tmp)))
+    if args.out:  # --vs-fresh's fresh run: the driver removes it
+        sampler = asyncio.run(soak(args, args.out))
+    else:
+        with tempfile.TemporaryDirectory(prefix="tether-soak-") as tmp:
+            sampler = asyncio.run(soak(args, Path(tmp)))
     summary = report(sampler.rows, args.warmup)
     print_report(summary, args)
     print_drift(sampler.rows, args.warmup)
