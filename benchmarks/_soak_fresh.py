@@ -94,19 +94,6 @@ def fresh_start(aged_start: int, warmup: int, *periods: int) -> int:
     return start
 
 
-def without_vs_fresh(argv: list[str]) -> list[str]:
-    """``argv`` without ``--vs-fresh K`` (or ``--vs-fresh=K``): the workers' own."""
-    out, skip = [], False
-    for a in argv:
-        if skip or a.startswith("--vs-fresh="):
-            skip = False
-        elif a == "--vs-fresh":
-            skip = True
-        else:
-            out.append(a)
-    return out
-
-
 def order(pairs: int) -> list[str]:
     """``['aged', 'fresh', 'fresh', 'aged', …]``: each pair's order flipped."""
     turns = (["aged", "fresh"], ["fresh", "aged"])
@@ -122,18 +109,17 @@ def vs_fresh(args: Any, argv: list[str]) -> None:
     if w + k * b > aged_start:
         raise SystemExit(
             f"error: --updates {args.updates} is too short for --vs-fresh {k} --block {b}: "
-            f"the fresh run's blocks (updates {w + 1}-{w + k * b}) must end before the aged "
-            f"run's start at {aged_start + 1}; raise --updates or lower --vs-fresh"
+            f"the run's last {k * b} updates must come after a fresh run's warm-up and its "
+            f"{k * b} (updates {w + 1}-{w + k * b}); raise --updates or lower --vs-fresh"
         )
     ends = [aged_start + j * b for j in range(k + 1)], [w + j * b for j in range(k + 1)]
-    argv = without_vs_fresh(argv)
+    argv = [*argv, "--vs-fresh", "0"]  # the workers' own: argparse takes the last one
     blocks: dict[str, list[Block]] = {"aged": [], "fresh": []}
     with tempfile.TemporaryDirectory(prefix="tether-soak-fresh-") as tmp:
-        workers = {"aged": Worker("aged", argv, ends[0])}
+        workers: dict[str, Worker] = {}
         try:
-            for name in ("aged", "fresh"):  # one after the other: the fresh one starts now
-                if name == "fresh":
-                    workers[name] = Worker(name, [*argv, "--out", tmp], ends[1])
+            for name, pauses in zip(("aged", "fresh"), ends, strict=True):  # one, then the other
+                workers[name] = Worker(name, [*argv, "--out", f"{tmp}/{name}"], pauses)
                 at, _ = workers[name].pause()
                 print(f"[{name}] at update {at}: waits its turn", flush=True)
             for name in order(k):
@@ -142,11 +128,15 @@ def vs_fresh(args: Any, argv: list[str]) -> None:
                 blocks[name].append(block)
                 per_update = block["wall_s"] / block["updates"]
                 print(f"[{name}] to update {at}: {per_update:.3f} s/update", flush=True)
-        finally:
+            workers.pop("fresh").kill()
+            code = workers["aged"].finish()
+        except BaseException as exc:  # Ctrl-C, a worker that failed: none is left, stopped or not
             for worker in workers.values():
-                if worker.name == "fresh" or sys.exc_info()[0] is not None:
-                    worker.kill()
-    code = workers["aged"].finish()
+                worker.kill()
+            if isinstance(exc, KeyboardInterrupt):
+                print("interrupted: both runs ended, their folders removed", file=sys.stderr)
+                raise SystemExit(130) from None
+            raise
     print_blocks(blocks, aged_start, w, b)
     if code:
         raise SystemExit(code)
@@ -179,11 +169,8 @@ def print_blocks(blocks: dict[str, list[Block]], aged: int, fresh: int, b: int) 
             print(f"{name:<6} {cells[0]:9.3f} {cells[1]:7.3f} {cells[2]:12.3f} {cells[3]:16.2f} "
                   f"{r['trained']:4.0f}/{r['updates']:<3.0f} {r['tokens'] / r['updates']:7.1f}")  # fmt: skip
     print("aged against fresh (over all their blocks; and block against block):")
+    sums = {n: {k: sum(r.get(k, 0.0) for r in rows) for k in rows[0]} for n, rows in blocks.items()}
     for what, num, den, x in FIGURES:
-        sums = {
-            name: {k: sum(r.get(k, 0.0) for r in rows) for k in rows[0]}
-            for name, rows in blocks.items()
-        }
         aged_v, fresh_v = figure(sums["aged"], num, den, x), figure(sums["fresh"], num, den, x)
         pairs = [figure(a, num, den, x) / figure(f, num, den, x) - 1
                  for a, f in zip(blocks["aged"], blocks["fresh"], strict=True)]  # fmt: skip

@@ -433,7 +433,7 @@ def main() -> None:
 
         limit_arenas()  # as the tether command does, before any thread starts
     t0 = time.perf_counter()
-    if args.out:  # --vs-fresh's fresh run: the driver removes it
+    if args.out:  # a --vs-fresh worker: the driver removes it
         sampler = asyncio.run(soak(args, args.out))
     else:
         with tempfile.TemporaryDirectory(prefix="tether-soak-") as tmp:

@@ -1,6 +1,6 @@
-"""benchmarks/_soak_fresh.py (``soak.py --vs-fresh``): where the fresh run's blocks start,
-the order of the turns, and the workers' own arguments. The soak itself takes minutes on
-the warm starter; it is run by hand (benchmarks/README.md)."""
+"""benchmarks/_soak_fresh.py (``soak.py --vs-fresh``): where the fresh run's blocks start
+and the order of the turns. The soak itself takes minutes on the warm starter; it is run
+by hand (benchmarks/README.md)."""
 
 from __future__ import annotations
 
@@ -43,8 +43,3 @@ def test_the_fresh_blocks_meet_the_same_evals_and_checkpoints() -> None:
 def test_each_pair_flips_its_order() -> None:
     assert fresh.order(3) == ["aged", "fresh", "fresh", "aged", "aged", "fresh"]
     assert fresh.order(1) == ["aged", "fresh"]
-
-
-def test_the_workers_get_the_arguments_without_vs_fresh() -> None:
-    argv = ["--updates", "300", "--vs-fresh", "3", "--held", "--vs-fresh=2", "--mode", "sync"]
-    assert fresh.without_vs_fresh(argv) == ["--updates", "300", "--held", "--mode", "sync"]
